@@ -1,0 +1,3 @@
+from nsqx.cli.main import main
+
+raise SystemExit(main())

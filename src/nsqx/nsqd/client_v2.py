@@ -1,0 +1,387 @@
+"""ClientV2: one TCP connection speaking protocol V2, as an asyncio Protocol.
+
+Bytes go to the sans-IO parser; its events are executed in order; everything the
+connection must send during one read is written once at the end of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
+
+from nsqx.wire import commands as cmd
+from nsqx.wire.errors import (
+    E_AUTH_DISABLED,
+    E_FIN_FAILED,
+    E_INVALID,
+    E_REQ_FAILED,
+    E_TOUCH_FAILED,
+    ProtocolError,
+)
+from nsqx.wire.frames import CLOSE_WAIT, HEARTBEAT, OK, encode_error, encode_response
+from nsqx.wire.identify import ClientSettings, negotiate
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.channel import Channel
+    from nsqx.nsqd.nsqd import NSQD
+
+log = logging.getLogger("nsqx.nsqd")
+
+STATE_INIT = 0
+STATE_SUBSCRIBED = 2
+STATE_CLOSING = 3
+
+_OK_FRAME = encode_response(OK)
+_HEARTBEAT_FRAME = encode_response(HEARTBEAT)
+_CLOSE_WAIT_FRAME = encode_response(CLOSE_WAIT)
+
+
+class ClientV2(asyncio.Protocol):
+    """A client connection: its negotiated settings, state, RDY and in-flight messages.
+
+    ``inflight`` maps message id -> deadline (monotonic seconds) in delivery order; all
+    of a client's messages share its msg_timeout, so they expire in that order and a
+    timeout scan stops at the first live one. A TOUCH clamped by max-msg-timeout can
+    break that order: such entries wait in ``irregular``, which is scanned whole.
+    """
+
+    def __init__(self, nsqd: NSQD) -> None:
+        self.nsqd = nsqd
+        self.id = nsqd.next_client_id()
+        self.parser = cmd.CommandParser(nsqd.parser_limits)
+        self.settings = ClientSettings.defaults(nsqd.server_limits)
+        self.state = STATE_INIT
+        self.channel: Channel | None = None
+        self.rdy = 0
+        self.inflight: dict[bytes, float] = {}
+        self.irregular: dict[bytes, float] = {}
+        #: delivery time of touched messages (for the max-msg-timeout clamp)
+        self.touched: dict[bytes, float] = {}
+        self.remote_address = ""
+        self.connect_ts = int(time.time())
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.pub_counts: dict[str, int] = {}
+        self.closed = False
+        self._transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._flush_handle: asyncio.TimerHandle | None = None
+        self._write_paused = False
+        now = time.monotonic()
+        self._last_read = now
+        self._last_heartbeat = now
+        self._apply_settings()
+
+    def __repr__(self) -> str:
+        return f"<client {self.remote_address} {self.settings.client_id!r}>"
+
+    def _apply_settings(self) -> None:
+        s = self.settings
+        self.msg_timeout = s.msg_timeout_ms / 1000
+        self.heartbeat_interval = s.heartbeat_interval_ms / 1000
+        self.output_buffer_size = s.output_buffer_size
+        self.output_buffer_timeout = s.output_buffer_timeout_ms / 1000
+        self.sample_rate = s.sample_rate
+
+    # -- asyncio.Protocol -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        self._transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple):
+            self.remote_address = f"{peer[0]}:{peer[1]}"
+        else:
+            self.remote_address = str(peer or "")
+        self.nsqd.clients.add(self)
+        log.debug("TCP: new client(%s)", self.remote_address)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self._last_read = time.monotonic()
+        dispatch = _DISPATCH
+        for ev in self.parser.feed(data):
+            dispatch[type(ev)](self, ev)
+            if self.closed:
+                return
+        if self._out:
+            self.flush()
+        if self.nsqd.spend_read_budget(len(data)) and not self._write_paused:
+            # libuv keeps reading a busy socket (up to 32 reads) before the loop runs
+            # anything else; a publisher flooding MPUBs would starve every channel's
+            # pump. Past the loop iteration's budget, yield until the next one.
+            assert self._transport is not None
+            self._transport.pause_reading()
+            asyncio.get_running_loop().call_soon(self._resume_reading)
+
+    def _resume_reading(self) -> None:
+        if not self._write_paused and not self.closed and self._transport is not None:
+            self._transport.resume_reading()
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        self.nsqd.clients.discard(self)
+        if self.channel is not None:
+            self.channel.remove_client(self)
+        log.debug("PROTOCOL(V2): [%s] exiting ioloop", self.remote_address)
+
+    def pause_writing(self) -> None:
+        # The peer is not reading: stop reading its commands and sending it messages
+        # until it catches up, so that one client's backlog cannot grow without bound.
+        self._write_paused = True
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._resume_reading()
+        if self.channel is not None:
+            self.channel.notify()
+
+    # -- output -----------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write everything buffered in one call."""
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if self._out and self._transport is not None and not self.closed:
+            self._transport.write(b"".join(self._out))
+        self._out.clear()
+        self._out_size = 0
+
+    def spare(self) -> int:
+        """How many more messages this client can take now."""
+        if self.state != STATE_SUBSCRIBED or self._write_paused or self.closed:
+            return 0
+        return self.rdy - len(self.inflight) - len(self.irregular)
+
+    def send_messages(self, frames: list[bytes], ids: list[bytes], now: float) -> None:
+        """Put messages in flight and buffer their frames (output_buffer_size/timeout)."""
+        if self.sample_rate:
+            # as nsqd: a message sampled out is consumed without being sent
+            rate = self.sample_rate
+            keep = [j for j in range(len(ids)) if random.randrange(100) <= rate]
+            frames = [frames[j] for j in keep]
+            ids = [ids[j] for j in keep]
+            if not ids:
+                return
+        self.inflight.update(dict.fromkeys(ids, now + self.msg_timeout))
+        self.message_count += len(ids)
+        self._out.extend(frames)
+        self._out_size += sum(map(len, frames))
+        # flush when the buffer is full, when the client can take no more (nothing else
+        # would follow soon), or when buffering is off; otherwise within the timeout
+        if (
+            self._out_size >= self.output_buffer_size
+            or self.output_buffer_timeout <= 0
+            or self.spare() <= 0
+        ):
+            self.flush()
+        elif self._flush_handle is None:
+            loop = asyncio.get_running_loop()
+            self._flush_handle = loop.call_later(self.output_buffer_timeout, self.flush)
+
+    def _respond(self, frame: bytes) -> None:
+        self._out.append(frame)
+
+    def _error(self, err: ProtocolError) -> None:
+        """Send an error frame; a fatal error then closes the connection."""
+        if err.fatal:
+            log.error("[%s] - %s", self.remote_address, err)
+        self._out.append(encode_error(err))
+        if err.fatal:
+            self.close()
+
+    def close(self) -> None:
+        """Flush what is buffered, then close."""
+        if self.closed:
+            return
+        self.flush()
+        self.closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    # -- timers (called by nsqd's scan loop) ------------------------------------------
+
+    def expired(self, now: float) -> list[bytes]:
+        """Remove and return in-flight ids whose deadline has passed."""
+        out: list[bytes] = []
+        inflight = self.inflight
+        if inflight:
+            for mid, deadline in inflight.items():
+                if deadline > now:
+                    break
+                out.append(mid)
+            for mid in out:
+                del inflight[mid]
+        if self.irregular:
+            late = [mid for mid, d in self.irregular.items() if d <= now]
+            for mid in late:
+                del self.irregular[mid]
+            out.extend(late)
+        if out and self.touched:
+            for mid in out:
+                self.touched.pop(mid, None)
+        return out
+
+    def tick(self, now: float) -> None:
+        """Heartbeats, and the close after two unanswered ones."""
+        hb = self.heartbeat_interval
+        if hb <= 0 or self.closed:
+            return
+        if now - self._last_read > 2 * hb:
+            log.error(
+                "[%s] - closing: no command for %.1fs (2 heartbeats)", self, now - self._last_read
+            )
+            self.close()
+            return
+        if now - self._last_heartbeat >= hb:
+            self._last_heartbeat = now
+            self._out.append(_HEARTBEAT_FRAME)
+            self.flush()
+
+    # -- commands ---------------------------------------------------------------------
+
+    def _on_error(self, err: ProtocolError) -> None:
+        self._error(err)
+
+    def _on_identify(self, ev: cmd.Identify) -> None:
+        if self.state != STATE_INIT:
+            self._error(ProtocolError(E_INVALID, "cannot IDENTIFY in current state"))
+            return
+        try:
+            self.settings, response = negotiate(ev.body, self.nsqd.server_limits, self.settings)
+        except ProtocolError as err:
+            self._error(err)
+            return
+        self._apply_settings()
+        self._last_heartbeat = time.monotonic()
+        self._respond(encode_response(response))
+
+    def _on_auth(self, ev: cmd.Auth) -> None:
+        if self.state != STATE_INIT:
+            self._error(ProtocolError(E_INVALID, "cannot AUTH in current state"))
+            return
+        self._error(ProtocolError(E_AUTH_DISABLED, "AUTH Disabled"))
+
+    def _on_sub(self, ev: cmd.Sub) -> None:
+        if self.state != STATE_INIT:
+            self._error(ProtocolError(E_INVALID, "cannot SUB in current state"))
+            return
+        if self.heartbeat_interval <= 0:
+            self._error(ProtocolError(E_INVALID, "cannot SUB with heartbeats disabled"))
+            return
+        topic = self.nsqd.get_topic(ev.topic)
+        channel = topic.get_channel(ev.channel)
+        limit = self.nsqd.options.max_channel_consumers
+        if limit and len(channel.clients) >= limit:
+            self._error(
+                ProtocolError(
+                    "E_TOO_MANY_CHANNEL_CONSUMERS",
+                    f"channel consumers for {ev.topic}:{ev.channel} exceeds limit of {limit}",
+                )
+            )
+            return
+        channel.add_client(self)
+        self.channel = channel
+        self.state = STATE_SUBSCRIBED
+        self._respond(_OK_FRAME)
+
+    def _on_rdy(self, ev: cmd.Rdy) -> None:
+        if self.state == STATE_CLOSING:
+            return
+        if self.state != STATE_SUBSCRIBED:
+            self._error(ProtocolError(E_INVALID, "cannot RDY in current state"))
+            return
+        self.rdy = ev.value
+        if self.channel is not None and self.spare() > 0:
+            self.channel.notify()
+
+    def _subscribed_channel(self, verb: str) -> Channel | None:
+        if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING) or self.channel is None:
+            self._error(ProtocolError(E_INVALID, f"cannot {verb} in current state"))
+            return None
+        return self.channel
+
+    def _on_fin(self, ev: cmd.Fin) -> None:
+        channel = self._subscribed_channel("FIN")
+        if channel is None:
+            return
+        for mid, reason in channel.finish(self, ev.ids):
+            self._error(ProtocolError(E_FIN_FAILED, f"FIN {mid.decode('latin-1')} failed {reason}"))
+
+    def _on_req(self, ev: cmd.Req) -> None:
+        channel = self._subscribed_channel("REQ")
+        if channel is None:
+            return
+        reason = channel.requeue(self, ev.id, ev.timeout_ms)
+        if reason:
+            self._error(
+                ProtocolError(E_REQ_FAILED, f"REQ {ev.id.decode('latin-1')} failed {reason}")
+            )
+
+    def _on_touch(self, ev: cmd.Touch) -> None:
+        channel = self._subscribed_channel("TOUCH")
+        if channel is None:
+            return
+        reason = channel.touch(self, ev.id, self.nsqd.options.max_msg_timeout)
+        if reason:
+            self._error(
+                ProtocolError(E_TOUCH_FAILED, f"TOUCH {ev.id.decode('latin-1')} failed {reason}")
+            )
+
+    def _on_cls(self, ev: cmd.Cls) -> None:
+        if self.state != STATE_SUBSCRIBED:
+            self._error(ProtocolError(E_INVALID, "cannot CLS in current state"))
+            return
+        self.state = STATE_CLOSING
+        self._respond(_CLOSE_WAIT_FRAME)
+
+    def _on_nop(self, ev: cmd.Nop) -> None:
+        pass
+
+    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+        self.nsqd.get_topic(topic_name).publish(bodies, defer_ms)
+        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+        self._respond(_OK_FRAME)
+
+    def _on_pub(self, ev: cmd.Pub) -> None:
+        self._publish(ev.topic, [ev.body])
+
+    def _on_mpub(self, ev: cmd.Mpub) -> None:
+        self._publish(ev.topic, ev.bodies)
+
+    def _on_dpub(self, ev: cmd.Dpub) -> None:
+        self._publish(ev.topic, [ev.body], ev.defer_ms)
+
+
+_DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
+    ProtocolError: ClientV2._on_error,  # type: ignore[dict-item]
+    cmd.Identify: ClientV2._on_identify,  # type: ignore[dict-item]
+    cmd.Auth: ClientV2._on_auth,  # type: ignore[dict-item]
+    cmd.Sub: ClientV2._on_sub,  # type: ignore[dict-item]
+    cmd.Rdy: ClientV2._on_rdy,  # type: ignore[dict-item]
+    cmd.Fin: ClientV2._on_fin,  # type: ignore[dict-item]
+    cmd.Req: ClientV2._on_req,  # type: ignore[dict-item]
+    cmd.Touch: ClientV2._on_touch,  # type: ignore[dict-item]
+    cmd.Cls: ClientV2._on_cls,  # type: ignore[dict-item]
+    cmd.Nop: ClientV2._on_nop,  # type: ignore[dict-item]
+    cmd.Pub: ClientV2._on_pub,  # type: ignore[dict-item]
+    cmd.Mpub: ClientV2._on_mpub,  # type: ignore[dict-item]
+    cmd.Dpub: ClientV2._on_dpub,  # type: ignore[dict-item]
+}

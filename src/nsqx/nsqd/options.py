@@ -1,0 +1,141 @@
+"""nsqd's options: NSQ 1.3's flags, their defaults, and the limits derived from them.
+
+Attribute names are the config-file names (flag names with ``_``), durations are
+seconds as floats. ``nsqx.cli`` fills this from Go-style flags and a TOML file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import zlib
+from dataclasses import dataclass, field
+
+from nsqx import NSQ_VERSION
+from nsqx.wire.commands import ParserLimits
+from nsqx.wire.identify import ServerLimits
+
+
+def default_node_id() -> int:
+    """NSQ's default: crc32(md5(hostname)) % 1024."""
+    digest = hashlib.md5(socket.gethostname().encode()).digest()
+    return zlib.crc32(digest) % 1024
+
+
+@dataclass
+class NsqdOptions:
+    """Every nsqd option, with NSQ 1.3's defaults."""
+
+    # network
+    tcp_address: str = "0.0.0.0:4150"
+    http_address: str = "0.0.0.0:4151"
+    https_address: str = "0.0.0.0:4152"
+    broadcast_address: str = field(default_factory=socket.gethostname)
+    broadcast_tcp_port: int = 0
+    broadcast_http_port: int = 0
+    nsqlookupd_tcp_addresses: list[str] = field(default_factory=list)
+    http_client_connect_timeout: float = 2.0
+    http_client_request_timeout: float = 5.0
+    node_id: int = field(default_factory=default_node_id)
+    # storage
+    data_path: str = ""
+    mem_queue_size: int = 10000
+    max_bytes_per_file: int = 100 * 1024 * 1024
+    sync_every: int = 2500
+    sync_timeout: float = 2.0
+    queue_scan_interval: float = 0.1
+    queue_scan_worker_pool_max: int = 4
+    queue_scan_selection_count: int = 20
+    # message timeouts
+    msg_timeout: float = 60.0
+    max_msg_timeout: float = 15 * 60.0
+    max_req_timeout: float = 3600.0
+    # sizes
+    max_msg_size: int = 1048576
+    max_body_size: int = 5242880
+    # client-negotiable limits
+    client_timeout: float = 60.0
+    max_heartbeat_interval: float = 60.0
+    max_rdy_count: int = 2500
+    max_output_buffer_size: int = 65536
+    max_output_buffer_timeout: float = 30.0
+    min_output_buffer_timeout: float = 0.025
+    output_buffer_timeout: float = 0.25
+    max_channel_consumers: int = 0
+    # TLS, compression, auth (negotiated in their own issue)
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_root_ca_file: str = ""
+    tls_client_auth_policy: str = ""
+    tls_required: str = "false"
+    tls_min_version: str = "tls1.0"
+    deflate: bool = True
+    max_deflate_level: int = 6
+    snappy: bool = True
+    auth_http_addresses: list[str] = field(default_factory=list)
+    # stats
+    statsd_address: str = ""
+    statsd_prefix: str = "nsq.%s"
+    statsd_interval: float = 60.0
+    statsd_mem_stats: bool = True
+    statsd_udp_packet_size: int = 508
+    statsd_exclude_ephemeral: bool = False
+    e2e_processing_latency_percentiles: list[float] = field(default_factory=list)
+    e2e_processing_latency_window_time: float = 600.0
+    # logging
+    log_level: str = "info"
+    log_prefix: str = "[nsqd] "
+
+    def validate(self) -> None:
+        """Refuse values nsqd refuses; raises ValueError with the flag's name."""
+        if not 0 <= self.node_id < 1024:
+            raise ValueError(f"--node-id must be in [0,1024), got {self.node_id}")
+        if not 1 <= self.max_deflate_level <= 9:
+            raise ValueError("--max-deflate-level must be in [1,9]")
+        for p in self.e2e_processing_latency_percentiles:
+            if not 0 < p <= 1:
+                raise ValueError(f"--e2e-processing-latency-percentile {p} must be in (0, 1]")
+        for name in (
+            "mem_queue_size",
+            "max_msg_size",
+            "max_body_size",
+            "max_rdy_count",
+            "max_output_buffer_size",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must not be negative")
+        if self.msg_timeout <= 0 or self.max_msg_timeout < self.msg_timeout:
+            raise ValueError("--msg-timeout must be positive and at most --max-msg-timeout")
+        if self.log_level not in ("debug", "info", "warn", "error", "fatal"):
+            raise ValueError(
+                f"--log-level must be debug|info|warn|error|fatal, got {self.log_level}"
+            )
+
+    def parser_limits(self) -> ParserLimits:
+        return ParserLimits(
+            max_msg_size=self.max_msg_size,
+            max_body_size=self.max_body_size,
+            max_rdy_count=self.max_rdy_count,
+            max_req_timeout_ms=int(self.max_req_timeout * 1000),
+        )
+
+    def server_limits(self) -> ServerLimits:
+        return ServerLimits(
+            version=NSQ_VERSION,
+            max_rdy_count=self.max_rdy_count,
+            max_msg_timeout_ms=int(self.max_msg_timeout * 1000),
+            max_heartbeat_interval_ms=int(self.max_heartbeat_interval * 1000),
+            max_output_buffer_size=self.max_output_buffer_size,
+            max_output_buffer_timeout_ms=int(self.max_output_buffer_timeout * 1000),
+            min_output_buffer_timeout_ms=int(self.min_output_buffer_timeout * 1000),
+            max_deflate_level=self.max_deflate_level,
+            # TLS, snappy, deflate and AUTH are not implemented yet: answer truthfully
+            tls_available=False,
+            snappy_available=False,
+            deflate_available=False,
+            auth_required=False,
+            msg_timeout_ms=int(self.msg_timeout * 1000),
+            heartbeat_interval_ms=int(self.client_timeout * 1000) // 2,
+            output_buffer_size=16384,
+            output_buffer_timeout_ms=int(self.output_buffer_timeout * 1000),
+        )

@@ -1,0 +1,95 @@
+"""MemoryLog: a topic partition's records held in Python lists."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+
+# Trimming deletes from the front of a list (a memmove), so do it in big steps.
+_TRIM_MIN = 4096
+
+
+class MemoryLog:
+    """An in-memory :class:`~nsqx.store.log.MessageLog`.
+
+    Records live in two parallel lists (frames, ids). Deferred records (DPUB) are the
+    exception, so they are kept aside in a sorted list of sequences plus a dict of
+    due times, and a read range is checked with one bisect.
+    """
+
+    __slots__ = ("_base", "_deferred_at", "_deferred_seqs", "_frames", "_ids", "total_bytes")
+
+    def __init__(self, start: int = 0) -> None:
+        self._base = start
+        self._frames: list[bytes] = []
+        self._ids: list[bytes] = []
+        self._deferred_seqs: list[int] = []
+        self._deferred_at: dict[int, int] = {}
+        #: Frame bytes currently held.
+        self.total_bytes = 0
+
+    @property
+    def start(self) -> int:
+        return self._base
+
+    @property
+    def end(self) -> int:
+        return self._base + len(self._frames)
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def append(self, frames: list[bytes], ids: list[bytes], deliver_at_ns: int = 0) -> int:
+        first = self._base + len(self._frames)
+        self._frames.extend(frames)
+        self._ids.extend(ids)
+        self.total_bytes += sum(map(len, frames))
+        if deliver_at_ns:
+            seqs = range(first, first + len(frames))
+            self._deferred_seqs.extend(seqs)
+            self._deferred_at.update(dict.fromkeys(seqs, deliver_at_ns))
+        return first
+
+    def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
+        i = max(seq - self._base, 0)
+        j = i + limit
+        return self._frames[i:j], self._ids[i:j]
+
+    def get(self, seq: int) -> bytes | None:
+        i = seq - self._base
+        if 0 <= i < len(self._frames):
+            return self._frames[i]
+        return None
+
+    def deferred_between(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        seqs = self._deferred_seqs
+        if not seqs or seqs[-1] < lo:
+            return []
+        i = bisect_left(seqs, lo)
+        j = bisect_left(seqs, hi, i)
+        at = self._deferred_at
+        return [(s, at[s]) for s in seqs[i:j]]
+
+    def trim(self, before: int) -> None:
+        n = min(before - self._base, len(self._frames))
+        # small trims are deferred until they add up, except one that empties the log
+        if n < _TRIM_MIN and n < len(self._frames):
+            return
+        self.trim_to(before)
+
+    def drop_all(self) -> None:
+        """Forget every record (topic emptied); sequences keep growing."""
+        self.trim_to(self.end)
+
+    def trim_to(self, before: int) -> None:
+        """Trim exactly (no batching): used when emptying and bounding ephemeral topics."""
+        n = min(before - self._base, len(self._frames))
+        if n <= 0:
+            return
+        self.total_bytes -= sum(map(len, self._frames[:n]))
+        del self._frames[:n]
+        del self._ids[:n]
+        self._base += n
+        k = bisect_left(self._deferred_seqs, self._base)
+        for s in self._deferred_seqs[:k]:
+            del self._deferred_at[s]
+        del self._deferred_seqs[:k]

@@ -1,0 +1,212 @@
+"""The server's command parser: pipelining, partial reads, limits, NSQ's errors."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nsqx.wire import MAGIC_V2, CommandParser, ParserLimits, ProtocolError
+from nsqx.wire import commands as c
+
+names = st.from_regex(r"[.a-zA-Z0-9_-]{1,54}(#ephemeral)?", fullmatch=True)
+ids = st.from_regex(r"[0-9a-f]{16}", fullmatch=True).map(str.encode)
+bodies = st.binary(min_size=1, max_size=200)
+
+# (encoded bytes, expected event)
+command = st.one_of(
+    st.builds(lambda t, b: (c.pub(t, b), c.Pub(t, b)), names, bodies),
+    st.builds(
+        lambda t, bs: (c.mpub(t, bs), c.Mpub(t, bs)),
+        names,
+        st.lists(bodies, min_size=1, max_size=10),
+    ),
+    st.builds(
+        lambda t, d, b: (c.dpub(t, d, b), c.Dpub(t, d, b)), names, st.integers(0, 3600_000), bodies
+    ),
+    st.builds(lambda t, ch: (c.sub(t, ch), c.Sub(t, ch)), names, names),
+    st.builds(lambda n: (c.rdy(n), c.Rdy(n)), st.integers(0, 2500)),
+    st.builds(lambda i: (c.fin(i), c.Fin([i])), ids),
+    st.builds(lambda i, t: (c.req(i, t), c.Req(i, t)), ids, st.integers(0, 3600_000)),
+    st.builds(lambda i: (c.touch(i), c.Touch(i)), ids),
+    st.just((c.nop(), c.Nop())),
+    st.just((c.cls(), c.Cls())),
+    st.builds(
+        lambda d: (c.identify(d), c.Identify(c.identify(d)[13:])), st.just({"client_id": "x"})
+    ),
+)
+
+
+def merge_fins(events: list[object]) -> list[object]:
+    """Consecutive FINs may arrive as one Fin event; compare id sequences."""
+    out: list[object] = []
+    for ev in events:
+        if isinstance(ev, c.Fin) and out and isinstance(out[-1], c.Fin):
+            out[-1] = c.Fin(out[-1].ids + ev.ids)
+        else:
+            out.append(ev)
+    return out
+
+
+def feed_split(parser: CommandParser, data: bytes, cuts: list[int]) -> list[object]:
+    events: list[object] = []
+    pos = 0
+    for cut in cuts:
+        events += parser.feed(data[pos : pos + cut])
+        pos += cut
+    events += parser.feed(data[pos:])
+    return events
+
+
+@settings(max_examples=300)
+@given(st.lists(command, max_size=30), st.lists(st.integers(1, 64), max_size=50))
+def test_encoded_commands_parse_back_under_any_split(
+    cmds: list[tuple[bytes, object]], cuts: list[int]
+) -> None:
+    stream = MAGIC_V2 + b"".join(b for b, _ in cmds)
+    events = feed_split(CommandParser(), stream, cuts)
+    assert merge_fins(events) == merge_fins([e for _, e in cmds])
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=400), st.lists(st.integers(1, 64), max_size=20), st.booleans())
+def test_arbitrary_bytes_yield_events_or_one_error(
+    data: bytes, cuts: list[int], magic: bool
+) -> None:
+    parser = CommandParser(ParserLimits(max_msg_size=100, max_body_size=300))
+    events = feed_split(parser, (MAGIC_V2 if magic else b"") + data, cuts)
+    errors = [e for e in events if isinstance(e, ProtocolError)]
+    assert len(errors) <= 1
+    if errors:
+        assert events[-1] is errors[0]
+        assert parser.dead
+        assert parser.feed(b"NOP\n") == []
+    assert parser.buffered <= len(data) + 4
+
+
+def parse(data: bytes, limits: ParserLimits | None = None) -> list[object]:
+    return CommandParser(limits).feed(MAGIC_V2 + data)
+
+
+def error_of(data: bytes, limits: ParserLimits | None = None) -> str:
+    events = parse(data, limits)
+    assert isinstance(events[-1], ProtocolError), events
+    return str(events[-1])
+
+
+def test_bad_magic() -> None:
+    events = CommandParser().feed(b"GET / HTTP/1.1\r\n")
+    assert str(events[-1]) == "E_BAD_PROTOCOL"
+
+
+def test_fin_run_is_one_event() -> None:
+    ids_ = [b"%016x" % i for i in range(100)]
+    assert parse(c.fin_many(ids_)) == [c.Fin(ids_)]
+
+
+def test_crlf_lines_accepted() -> None:
+    assert parse(b"NOP\r\nFIN 0123456789abcdef\r\n") == [c.Nop(), c.Fin([b"0123456789abcdef"])]
+
+
+def test_events_before_an_error_are_kept() -> None:
+    events = parse(c.pub("t", b"x") + b"WHAT\n" + c.nop())
+    assert events[0] == c.Pub("t", b"x")
+    assert str(events[1]) == "E_INVALID invalid command WHAT"
+    assert len(events) == 2
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"SUB a\n", "E_INVALID SUB insufficient number of parameters"),
+        (b"SUB a/b c\n", 'E_BAD_TOPIC SUB topic name "a/b" is not valid'),
+        (
+            b"SUB a c d e f g h i j k l m n o p q r s t u v w x y z a b c d e f g h i j k l m n o p q r s t u v w x y z a b c d e f g h i j k l m n o p q r s t u v w x y z a b c d e f g h i j k l m n o p q r s t u v w x y z\n",
+            None,
+        ),
+        (b"SUB a c!\n", 'E_BAD_CHANNEL SUB channel name "c!" is not valid'),
+        (b"RDY x\n", "E_INVALID RDY could not parse count x"),
+        (b"RDY -1\n", "E_INVALID RDY could not parse count -1"),
+        (b"RDY 2501\n", "E_INVALID RDY count 2501 out of range 0-2500"),
+        (b"FIN\n", "E_INVALID FIN insufficient number of params"),
+        (b"FIN abc\n", "E_INVALID Invalid Message ID"),
+        (b"REQ 0123456789abcdef\n", "E_INVALID REQ insufficient number of params"),
+        (b"REQ 0123456789abcdef x\n", "E_INVALID REQ could not parse timeout x"),
+        (
+            b"REQ 0123456789abcdef 3600001\n",
+            "E_INVALID REQ timeout 3600001000000 out of range 0-3600000000000",
+        ),
+        (b"TOUCH\n", "E_INVALID TOUCH insufficient number of params"),
+        (b"PUB\n", "E_INVALID PUB insufficient number of parameters"),
+        (b"PUB a+b\n", 'E_BAD_TOPIC PUB topic name "a+b" is not valid'),
+        (b"PUB t\n\x00\x00\x00\x00", "E_BAD_MESSAGE PUB invalid message body size 0"),
+        (b"PUB t\n\x00\x10\x00\x01", "E_BAD_MESSAGE PUB message too big 1048577 > 1048576"),
+        (b"DPUB t\n", "E_INVALID DPUB insufficient number of parameters"),
+        (b"DPUB t x\n", "E_INVALID DPUB could not parse timeout x"),
+        (b"DPUB t 3600001\n", "E_INVALID DPUB timeout 3600001 out of range 0-3600000"),
+        (b"MPUB t\n\xff\xff\xff\xff", "E_BAD_BODY MPUB invalid body size -1"),
+        (b"MPUB t\n\x00\x50\x00\x01", "E_BAD_BODY MPUB body too big 5242881 > 5242880"),
+        (b"MPUB t\n\x00\x00\x00\x04\x00\x00\x00\x00", "E_BAD_BODY MPUB invalid message count 0"),
+        (
+            b"MPUB t\n\x00\x00\x00\x08\x00\x00\x00\x01\x00\x00\x00\x00",
+            "E_BAD_MESSAGE MPUB invalid message(0) body size 0",
+        ),
+        (
+            b"MPUB t\n\x00\x00\x00\x08\x00\x00\x00\x02\x00\x00\x00\x00",
+            "E_BAD_MESSAGE MPUB invalid message(0) body size 0",
+        ),
+        (
+            b"MPUB t\n\x00\x00\x00\x09\x00\x00\x00\x01\x00\x00\x00\x05x",
+            "E_BAD_MESSAGE MPUB failed to read message body",
+        ),
+        (b"IDENTIFY\n\x00\x00\x00\x00", "E_BAD_BODY IDENTIFY invalid body size 0"),
+        (b"IDENTIFY\n\x00\x50\x00\x01", "E_BAD_BODY IDENTIFY body too big 5242881 > 5242880"),
+        (b"AUTH x\n", "E_INVALID AUTH invalid number of parameters"),
+        (b"HELLO\n", "E_INVALID invalid command HELLO"),
+    ],
+)
+def test_errors_as_nsqd_sends_them(data: bytes, expected: str | None) -> None:
+    events = parse(data)
+    if expected is None:
+        assert events and not isinstance(events[-1], ProtocolError)
+    else:
+        assert str(events[-1]) == expected
+        assert events[-1].fatal  # type: ignore[union-attr]
+
+
+def test_oversized_body_refused_from_size_prefix_without_buffering() -> None:
+    parser = CommandParser()
+    header = b"PUB t\n" + struct.pack(">i", 50 * 1024 * 1024)
+    events = parser.feed(MAGIC_V2 + header)
+    assert str(events[-1]).startswith("E_BAD_MESSAGE PUB message too big")
+    assert parser.buffered == 0
+
+
+def test_large_body_collected_in_chunks() -> None:
+    body = b"x" * 1_000_000
+    data = MAGIC_V2 + c.pub("t", body) + c.nop()
+    parser = CommandParser()
+    events: list[object] = []
+    for i in range(0, len(data), 65536):
+        events += parser.feed(data[i : i + 65536])
+    assert events == [c.Pub("t", body), c.Nop()]
+
+
+def test_line_too_long() -> None:
+    parser = CommandParser(ParserLimits(max_line=100))
+    events = parser.feed(MAGIC_V2 + b"A" * 101)
+    assert str(events[-1]).startswith("E_INVALID command line too long")
+
+
+def test_mpub_trailing_bytes_rejected() -> None:
+    body = struct.pack(">ii", 1, 1) + b"x" + b"junk"
+    assert error_of(b"MPUB t\n" + struct.pack(">i", len(body)) + body).startswith("E_BAD_BODY")
+
+
+def test_non_fatal_codes() -> None:
+    assert not ProtocolError("E_FIN_FAILED").fatal
+    assert not ProtocolError("E_REQ_FAILED").fatal
+    assert not ProtocolError("E_TOUCH_FAILED").fatal
+    assert ProtocolError("E_INVALID").fatal

@@ -1,0 +1,100 @@
+"""Frames and message layout: encode/decode round trips, incremental decoding."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nsqx.wire import (
+    FRAME_ERROR,
+    FRAME_MESSAGE,
+    FRAME_RESPONSE,
+    FrameDecoder,
+    Message,
+    ProtocolError,
+    decode_message,
+    encode_error,
+    encode_frame,
+    encode_message,
+    encode_message_frame,
+    encode_message_frames,
+    encode_response,
+)
+from nsqx.wire.frames import with_attempts
+
+ids = st.binary(min_size=16, max_size=16)
+messages = st.builds(
+    Message,
+    st.integers(min_value=-(2**63), max_value=2**63 - 1),
+    st.integers(min_value=0, max_value=2**16 - 1),
+    ids,
+    st.binary(max_size=300),
+)
+
+
+def test_frame_layout() -> None:
+    assert encode_response(b"OK") == b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+    assert (
+        encode_error(ProtocolError("E_INVALID", "x"))
+        == b"\x00\x00\x00\x0f\x00\x00\x00\x01E_INVALID x"
+    )
+    frame = encode_message_frame(1, 1, b"0123456789abcdef", b"body")
+    assert frame[:8] == (30 + 4).to_bytes(4, "big") + FRAME_MESSAGE.to_bytes(4, "big")
+    assert decode_message(frame[8:]) == Message(1, 1, b"0123456789abcdef", b"body")
+
+
+@given(messages)
+def test_message_round_trip(msg: Message) -> None:
+    assert decode_message(encode_message(msg)) == msg
+
+
+@given(st.lists(st.tuples(ids, st.binary(max_size=100)), max_size=20), st.integers(0, 2**62))
+def test_batch_frames_equal_single_frames(items: list[tuple[bytes, bytes]], ts: int) -> None:
+    mids = [i for i, _ in items]
+    bodies = [b for _, b in items]
+    assert encode_message_frames(ts, mids, bodies) == [
+        encode_message_frame(ts, 1, i, b) for i, b in items
+    ]
+
+
+@given(messages, st.integers(0, 2**16 - 1))
+def test_with_attempts(msg: Message, attempts: int) -> None:
+    frame = encode_message_frame(msg.timestamp, msg.attempts, msg.id, msg.body)
+    assert with_attempts(frame, attempts) == encode_message_frame(
+        msg.timestamp, attempts, msg.id, msg.body
+    )
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([FRAME_RESPONSE, FRAME_ERROR, FRAME_MESSAGE]), st.binary(max_size=200)
+        ),
+        max_size=20,
+    ),
+    st.lists(st.integers(1, 50), max_size=40),
+)
+def test_decoder_reassembles_any_split(frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
+    stream = b"".join(encode_frame(t, d) for t, d in frames)
+    dec = FrameDecoder()
+    out: list[tuple[int, bytes]] = []
+    pos = 0
+    for cut in cuts:
+        out += dec.feed(stream[pos : pos + cut])
+        pos += cut
+    out += dec.feed(stream[pos:])
+    assert out == frames
+    assert dec.buffered == 0
+
+
+def test_decoder_rejects_bad_size() -> None:
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(b"\x00\x00\x00\x02\x00\x00\x00\x00")
+    with pytest.raises(ProtocolError):
+        FrameDecoder(max_frame_size=100).feed(b"\x00\x00\x10\x00\x00\x00\x00\x00")
+
+
+def test_decode_short_message() -> None:
+    with pytest.raises(ProtocolError):
+        decode_message(b"short")
