@@ -38,10 +38,9 @@ published one. In the ``both`` phase the publisher runs by default in a separate
 process (``--both-mode process``, a ``spawn``-ed child; the consumer stays in this
 process), so that publisher and consumer are independent, as separate clients are: in
 one Python thread (``--both-mode inline``) each waits for the other's callbacks, which
-paces the publisher to the consumer (the lag stays around 1000 messages) and hides a
-server that delivers more slowly than it accepts. On the 2-core machine this was
-written on, the server needs one core and the client processes share the other; both
-modes measured the same throughput there, within the noise of a shared machine.
+tends to pace the publisher to the consumer. On the 2-core machine this was written
+on, the server needs one core and the client processes share the other; both modes
+measured the same throughput there, within the noise of a shared machine.
 
 Every consumed message is checked: body length ``--size`` and attempts >= 1; a bad
 message, an error frame from the server, a closed connection or a stall (no MPUB
@@ -933,9 +932,12 @@ def format_report(report: dict[str, Any]) -> str:
     for name, p in report["phases"].items():
         if name == "both":
             consumer = p["consumer_cpu_pct"]
-            client = f"client CPU: publisher {p['client_cpu_pct']:.0f}%" + (
-                f", consumer {consumer:.0f}%" if consumer is not None else " (inline)"
-            )
+            if consumer is None:
+                client = f"client CPU {p['client_cpu_pct']:.0f}% (one process)"
+            else:
+                client = (
+                    f"client CPU: publisher {p['client_cpu_pct']:.0f}%, consumer {consumer:.0f}%"
+                )
             lines.append(
                 f"both: {p['seconds']:.2f} s: published {p['msgs']:,} = "
                 f"{p['msgs_per_s']:,.0f} msgs/s, {p['mb_per_s']:.1f} MB/s; consumed "

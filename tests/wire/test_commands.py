@@ -210,3 +210,21 @@ def test_non_fatal_codes() -> None:
     assert not ProtocolError("E_REQ_FAILED").fatal
     assert not ProtocolError("E_TOUCH_FAILED").fatal
     assert ProtocolError("E_INVALID").fatal
+
+
+@given(
+    st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=30),
+    st.booleans(),
+)
+def test_mpub_fast_and_slow_paths_agree(bodies: list[bytes], same_size: bool) -> None:
+    if same_size:
+        bodies = [b.ljust(40, b"z") for b in bodies]
+    raw = struct.pack(">i", len(bodies)) + b"".join(struct.pack(">i", len(b)) + b for b in bodies)
+    assert c.parse_mpub_body(raw, 1000) == bodies
+
+
+def test_mpub_equal_stride_with_a_lying_prefix_falls_back() -> None:
+    # total length fits "2 messages of 4 bytes" but the second prefix says 3
+    raw = struct.pack(">ii", 2, 4) + b"aaaa" + struct.pack(">i", 3) + b"bbbb"
+    with pytest.raises(ProtocolError):
+        c.parse_mpub_body(raw, 1000)

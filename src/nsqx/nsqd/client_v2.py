@@ -180,19 +180,25 @@ class ClientV2(asyncio.Protocol):
             ids = [ids[j] for j in keep]
             if not ids:
                 return
-        self.inflight.update(dict.fromkeys(ids, now + self.msg_timeout))
-        self.message_count += len(ids)
         self._out.extend(frames)
         self._out_size += sum(map(len, frames))
+        self.message_count += len(ids)
         # flush when the buffer is full, when the client can take no more (nothing else
         # would follow soon), or when buffering is off; otherwise within the timeout
+        timeout = self.msg_timeout
         if (
             self._out_size >= self.output_buffer_size
             or self.output_buffer_timeout <= 0
-            or self.spare() <= 0
+            or self.rdy <= len(self.inflight) + len(self.irregular) + len(ids)
         ):
+            self.inflight.update(dict.fromkeys(ids, now + timeout))
             self.flush()
-        elif self._flush_handle is None:
+            return
+        # The clock starts when the client can see the message, not while it is buffered.
+        # (This can put a deadline after a later one in the dict; a scan then finds it
+        # at most one output_buffer_timeout late.)
+        self.inflight.update(dict.fromkeys(ids, now + timeout + self.output_buffer_timeout))
+        if self._flush_handle is None:
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(self.output_buffer_timeout, self.flush)
 
