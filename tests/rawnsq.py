@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -35,6 +36,7 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
 
 async def start_nsqd(**opts: Any) -> NSQD:
     """An nsqd in this event loop on a free loopback port."""
+    opts.setdefault("data_path", tempfile.mkdtemp(prefix="nsqx-test-"))
     options = NsqdOptions(tcp_address="127.0.0.1:0", http_address="", **opts)
     nsqd = NSQD(options)
     await nsqd.start()

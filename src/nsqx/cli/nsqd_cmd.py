@@ -45,10 +45,14 @@ def install_event_loop_policy() -> None:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
-async def serve(options: NsqdOptions) -> None:
-    """Run nsqd until a termination signal."""
+async def serve(options: NsqdOptions) -> int:
+    """Run nsqd until a termination signal; 1 if it cannot start."""
     nsqd = NSQD(options)
-    await nsqd.start()
+    try:
+        await nsqd.start()
+    except (OSError, RuntimeError, ValueError) as err:
+        logging.getLogger("nsqx.nsqd").critical("failed to start: %s", err)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -56,6 +60,7 @@ async def serve(options: NsqdOptions) -> None:
     await stop.wait()
     logging.getLogger("nsqx.nsqd").info("NSQ: shutting down")
     await nsqd.close()
+    return 0
 
 
 def run_nsqd(argv: list[str]) -> int:
@@ -72,5 +77,4 @@ def run_nsqd(argv: list[str]) -> int:
         return 2
     setup_logging(options.log_level, options.log_prefix)
     install_event_loop_policy()
-    asyncio.run(serve(options))
-    return 0
+    return asyncio.run(serve(options))

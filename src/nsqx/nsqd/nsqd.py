@@ -6,8 +6,12 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 
+from nsqx import NSQ_VERSION
 from nsqx.nsqd.client_v2 import ClientV2
+from nsqx.nsqd.events import TopologyEvent
+from nsqx.nsqd.metadata import ChannelMeta, DataDirLock, TopicMeta, read_metadata, write_metadata
 from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.topic import Topic
 from nsqx.wire.names import is_valid_name
@@ -49,6 +53,11 @@ class NSQD:
         self._exiting = False
         self._read_this_turn = 0
         self._budget_reset_scheduled = False
+        self._loading = False
+        self.data_path = options.data_path or os.getcwd()
+        self._lock = DataDirLock(self.data_path)
+        #: Called with every TopologyEvent (e.g. to register with nsqlookupd).
+        self.watchers: list[Callable[[TopologyEvent], None]] = []
 
     def spend_read_budget(self, nbytes: int) -> bool:
         """Count bytes read in this loop iteration; True once over the budget."""
@@ -76,6 +85,7 @@ class NSQD:
                 raise ValueError(f"invalid topic name {name!r}")
             topic = self.topics[name] = Topic(self, name)
             log.info("TOPIC(%s): created", name)
+            self.topology_changed(TopologyEvent("create", name), persist=not topic.ephemeral)
         return topic
 
     def delete_topic(self, name: str) -> None:
@@ -83,11 +93,60 @@ class NSQD:
         if topic is not None:
             topic.close()
             log.info("TOPIC(%s): deleted", name)
+            self.topology_changed(TopologyEvent("delete", name), persist=not topic.ephemeral)
+
+    def topology_changed(self, event: TopologyEvent, persist: bool = True) -> None:
+        """Tell the watchers, and rewrite the metadata file when it lists the change."""
+        if self._loading:
+            return
+        for watcher in list(self.watchers):
+            try:
+                watcher(event)
+            except Exception:
+                log.exception("topology watcher failed on %s", event)
+        if persist:
+            self.persist_metadata()
+
+    # -- metadata ---------------------------------------------------------------------
+
+    def persist_metadata(self) -> None:
+        """Write nsqd.dat: non-ephemeral topics and channels and their paused state."""
+        topics = [
+            TopicMeta(
+                t.name,
+                t.paused,
+                [ChannelMeta(c.name, c.paused) for c in t.channels.values() if not c.ephemeral],
+            )
+            for t in self.topics.values()
+            if not t.ephemeral
+        ]
+        write_metadata(self.data_path, topics, NSQ_VERSION)
+
+    def load_metadata(self) -> None:
+        """Recreate the topics and channels of nsqd.dat (on start)."""
+        self._loading = True
+        try:
+            for tm in read_metadata(self.data_path):
+                if not is_valid_name(tm.name):
+                    log.warning("skipping invalid topic name %r in metadata", tm.name)
+                    continue
+                topic = self.get_topic(tm.name)
+                for cm in tm.channels:
+                    if is_valid_name(cm.name):
+                        ch = topic.get_channel(cm.name)
+                        ch.paused = cm.paused
+                if tm.paused:
+                    topic.pause()
+        finally:
+            self._loading = False
 
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Bind the listeners and start the scan loop."""
+        """Lock the data directory, restore metadata, bind the listeners, start timers."""
+        os.makedirs(self.data_path, exist_ok=True)
+        self._lock.acquire()
+        self.load_metadata()
         loop = asyncio.get_running_loop()
         addr = self.options.tcp_address
         if addr:
@@ -136,6 +195,11 @@ class NSQD:
             self._scan_task.cancel()
         for server in self._servers:
             await server.wait_closed()
+        try:
+            self.persist_metadata()
+        except OSError:
+            log.exception("failed to persist metadata")
+        self._lock.release()
         if self.options.tcp_address and "/" in self.options.tcp_address:
             try:
                 os.unlink(self.options.tcp_address)

@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING
 
 from nsqx.nsqd.channel import Channel
+from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import make_ids
 from nsqx.store.memlog import MemoryLog
 from nsqx.wire.frames import encode_message_frames
@@ -70,6 +71,9 @@ class Topic:
             ch = Channel(self, name, start)
             self.channels[name] = ch
             log.info("TOPIC(%s): created CHANNEL(%s)", self.name, name)
+            self.nsqd.topology_changed(
+                TopologyEvent("create", self.name, name), persist=not ch.ephemeral
+            )
         return ch
 
     def delete_channel(self, name: str) -> None:
@@ -78,6 +82,9 @@ class Topic:
             return
         ch.close()
         log.info("TOPIC(%s): deleted CHANNEL(%s)", self.name, name)
+        self.nsqd.topology_changed(
+            TopologyEvent("delete", self.name, name), persist=not ch.ephemeral
+        )
         if not self.channels:
             # later messages wait for the next first channel
             self.hold_from = self.visible_end
@@ -85,6 +92,7 @@ class Topic:
                 self.nsqd.delete_topic(self.name)
 
     def pause(self) -> None:
+        """Stop channels from seeing new messages (persisted by the caller)."""
         self.paused = True
 
     def unpause(self) -> None:
