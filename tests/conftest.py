@@ -2,93 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import re
 import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-_LISTEN_RE = re.compile(r"(TCP|HTTP): listening on ([\d.]+):(\d+)")
+from nsqdproc import NsqdProcess, start_nsqd
 
-
-@dataclass
-class NsqdProcess:
-    """A running ``nsqx nsqd`` and the addresses it bound."""
-
-    proc: subprocess.Popen[str]
-    data_path: Path
-    tcp_port: int = 0
-    http_port: int = 0
-    log: list[str] = field(default_factory=list)
-
-    @property
-    def tcp_address(self) -> tuple[str, int]:
-        return ("127.0.0.1", self.tcp_port)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        return self.proc.returncode
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-
-def start_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
-    """Start ``nsqx nsqd`` on port 0 and wait until it says where it listens."""
-    data_path.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "nsqx",
-        "nsqd",
-        "--tcp-address=127.0.0.1:0",
-        "--http-address=",
-        f"--data-path={data_path}",
-        *args,
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(
-        cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
-    )
-    nsqd = NsqdProcess(proc, data_path)
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            nsqd.log.append(line)
-            m = _LISTEN_RE.search(line)
-            if m:
-                if m.group(1) == "TCP":
-                    nsqd.tcp_port = int(m.group(3))
-                    ready.set()
-                else:
-                    nsqd.http_port = int(m.group(3))
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + timeout
-    while not ready.wait(0.05):
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("nsqd did not start:\n" + "".join(nsqd.log))
-    if not nsqd.tcp_port:
-        proc.kill()
-        raise RuntimeError("nsqd exited:\n" + "".join(nsqd.log))
-    return nsqd
+__all__ = ["NsqdProcess", "start_nsqd"]
 
 
 @pytest.fixture

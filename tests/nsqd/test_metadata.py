@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import NsqdProcess, start_nsqd
+from nsqdproc import NsqdProcess, start_nsqd
 from nsqx.nsqd.metadata import DataDirLock
 from rawnsq import Raw, run
 from rawnsq import start_nsqd as start_inproc
