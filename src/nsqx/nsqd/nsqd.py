@@ -11,6 +11,7 @@ from collections.abc import Callable
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
+from nsqx.nsqd.lookup import LookupManager
 from nsqx.nsqd.metadata import ChannelMeta, DataDirLock, TopicMeta, read_metadata, write_metadata
 from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.topic import Topic
@@ -58,6 +59,8 @@ class NSQD:
         self._lock = DataDirLock(self.data_path)
         #: Called with every TopologyEvent (e.g. to register with nsqlookupd).
         self.watchers: list[Callable[[TopologyEvent], None]] = []
+        #: Registration with --lookupd-tcp-address (set_lookupd_addresses changes them).
+        self.lookup = LookupManager(self)
 
     def spend_read_budget(self, nbytes: int) -> bool:
         """Count bytes read in this loop iteration; True once over the budget."""
@@ -168,6 +171,8 @@ class NSQD:
                 self.options.http_address,
             )
         self._scan_task = asyncio.create_task(self._scan_loop())
+        # last, once every listener is bound: IDENTIFY announces the real ports
+        self.lookup.start()
 
     async def _scan_loop(self) -> None:
         interval = self.options.queue_scan_interval
@@ -187,6 +192,7 @@ class NSQD:
         if self._exiting:
             return
         self._exiting = True
+        await self.lookup.close()
         for server in self._servers:
             server.close()
         for client in list(self.clients):

@@ -63,11 +63,12 @@ class Topic:
         if self.ephemeral or self.ephemeral_channels:
             self._bound_memory()
 
-    def get_channel(self, name: str) -> Channel:
-        """The channel named ``name``, created if needed."""
+    def get_channel(self, name: str, start: int | None = None) -> Channel:
+        """The channel named ``name``, created if needed (at ``start`` when given)."""
         ch = self.channels.get(name)
         if ch is None:
-            start = self.hold_from if not self.channels else self.visible_end
+            if start is None:
+                start = self.hold_from if not self.channels else self.visible_end
             ch = Channel(self, name, start)
             self.channels[name] = ch
             log.info("TOPIC(%s): created CHANNEL(%s)", self.name, name)
