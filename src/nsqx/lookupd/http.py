@@ -247,7 +247,8 @@ class LookupdHTTP:
             fixed = self._fixed_path(path, method)
             if fixed is not None:
                 # httprouter: 301 for GET, 307 (same method) otherwise
-                location = str(request.rel_url.with_path(fixed))
+                query = request.rel_url.raw_query_string
+                location = f"{fixed}?{query}" if query else fixed
                 status = 301 if method == "GET" else 307
                 return web.Response(status=status, headers={"Location": location})
         allowed = sorted(m for m in (methods or {}) if m != method)

@@ -62,12 +62,12 @@ class NSQLookupd:
         log.info("TCP: listening on %s:%d", sockname[0], sockname[1])
         try:
             host, port = split_address(self.options.http_address)
-            runner = web.AppRunner(LookupdHTTP(self).app(), access_log=None)
+            runner = web.AppRunner(
+                LookupdHTTP(self).app(), access_log=None, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT
+            )
             await runner.setup()
             self._runner = runner
-            site = web.TCPSite(
-                runner, host, port, reuse_address=True, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT
-            )
+            site = web.TCPSite(runner, host, port, reuse_address=True)
             await site.start()
         except BaseException:
             await self.close()

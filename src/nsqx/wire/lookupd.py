@@ -90,6 +90,10 @@ _PEER_FIELDS: dict[str, type] = {
 }
 
 
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object's (key, value) pairs, in order, duplicates kept."""
+
+
 def _reject_constant(name: str) -> Any:
     # Go's JSON has no NaN/Infinity; Python's json would accept them
     raise ValueError(f"invalid JSON constant {name}")
@@ -106,14 +110,14 @@ def parse_identify_body(body: bytes) -> PeerInfo:
     try:
         pairs = json.loads(
             body.decode("utf-8", errors="replace"),
-            object_pairs_hook=lambda kv: kv,
+            object_pairs_hook=_Pairs,
             parse_constant=_reject_constant,
         )
     except ValueError:
         raise ProtocolError(E_BAD_BODY, "IDENTIFY failed to decode JSON body") from None
     values: dict[str, Any] = {}
     if pairs is not None:
-        if not isinstance(pairs, list):
+        if not isinstance(pairs, _Pairs):
             raise ProtocolError(E_BAD_BODY, "IDENTIFY failed to decode JSON body")
         for key, value in pairs:
             name = key if key in _PEER_FIELDS else _fold_key(key)
