@@ -238,6 +238,10 @@ class LookupdHTTP:
                 data = await handler(request)
             except HTTPError as err:
                 return respond_v1(err.status, err.message)
+            except Exception:
+                # Go's panic handler answers the same way
+                log.exception("panic in HTTP handler")
+                return respond_v1(500, "INTERNAL_ERROR")
             if path == "/ping":
                 return web.Response(
                     status=200, body=data.encode(), content_type="text/plain", charset="utf-8"
