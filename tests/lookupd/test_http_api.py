@@ -158,7 +158,7 @@ def test_debug_dump(lookupd: LookupdProcess) -> None:
 
 
 def test_tombstone_hides_a_producer_for_the_lifetime(lookupd_factory: object) -> None:
-    lk: LookupdProcess = lookupd_factory("--tombstone-lifetime=300ms")  # type: ignore[operator]
+    lk: LookupdProcess = lookupd_factory("--tombstone-lifetime=1500ms")  # type: ignore[operator]
     a, b = V1Conn(lk.tcp_port), V1Conn(lk.tcp_port)
     a.identify(tcp_port=5150, http_port=5151)
     b.identify(tcp_port=5160, http_port=5161)
@@ -186,10 +186,11 @@ def test_tombstone_hides_a_producer_for_the_lifetime(lookupd_factory: object) ->
 
 
 def test_inactive_producers_leave_lookup_and_nodes(lookupd_factory: object) -> None:
-    lk: LookupdProcess = lookupd_factory("--inactive-producer-timeout=300ms")  # type: ignore[operator]
+    lk: LookupdProcess = lookupd_factory("--inactive-producer-timeout=1s")  # type: ignore[operator]
     conn = V1Conn(lk.tcp_port)
     conn.identify(tcp_port=6150)
     assert conn.command("REGISTER idle_t") == b"OK"
+    assert conn.command("PING") == b"OK"
     assert lk.json("/lookup?topic=idle_t")["producers"] != []
     wait_until(lambda: lk.json("/lookup?topic=idle_t")["producers"] == [], what="inactivity")
     assert lk.json("/nodes")["producers"] == []
