@@ -194,3 +194,27 @@ def test_cursor_file_round_trip(tmp_path: Path) -> None:
     Path(path).write_bytes(Path(path).read_bytes()[:-1])
     with pytest.raises(ValueError):
         read_cursor(path)
+
+
+def test_read_range_is_stateless_and_bounded(tmp_path: Path) -> None:
+    from nsqx.wire.range import decode_range, encode_range
+
+    log = DiskLog(str(tmp_path), max_bytes_per_file=3000, cache_size=5)
+    for i in range(40):
+        put(log, [b"r%02d-%d" % (i, k) for k in range(3)], ts=TS + i)
+    recs = log.read_range(0, 1000)
+    assert [r[0] for r in recs] == list(range(120))
+    assert [bodies_of([r[2]])[0] for r in recs[:4]] == [b"r00-0", b"r00-1", b"r00-2", b"r01-0"]
+    for seq, offset, _frame in recs[::17]:
+        assert log.locate(seq) is not None and log.locate(seq)[0] == offset  # type: ignore[index]
+        assert log.seek_offset(offset) == seq
+    assert [r[0] for r in log.read_range(10, 5)] == list(range(10, 15))
+    assert [r[0] for r in log.read_range(10, 100, end=13)] == [10, 11, 12]
+    one = log.read_range(10, 100, max_bytes=1)
+    assert [r[0] for r in one] == [10]
+    assert log.read_range(120, 10) == []
+    body = encode_range(log.end, log.end_offset, 10, log.read_range(10, 5))
+    res = decode_range(body)
+    assert res.end_sequence == 120 and res.next_sequence == 15
+    assert [r.body for r in res.records] == [b"r03-1", b"r03-2", b"r04-0", b"r04-1", b"r04-2"]
+    assert res.records[0].timestamp == TS + 3 and res.records[0].id == b"%016x" % 10

@@ -511,6 +511,57 @@ class DiskLog:
         chunks.extend(frames)
         ids.extend([f[_ID] for f in frames])
 
+    def read_range(
+        self, seq: int, max_messages: int, max_bytes: int = 1 << 62, end: int | None = None
+    ) -> list[tuple[int, int, bytes]]:
+        """A stateless read for range consumers (Spark): up to ``max_messages`` records
+        from ``seq`` (below ``end``), stopping once ``max_bytes`` of frames are taken (at
+        least one record is returned if there is one). Records are (sequence, virtual
+        offset, frame). Reads through the files (the page cache) and checks crcs like
+        any read; it touches no channel."""
+        out: list[tuple[int, int, bytes]] = []
+        seq = max(seq, self.start)
+        stop = self.end if end is None else min(end, self.end)
+        taken = 0
+        while seq < stop and len(out) < max_messages and taken < max_bytes:
+            seg = self._segment_for(seq)
+            if seg is None:
+                break
+            seq = max(seq, seg.base_seq)
+            pos = seg.start_pos(seq)
+            progressed = False
+            while pos < seg.size and seq < stop and len(out) < max_messages and taken < max_bytes:
+                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
+                off = pos - base
+                plen, crc, first, count, _d, _f = _BATCH_HEAD.unpack_from(buf, off)
+                if first + count <= seq:
+                    pos += BATCH_HEAD_SIZE + plen
+                    continue
+                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
+                off = pos - base
+                if pos >= seg.verified_upto:
+                    check_batch(buf, off, plen, crc)
+                    if pos == seg.verified_upto:
+                        seg.verified_upto = pos + BATCH_HEAD_SIZE + plen
+                p = off + BATCH_HEAD_SIZE
+                # virtual offset of buf[0]
+                vbase = seg.base_offset + base - SEG_HEAD_SIZE
+                for k in range(count):
+                    end_p = p + 4 + _I32.unpack_from(buf, p)[0]
+                    s_k = first + k
+                    if s_k >= seq:
+                        if s_k >= stop or len(out) >= max_messages or taken >= max_bytes:
+                            break
+                        out.append((s_k, vbase + p, buf[p:end_p]))
+                        taken += end_p - p
+                    p = end_p
+                seq = out[-1][0] + 1 if out else seq
+                pos += BATCH_HEAD_SIZE + plen
+                progressed = True
+            if not progressed:
+                break
+        return out
+
     def locate(self, seq: int) -> tuple[int, int] | None:
         """(virtual offset, timestamp ns) of the message at ``seq``, or None."""
         seg = self._segment_for(seq)
