@@ -63,6 +63,9 @@ class Channel:
         self._loop = asyncio.get_running_loop()
         #: set when the cursor state changed since the last checkpoint
         self.dirty = False
+        #: size and time of the last checkpoint (to pace very large ones)
+        self.checkpoint_size = 0
+        self.checkpoint_at = 0.0
         self.cursor_path: str | None = None
         if topic.durable and not self.ephemeral:
             self.cursor_path = os.path.join(topic.channel_dir, f"{name}.cursor")

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nsqx.nsqd")
 
+#: unfinished messages above which a channel's checkpoint is taken less often
+LARGE_CHECKPOINT = 50_000
+
 
 class LogSyncer:
     """Runs one DiskLog's fsyncs in a thread, one at a time (fsync releases the GIL).
@@ -73,12 +76,22 @@ class Checkpointer:
         if self._task is not None and not self._task.done():
             return  # the previous round is still writing
         work = []
+        now = time.monotonic()
+        slow_every = self.nsqd.options.sync_timeout
         for topic in self.nsqd.topics.values():
             for ch in topic.channels.values():
-                if ch.dirty and ch.cursor_path is not None and not ch.deleted:
-                    ch.dirty = False
-                    # the snapshot is taken here, on the loop; only the write is threaded
-                    work.append((ch.cursor_path, ch.cursor_state()))
+                if not ch.dirty or ch.cursor_path is None or ch.deleted:
+                    continue
+                # A snapshot costs O(unfinished messages): a channel holding very many
+                # (say a million deferred) is checkpointed every --sync-timeout only.
+                if ch.checkpoint_size > LARGE_CHECKPOINT and now - ch.checkpoint_at < slow_every:
+                    continue
+                ch.dirty = False
+                # the snapshot is taken here, on the loop; only the write is threaded
+                state = ch.cursor_state()
+                ch.checkpoint_size = len(state.pending) // 3
+                ch.checkpoint_at = now
+                work.append((ch.cursor_path, state))
         if work:
             # written each round (enough for a killed process); fsynced per --sync-timeout
             now = time.monotonic()

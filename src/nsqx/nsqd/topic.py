@@ -173,15 +173,24 @@ class Topic:
         return min(ch.low_water() for ch in self.channels.values())
 
     def trim(self) -> None:
-        """Release memory of records that every channel is done with."""
-        if len(self.log):
+        """Release memory of records that every channel is done with (a DiskLog's
+        memory is bounded by its cache size instead)."""
+        if isinstance(self.log, MemoryLog) and len(self.log):
             self.log.trim(self.low_water())
 
     def reclaim(self) -> int:
         """Delete log segments every channel is done with (after --retention)."""
-        if isinstance(self.log, DiskLog):
-            return self.log.reclaim(self.low_water(), self.nsqd.options.retention)
-        return 0
+        log_ = self.log
+        if not isinstance(log_, DiskLog) or len(log_.segments) < 2:
+            return 0
+        first_end = log_.segments[0].end_seq
+        # cheap bound first: the low water is below every cursor and hold point
+        bound = (
+            self.hold_from if not self.channels else min(c.cursor for c in self.channels.values())
+        )
+        if bound < first_end:
+            return 0
+        return log_.reclaim(self.low_water(), self.nsqd.options.retention)
 
     @property
     def ephemeral_channels(self) -> bool:
