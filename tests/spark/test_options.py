@@ -13,7 +13,12 @@ def parse(**opts: str) -> NsqOptions:
 
 def test_defaults() -> None:
     o = parse(topic="t", nsqdHttpAddresses="127.0.0.1:4151")
-    assert (o.starting, o.ending, o.mode, o.max_offsets_per_trigger) == ("earliest", "latest", "range", None)
+    assert (o.starting, o.ending, o.mode, o.max_offsets_per_trigger) == (
+        "earliest",
+        "latest",
+        "range",
+        None,
+    )
 
 
 def test_offsets_forms() -> None:
@@ -36,8 +41,14 @@ def test_offsets_forms() -> None:
         ({"topic": "t"}, "nsqdHttpAddresses"),
         ({"topic": "t", "nsqdHttpAddresses": "nohost"}, "nsqdHttpAddresses"),
         ({"topic": "t", "nsqdHttpAddresses": "a:1", "startingOffsets": "soon"}, "startingOffsets"),
-        ({"topic": "t", "nsqdHttpAddresses": "a:1", "endingOffsets": '{"k": "x"}'}, "endingOffsets"),
-        ({"topic": "t", "nsqdHttpAddresses": "a:1", "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
+        (
+            {"topic": "t", "nsqdHttpAddresses": "a:1", "endingOffsets": '{"k": "x"}'},
+            "endingOffsets",
+        ),
+        (
+            {"topic": "t", "nsqdHttpAddresses": "a:1", "maxOffsetsPerTrigger": "0"},
+            "maxOffsetsPerTrigger",
+        ),
         ({"topic": "t", "nsqdHttpAddresses": "a:1", "mode": "magic"}, "mode"),
         ({"topic": "t", "nsqdTcpAddresses": "a:1", "mode": "channel"}, "channel"),
         ({"topic": "t", "nsqdHttpAddresses": "a:1", "failOnDataLoss": "maybe"}, "failOnDataLoss"),

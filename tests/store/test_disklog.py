@@ -218,3 +218,26 @@ def test_read_range_is_stateless_and_bounded(tmp_path: Path) -> None:
     assert res.end_sequence == 120 and res.next_sequence == 15
     assert [r.body for r in res.records] == [b"r03-1", b"r03-2", b"r04-0", b"r04-1", b"r04-2"]
     assert res.records[0].timestamp == TS + 3 and res.records[0].id == b"%016x" % 10
+
+
+def test_failed_write_leaves_no_partial_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nsqx.store.disklog as disklog
+
+    log = DiskLog(str(tmp_path))
+    put(log, [b"before"])
+    real_writev = os.writev
+
+    def half_write(fd: int, buffers: list[bytes]) -> int:
+        data = b"".join(buffers)
+        return real_writev(fd, [data[: len(data) // 2]])  # e.g. the disk filled up
+
+    monkeypatch.setattr(disklog.os, "writev", half_write)
+    with pytest.raises(OSError, match="short write"):
+        put(log, [b"lost" * 10])
+    monkeypatch.setattr(disklog.os, "writev", real_writev)
+    put(log, [b"after"])
+    assert read_all(log) == [b"before", b"after"]
+    log.close()
+    assert read_all(DiskLog(str(tmp_path))) == [b"before", b"after"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ from nsqx.store.cursor import CursorState, write_cursor
 from nsqx.store.disklog import DiskLog
 
 if TYPE_CHECKING:
+    from nsqx.nsqd.channel import Channel
     from nsqx.nsqd.nsqd import NSQD
 
 log = logging.getLogger("nsqx.nsqd")
@@ -91,7 +93,7 @@ class Checkpointer:
                 state = ch.cursor_state()
                 ch.checkpoint_size = len(state.pending) // 3
                 ch.checkpoint_at = now
-                work.append((ch.cursor_path, state))
+                work.append((ch, state))
         if work:
             # written each round (enough for a killed process); fsynced per --sync-timeout
             now = time.monotonic()
@@ -100,11 +102,15 @@ class Checkpointer:
                 self._last_fsync = now
             self._task = asyncio.get_running_loop().create_task(self._write(work, fsync))
 
-    async def _write(self, work: list[tuple[str, CursorState]], fsync: bool) -> None:
+    async def _write(self, work: list[tuple[Channel, CursorState]], fsync: bool) -> None:
         def write_all() -> None:
-            for path, state in work:
+            for ch, state in work:
+                path = ch.cursor_path
+                assert path is not None
                 try:
                     write_cursor(path, state, fsync)
+                    if ch.deleted:  # deleted while we wrote: do not leave it behind
+                        os.remove(path)
                 except FileNotFoundError:
                     pass  # the channel or topic was deleted meanwhile
 

@@ -338,9 +338,14 @@ class DiskLog:
         rest = _BATCH_HEAD.pack(0, 0, first, count, deliver_at_ns, 0)[8:]
         crc = zlib.crc32(payload, zlib.crc32(rest))
         head = struct.pack(">II", len(payload), crc) + rest
-        written = os.writev(self._fd, (head, payload))
-        if written != len(head) + len(payload):
-            raise OSError(f"short write to {seg.path}: {written} bytes")
+        try:
+            written = os.writev(self._fd, (head, payload))
+            if written != len(head) + len(payload):
+                raise OSError(f"short write to {seg.path}: {written} bytes (disk full?)")
+        except OSError:
+            # leave no partial record behind: later batches must follow a whole one
+            os.ftruncate(self._fd, seg.size)
+            raise
         seg.note_batch(first, seg.size, deliver_at_ns)
         if seg.verified_upto == seg.size:
             seg.verified_upto += written
