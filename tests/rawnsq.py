@@ -64,9 +64,11 @@ class Raw:
         self.answer_heartbeats = True
 
     @classmethod
-    async def connect(cls, nsqd: NSQD, magic: bool = True) -> Raw:
-        assert nsqd.tcp_address is not None
-        r, w = await asyncio.open_connection(*nsqd.tcp_address)
+    async def connect(cls, nsqd: NSQD | tuple[str, int], magic: bool = True) -> Raw:
+        """Connect to an in-process NSQD or to a (host, port)."""
+        address = nsqd if isinstance(nsqd, tuple) else nsqd.tcp_address
+        assert address is not None
+        r, w = await asyncio.open_connection(*address)
         raw = cls(r, w)
         if magic:
             w.write(MAGIC_V2)

@@ -14,7 +14,9 @@ from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.lookup import LookupManager
 from nsqx.nsqd.metadata import ChannelMeta, DataDirLock, TopicMeta, read_metadata, write_metadata
 from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.syncer import Checkpointer, LogSyncer
 from nsqx.nsqd.topic import Topic
+from nsqx.store.disklog import DiskLog
 from nsqx.wire.names import is_valid_name
 
 log = logging.getLogger("nsqx.nsqd")
@@ -24,6 +26,12 @@ log = logging.getLogger("nsqx.nsqd")
 #: Measured (bench/server_bench.py, both phase): 64 KiB keeps consumers level with a
 #: flooding publisher (513k in / 511k out); 256 KiB let ingest win (619k in / 320k out).
 READ_BUDGET_PER_ITERATION = 64 * 1024
+#: How often changed channel cursors are written (to the page cache, which survives a
+#: killed process): a crash may deliver again messages finished within this window.
+#: They are fsynced every --sync-timeout, for power loss.
+CHECKPOINT_INTERVAL = 0.1
+#: How often consumed log segments are looked for and deleted.
+RECLAIM_INTERVAL = 1.0
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -57,6 +65,8 @@ class NSQD:
         self._loading = False
         self.data_path = options.data_path or os.getcwd()
         self._lock = DataDirLock(self.data_path)
+        self.syncers: dict[str, LogSyncer] = {}
+        self.checkpointer = Checkpointer(self)
         #: Called with every TopologyEvent (e.g. to register with nsqlookupd).
         self.watchers: list[Callable[[TopologyEvent], None]] = []
         #: Registration with --lookupd-tcp-address (set_lookupd_addresses changes them).
@@ -87,6 +97,8 @@ class NSQD:
             if not is_valid_name(name):
                 raise ValueError(f"invalid topic name {name!r}")
             topic = self.topics[name] = Topic(self, name)
+            if isinstance(topic.log, DiskLog):
+                self.syncers[name] = LogSyncer(topic.log)
             log.info("TOPIC(%s): created", name)
             self.topology_changed(TopologyEvent("create", name), persist=not topic.ephemeral)
         return topic
@@ -94,7 +106,8 @@ class NSQD:
     def delete_topic(self, name: str) -> None:
         topic = self.topics.pop(name, None)
         if topic is not None:
-            topic.close()
+            topic.delete()
+            self.syncers.pop(name, None)
             log.info("TOPIC(%s): deleted", name)
             self.topology_changed(TopologyEvent("delete", name), persist=not topic.ephemeral)
 
@@ -175,7 +188,9 @@ class NSQD:
         self.lookup.start()
 
     async def _scan_loop(self) -> None:
-        interval = self.options.queue_scan_interval
+        opts = self.options
+        interval = opts.queue_scan_interval
+        last_checkpoint = last_reclaim = time.monotonic()
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
@@ -186,6 +201,21 @@ class NSQD:
                 topic.trim()
             for client in list(self.clients):
                 client.tick(now)
+            for syncer in self.syncers.values():
+                if syncer.due(opts.sync_every, opts.sync_timeout, now):
+                    syncer.request()
+            if now - last_checkpoint >= CHECKPOINT_INTERVAL:
+                last_checkpoint = now
+                self.checkpointer.run_round()
+            if now - last_reclaim >= RECLAIM_INTERVAL:
+                last_reclaim = now
+                for topic in list(self.topics.values()):
+                    topic.reclaim()
+
+    def sync_topics(self, names: set[str]) -> asyncio.Future[list[None]]:
+        """A future done once every write so far to these topics is fsynced."""
+        futures = [self.syncers[n].request() for n in names if n in self.syncers]
+        return asyncio.gather(*futures)
 
     async def close(self) -> None:
         """Stop listening, close every client, stop the timers."""
@@ -205,6 +235,11 @@ class NSQD:
             self.persist_metadata()
         except OSError:
             log.exception("failed to persist metadata")
+        for topic in list(self.topics.values()):
+            try:
+                topic.close()  # cursors checkpointed, logs fsynced
+            except OSError:
+                log.exception("TOPIC(%s): failed to close cleanly", topic.name)
         self._lock.release()
         if self.options.tcp_address and "/" in self.options.tcp_address:
             try:
