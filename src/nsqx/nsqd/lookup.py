@@ -257,12 +257,20 @@ class LookupManager:
             name: dict.fromkeys(topic.channels) for name, topic in self.nsqd.topics.items()
         }
         self.nsqd.watchers.append(self._on_topology)
+        # PUT /config/nsqlookupd_tcp_addresses announces new lists through this hook
+        # list when the HTTP API provides it; calling set_lookupd_addresses works too
+        hooks = getattr(self.nsqd, "on_lookupd_addresses_changed", None)
+        if isinstance(hooks, list) and self.set_lookupd_addresses not in hooks:
+            hooks.append(self.set_lookupd_addresses)
         self.set_lookupd_addresses(list(self.nsqd.options.nsqlookupd_tcp_addresses))
 
     async def close(self) -> None:
         """Disconnect from every lookupd (which then drops this node's registrations)."""
         if self._on_topology in self.nsqd.watchers:
             self.nsqd.watchers.remove(self._on_topology)
+        hooks = getattr(self.nsqd, "on_lookupd_addresses_changed", None)
+        if isinstance(hooks, list) and self.set_lookupd_addresses in hooks:
+            hooks.remove(self.set_lookupd_addresses)
         peers = list(self.peers.values())
         self.peers.clear()
         for task in list(self._tasks):
