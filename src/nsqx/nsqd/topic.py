@@ -41,6 +41,8 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self.deleted = False
+        #: set by empty() while paused: what it dropped, for depth
+        self._emptied_to = 0
 
     def publish(self, bodies: list[bytes], defer_ms: int = 0) -> None:
         """Append messages (one MPUB is one call: atomic) and wake the channels."""
@@ -100,6 +102,30 @@ class Topic:
         self.visible_end = self.log.end
         for ch in self.channels.values():
             ch.notify()
+
+    @property
+    def depth(self) -> int:
+        """Messages no channel can see yet: held for the first channel, or paused."""
+        if not self.channels:
+            return max(self.log.end - max(self.hold_from, self.log.start), 0)
+        return self.log.end - max(self.visible_end, self._emptied_to)
+
+    def empty(self) -> None:
+        """Drop the messages no channel has seen yet (channels keep their own backlog).
+
+        While paused with channels, the held messages are skipped by every channel that
+        has caught up with what it could see; a channel still behind would read them.
+        """
+        end = self.log.end
+        if not self.channels:
+            self.hold_from = end
+            self.log.trim_to(end)
+            return
+        if self.paused:
+            for ch in self.channels.values():
+                if ch.cursor >= self.visible_end:
+                    ch.cursor = end
+            self._emptied_to = end
 
     def low_water(self) -> int:
         """The oldest sequence any reader still needs."""
