@@ -10,6 +10,7 @@ method. Every response carries ``X-NSQ-Content-Type: nsq; version=1.0``; errors 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -115,6 +116,13 @@ def parse_query(raw: str) -> dict[str, list[str]]:
     params: dict[str, list[str]] = {}
     if not raw:
         return params
+    if "%" not in raw and "+" not in raw and ";" not in raw:
+        # the usual query (?topic=name): nothing to decode
+        for part in raw.split("&"):
+            if part:
+                key, _, value = part.partition("=")
+                params.setdefault(key, []).append(value)
+        return params
     if ";" in raw or _BAD_ESCAPE.search(raw):
         raise HTTPError(400, "INVALID_REQUEST")
     for part in raw.split("&"):
@@ -135,9 +143,18 @@ async def read_limited(request: web.BaseRequest, limit: int) -> bytes | None:
 
     Reads chunk by chunk, so an oversized body is refused without being held whole.
     """
+    content = request.content
+    length = request.content_length
+    if length == 0:
+        return b""
+    if length is not None and length <= limit:
+        # the usual case: the length is known and allowed, read it in one call
+        try:
+            return await content.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise HTTPError(400, "INVALID_REQUEST") from None
     chunks: list[bytes] = []
     size = 0
-    content = request.content
     while True:
         chunk = await content.readany()
         if not chunk:
