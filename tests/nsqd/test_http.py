@@ -421,6 +421,7 @@ def test_listener_address_forms(tmp_path: Any, unix: bool) -> None:
                     assert json.loads(text)["http_port"] == -1
             finally:
                 await nsqd.close()
+            assert not os.path.exists(path)
         else:
             async with served() as (_, s, base):
                 assert (await call(s, "GET", base + "/ping"))[0] == 200

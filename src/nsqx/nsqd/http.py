@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import socket
 from collections.abc import Awaitable, Callable
@@ -23,6 +24,7 @@ from aiohttp import web
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd import stats as st
+from nsqx.nsqd.metrics import Metrics
 from nsqx.wire.commands import parse_mpub_body
 from nsqx.wire.errors import ProtocolError
 from nsqx.wire.names import is_valid_name
@@ -186,6 +188,7 @@ class HTTPServer:
         self._runner: web.ServerRunner | None = None
         self._sites: list[web.BaseSite] = []
         self._unix_paths: list[str] = []
+        self._metrics: Metrics | None = None  # made on the first scrape
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -234,6 +237,12 @@ class HTTPServer:
             await self._runner.cleanup()
             self._runner = None
         self._sites.clear()
+        for path in self._unix_paths:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self._unix_paths.clear()
 
     # -- dispatch ---------------------------------------------------------------------
 
@@ -263,6 +272,9 @@ class HTTPServer:
             if err.status == 413:
                 return _too_big(err.message)
             return error_response(err.status, err.message)
+        except Exception:
+            log.exception("HTTP: %s %s failed", request.method, path)
+            return error_response(500, "INTERNAL_ERROR")
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -383,9 +395,9 @@ class HTTPServer:
         return ok_text(st.format_text(snapshot, mem, health, start))
 
     async def metrics(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
-        from nsqx.nsqd.metrics import render
-
-        body, content_type = render(self.nsqd)
+        if self._metrics is None:
+            self._metrics = Metrics(self.nsqd)
+        body, content_type = self._metrics.render()
         return _respond(200, body, content_type)
 
     # topics

@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -121,21 +128,17 @@ def _quantile_label(q: float) -> str:
     return repr(float(q))
 
 
-def registry_for(nsqd: NSQD) -> CollectorRegistry:
-    """The nsqd's own registry (not the global one: several nsqd may share a process)."""
-    registry: CollectorRegistry | None = getattr(nsqd, "_prometheus_registry", None)
-    if registry is None:
-        from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+class Metrics:
+    """One nsqd's registry (not the global one: several nsqd may share a process):
+    its own collector plus prometheus-client's process and runtime collectors."""
 
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(NsqdCollector(nsqd))
-        ProcessCollector(registry=registry)
-        PlatformCollector(registry=registry)
-        GCCollector(registry=registry)
-        nsqd._prometheus_registry = registry  # type: ignore[attr-defined]
-    return registry
+    def __init__(self, nsqd: NSQD) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(NsqdCollector(nsqd))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
-
-def render(nsqd: NSQD) -> tuple[bytes, str]:
-    """The exposition text and its content type."""
-    return generate_latest(registry_for(nsqd)), CONTENT_TYPE_LATEST
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
