@@ -427,3 +427,22 @@ def test_listener_address_forms(tmp_path: Any, unix: bool) -> None:
                 assert (await call(s, "GET", base + "/ping"))[0] == 200
 
     run(body())
+
+
+def test_topic_empty_while_paused_drops_what_channels_did_not_see() -> None:
+    async def body() -> None:
+        async with served() as (nsqd, s, base):
+            sub = await Raw.connect(nsqd)
+            await sub.subscribe("t", "ch", rdy=10)
+            await call(s, "POST", base + "/pub?topic=t", b"seen")
+            assert (await sub.message()).body == b"seen"
+            await call(s, "POST", base + "/topic/pause?topic=t")
+            await call(s, "POST", base + "/mpub?topic=t", b"held1\nheld2")
+            assert nsqd.topics["t"].depth == 2
+            status, _, _ = await call(s, "POST", base + "/topic/empty?topic=t")
+            assert status == 200 and nsqd.topics["t"].depth == 0
+            await call(s, "POST", base + "/topic/unpause?topic=t")
+            await call(s, "POST", base + "/pub?topic=t", b"after")
+            assert (await sub.message()).body == b"after"
+
+    run(body())
