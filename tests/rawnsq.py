@@ -37,7 +37,8 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
 async def start_nsqd(**opts: Any) -> NSQD:
     """An nsqd in this event loop on a free loopback port."""
     opts.setdefault("data_path", tempfile.mkdtemp(prefix="nsqx-test-"))
-    options = NsqdOptions(tcp_address="127.0.0.1:0", http_address="", **opts)
+    opts.setdefault("http_address", "")
+    options = NsqdOptions(tcp_address="127.0.0.1:0", **opts)
     nsqd = NSQD(options)
     await nsqd.start()
     return nsqd

@@ -11,6 +11,7 @@ from array import array
 from collections import deque
 from typing import TYPE_CHECKING
 
+from nsqx.nsqd.e2e import new_window
 from nsqx.nsqd.guid import seq_of
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
 from nsqx.store.log import split_chunks
@@ -58,6 +59,8 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        #: publish-to-FIN latencies; None unless --e2e-processing-latency-percentile is set
+        self.e2e = new_window(topic.nsqd.options)
         self._pump_scheduled = False
         self._rr = 0
         self._loop = asyncio.get_running_loop()
@@ -324,6 +327,8 @@ class Channel:
                 touched_pop(mid, None)
         client.finish_count += len(ids) - len(missing)
         self.dirty = True
+        if self.e2e is not None:
+            self.e2e.record(self.log, ids if not missing else [m for m in ids if m not in missing])
         self.notify()
         return [(mid, self._not_in_flight(client, mid)) for mid in missing]
 

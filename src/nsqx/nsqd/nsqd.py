@@ -11,15 +11,26 @@ from collections.abc import Callable
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
+from nsqx.nsqd.http import HTTPServer
 from nsqx.nsqd.lookup import LookupManager
 from nsqx.nsqd.metadata import ChannelMeta, DataDirLock, TopicMeta, read_metadata, write_metadata
 from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.stats import GcPauses
+from nsqx.nsqd.statsd import statsd_loop
 from nsqx.nsqd.syncer import Checkpointer, LogSyncer
 from nsqx.nsqd.topic import Topic
 from nsqx.store.disklog import DiskLog
 from nsqx.wire.names import is_valid_name
 
 log = logging.getLogger("nsqx.nsqd")
+
+_LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+}
 
 #: Bytes read from all clients in one event-loop iteration before busy readers yield,
 #: so that channel pumps (which run once per iteration) keep pace with publishers.
@@ -56,6 +67,15 @@ class NSQD:
         self.clients: set[ClientV2] = set()
         self.start_time = int(time.time())
         self.tcp_address: tuple[str, int] | None = None
+        #: where the HTTP API listens (None: off, or a unix socket)
+        self.http_address: tuple[str, int] | None = None
+        self.http = HTTPServer(self)
+        #: set when storage fails to write: /ping then answers 500 "NOK - <error>"
+        self.health_error: str | None = None
+        #: called with the new list after PUT /config/nsqlookupd_tcp_addresses
+        self.on_lookupd_addresses_changed: list[Callable[[list[str]], None]] = []
+        self._statsd_task: asyncio.Task[None] | None = None
+        self._gc_timed = False
         self._client_seq = 0
         self._servers: list[asyncio.AbstractServer] = []
         self._scan_task: asyncio.Task[None] | None = None
@@ -83,6 +103,28 @@ class NSQD:
     def _reset_read_budget(self) -> None:
         self._read_this_turn = 0
         self._budget_reset_scheduled = False
+
+    @property
+    def exiting(self) -> bool:
+        """True once close() began: publishing is refused from then on."""
+        return self._exiting
+
+    def health(self) -> str:
+        """``OK``, or ``NOK - <error>`` after a failed write (NSQ's GetHealth)."""
+        return "OK" if self.health_error is None else f"NOK - {self.health_error}"
+
+    def lookupd_addresses_changed(self) -> None:
+        """options.nsqlookupd_tcp_addresses was replaced: tell the subscribers."""
+        addresses = list(self.options.nsqlookupd_tcp_addresses)
+        for hook in list(self.on_lookupd_addresses_changed):
+            try:
+                hook(addresses)
+            except Exception:
+                log.exception("lookupd address hook failed")
+
+    def set_log_level(self, level: str) -> None:
+        """Change the log verbosity at run time (PUT /config/log_level)."""
+        logging.getLogger("nsqx").setLevel(_LOG_LEVELS.get(level, logging.INFO))
 
     def next_client_id(self) -> int:
         self._client_seq += 1
@@ -179,11 +221,12 @@ class NSQD:
                 log.info("TCP: listening on %s:%d", sockname[0], sockname[1])
             self._servers.append(server)
         if self.options.http_address:
-            log.warning(
-                "HTTP: the HTTP API is not available yet; --http-address=%s is not served",
-                self.options.http_address,
-            )
+            self.http_address = await self.http.start(self.options.http_address)
+        GcPauses.install()
+        self._gc_timed = True
         self._scan_task = asyncio.create_task(self._scan_loop())
+        if self.options.statsd_address:
+            self._statsd_task = asyncio.create_task(statsd_loop(self))
         # last, once every listener is bound: IDENTIFY announces the real ports
         self.lookup.start()
 
@@ -225,6 +268,12 @@ class NSQD:
         await self.lookup.close()
         for server in self._servers:
             server.close()
+        await self.http.close()
+        if self._statsd_task is not None:
+            self._statsd_task.cancel()
+        if self._gc_timed:
+            GcPauses.uninstall()
+            self._gc_timed = False
         for client in list(self.clients):
             client.close()
         if self._scan_task is not None:

@@ -61,6 +61,9 @@ class Topic:
         #: Where the next first channel starts: records from here wait for it.
         self.hold_from = max(state.get("hold_from", self.log.start), self.log.start)
 
+        #: set by empty() while paused: what it dropped, for depth
+        self._emptied_to = 0
+
     @property
     def durable(self) -> bool:
         return self.directory is not None
@@ -160,12 +163,34 @@ class Topic:
         for ch in self.channels.values():
             ch.notify()
 
-    def empty(self) -> None:
-        """Drop the messages that wait for a first channel (channels keep theirs)."""
+    @property
+    def depth(self) -> int:
+        """Messages no channel can see yet: held for the first channel, or paused."""
         if not self.channels:
-            self.hold_from = self.visible_end = self.log.end
+            return max(self.log.end - max(self.hold_from, self.log.start), 0)
+        return self.log.end - max(self.visible_end, self._emptied_to)
+
+    def empty(self) -> None:
+        """Drop the messages no channel has seen yet (channels keep their own backlog).
+
+        While paused with channels, the held messages are skipped by every channel that
+        has caught up with what it could see; a channel still behind would read them.
+        """
+        end = self.log.end
+        if not self.channels:
+            self.hold_from = self.visible_end = end
             self.save_state()
-            self.reclaim()
+            if isinstance(self.log, DiskLog):
+                self.log.drop_before(end)
+            else:
+                self.log.trim_to(end)
+            return
+        if self.paused:
+            for ch in self.channels.values():
+                if ch.cursor >= self.visible_end:
+                    ch.cursor = end
+                    ch.dirty = True
+            self._emptied_to = end
 
     def low_water(self) -> int:
         """The oldest sequence any reader still needs."""
