@@ -8,9 +8,10 @@ import random
 import signal
 from pathlib import Path
 
-from nsqdproc import NsqdProcess, start_nsqd
 from nsqx.wire import FRAME_MESSAGE, FRAME_RESPONSE, decode_message
 from nsqx.wire import commands as c
+
+from nsqdproc import NsqdProcess, start_nsqd
 from rawnsq import Raw, run, wait_for
 from rawnsq import start_nsqd as start_inproc
 

@@ -16,6 +16,7 @@ import pytest
 
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.wire import commands as c
+
 from rawnsq import Raw, run, start_nsqd, wait_for
 
 NSQ_HEADER = ("X-NSQ-Content-Type", "nsq; version=1.0")

@@ -19,6 +19,7 @@ from nsqx.lookupd.registration_db import Registration
 from nsqx.nsqd import lookup as lookup_mod
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.wire import commands as c
+
 from rawnsq import Raw, run, start_nsqd, wait_for
 
 

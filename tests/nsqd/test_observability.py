@@ -15,6 +15,7 @@ from nsqx.nsqd.e2e import E2eResult, LatencyWindow, ns_to_human, quantiles
 from nsqx.nsqd.stats import Stats, get_stats
 from nsqx.nsqd.statsd import StatsdReport, host_key, packets, statsd_prefix
 from nsqx.wire import commands as c
+
 from rawnsq import Raw, run, start_nsqd, wait_for
 
 # -- the quantile structure ------------------------------------------------------------

@@ -205,6 +205,17 @@ class Channel:
         self.cursor = max(self.cursor, self.topic.visible_end)
         self.dirty = True
 
+    def advance_to(self, seq: int) -> None:
+        """Count everything below ``seq`` as consumed (a range consumer, such as a Spark
+        query, reports its progress); messages in flight stay in flight."""
+        self.cursor = max(self.cursor, seq)
+        if self.requeued:
+            self.requeued = deque(e for e in self.requeued if e[0] >= seq)
+        if self.deferred:
+            self.deferred = [e for e in self.deferred if e[1] >= seq]
+            heapq.heapify(self.deferred)
+        self.dirty = True
+
     def drop_before(self, seq: int) -> None:
         """Memory bound of ephemeral channels: forget queued messages below ``seq``."""
         self.cursor = max(self.cursor, seq)

@@ -25,9 +25,11 @@ from aiohttp import web
 from nsqx import NSQ_VERSION
 from nsqx.nsqd import stats as st
 from nsqx.nsqd.metrics import Metrics
+from nsqx.store.disklog import DiskLog
 from nsqx.wire.commands import parse_mpub_body
 from nsqx.wire.errors import ProtocolError
 from nsqx.wire.names import is_valid_name
+from nsqx.wire.range import encode_range
 
 if TYPE_CHECKING:
     import ssl
@@ -351,8 +353,20 @@ class HTTPServer:
             if not 0 <= defer_ms <= self.nsqd.options.max_req_timeout * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
         self._check_publishable()
-        self.nsqd.get_topic(name).publish([body], defer_ms)
+        await self._publish(name, [body], defer_ms)
         return ok_text()
+
+    async def _publish(self, name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+        """Publish as TCP does: written before the answer; fsynced too with
+        --sync-before-ack."""
+        topic = self.nsqd.get_topic(name)
+        try:
+            topic.publish(bodies, defer_ms)
+        except OSError as err:
+            log.error("TOPIC(%s): write failed: %s", name, err)
+            raise HTTPError(500, "PUB_FAILED") from None
+        if self.nsqd.options.sync_before_ack and topic.durable:
+            await self.nsqd.sync_topics({name})
 
     async def mpub(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
         o = self.nsqd.options
@@ -374,10 +388,57 @@ class HTTPServer:
             if any(len(b) > o.max_msg_size for b in bodies):
                 raise HTTPError(413, "MSG_TOO_BIG")
         self._check_publishable()
-        topic = self.nsqd.get_topic(name)
         if bodies:
-            topic.publish(bodies)
+            await self._publish(name, bodies)
+        else:
+            self.nsqd.get_topic(name)
         return ok_text()
+
+    # range reads (nsqx): stateless reads of a partition by sequence, for Spark
+
+    async def range_read(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """GET /range: records of a topic partition, by sequence, offset or time."""
+        name = self._topic_name(params)
+        topic = self.nsqd.topics.get(name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        log_ = topic.log
+        if not isinstance(log_, DiskLog):
+            raise HTTPError(400, "TOPIC_NOT_DURABLE")
+        if _int_param(params, "partition", 0) != 0:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        if "start_offset" in params:
+            start = log_.seek_offset(_int_param(params, "start_offset", 0))
+        elif "start_time" in params:
+            start = log_.seek_time(_int_param(params, "start_time", 0))
+        else:
+            start = _int_param(params, "start", 0)
+        start = max(start, log_.start)
+        end = _int_param(params, "end", log_.end) if "end" in params else None
+        max_messages = min(_int_param(params, "max_messages", 10_000), MAX_RANGE_MESSAGES)
+        max_bytes = min(_int_param(params, "max_bytes", 8 << 20), MAX_RANGE_BYTES)
+        records = log_.read_range(start, max_messages, max_bytes, end) if max_messages else []
+        body = encode_range(log_.end, log_.end_offset, start, records)
+        return web.Response(
+            body=body, headers={"Content-Type": "application/octet-stream", **NSQ_HEADERS}
+        )
+
+    async def channel_setoffset(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """POST /channel/setoffset: move a channel's cursor forward to ``sequence`` (a range
+        consumer such as Spark reports what it consumed, so lag shows in /stats)."""
+        topic, channel = self._topic_and_channel(params)
+        if _int_param(params, "partition", 0) != 0:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        seq = _int_param(params, "sequence", -1)
+        if seq < 0:
+            raise HTTPError(400, "MISSING_ARG_SEQUENCE")
+        t = self.nsqd.topics[topic]
+        t.get_channel(channel).advance_to(min(seq, t.log.end))
+        return ok_empty()
 
     async def stats(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
         def first(key: str) -> str:
@@ -575,5 +636,23 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/channel/empty": {"POST": _R.channel_empty},
     "/channel/pause": {"POST": _R.channel_pause},
     "/channel/unpause": {"POST": _R.channel_pause},
+    "/channel/setoffset": {"POST": _R.channel_setoffset},
+    "/range": {"GET": _R.range_read},
 }
+
+#: bounds of one range read (a reader asks again for more)
+MAX_RANGE_MESSAGES = 100_000
+MAX_RANGE_BYTES = 64 * 1024 * 1024
+
+
+def _int_param(params: dict[str, list[str]], key: str, default: int) -> int:
+    values = params.get(key)
+    if not values:
+        return default
+    text = values[0]
+    if not _INT.fullmatch(text):
+        raise HTTPError(400, f"INVALID_{key.upper()}")
+    return int(text)
+
+
 _CONFIG_ROUTE: dict[str, Handler] = {"GET": _R.config, "PUT": _R.config}
