@@ -18,6 +18,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # Workers must run this interpreter (with nsqx and pyarrow), not python3 from PATH.
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # loopback only, never another interface
     src = str(Path(__file__).resolve().parents[2] / "src")
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (src, os.environ.get("PYTHONPATH", "")) if p
@@ -28,6 +29,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     session = (
         SparkSession.builder.master("local[2]")
         .appName("nsqx-tests")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")

@@ -45,6 +45,9 @@ SCHEMA = (
 )
 
 
+SCHEMA_NAMES = [c.split()[0] for c in SCHEMA.split(", ")]
+
+
 @dataclass(frozen=True)
 class RangePartition(InputPartition):
     """One executor task: sequences [start, end) of one nsqd's topic partition."""
@@ -118,7 +121,9 @@ def _bounds(opts: NsqOptions) -> dict[str, tuple[int, int]]:
 def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
     """Executor side: fetch [start, end) in chunks and yield Arrow record batches."""
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    _TS_TYPE = pa.timestamp("us", tz="UTC")  # what Spark expects for TIMESTAMP
     assert opts.topic is not None
     seq = part.start
     while seq < part.end:
@@ -139,42 +144,30 @@ def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
             if opts.fail_on_data_loss:
                 raise RuntimeError(msg)
             log.warning(msg)
-        recs = res.records
-        if not recs:
+        n = len(res.sequences)
+        if not n:
             if res.end_sequence <= seq:
                 raise RuntimeError(
                     f"nsq: {part.key} ends at {res.end_sequence}, before the planned "
                     f"end {part.end} (was the topic deleted or emptied?)"
                 )
             break
-        n = len(recs)
         yield pa.RecordBatch.from_arrays(
             [
-                pa.array([opts.topic] * n, pa.string()),
-                pa.array([part.address] * n, pa.string()),
-                pa.array([part.partition] * n, pa.int32()),
-                pa.array([r.sequence for r in recs], pa.int64()),
-                pa.array([r.id.decode("ascii") for r in recs], pa.string()),
-                pa.array([r.trace_id for r in recs], pa.int64()),
-                pa.array([r.timestamp // 1000 for r in recs], pa.timestamp("us", tz="UTC")),
-                pa.array([r.attempts for r in recs], pa.int32()),
-                pa.array([r.body for r in recs], pa.binary()),
+                pa.repeat(pa.scalar(opts.topic, pa.string()), n),
+                pa.repeat(pa.scalar(part.address, pa.string()), n),
+                pa.repeat(pa.scalar(part.partition, pa.int32()), n),
+                pa.array(res.sequences, pa.int64()),
+                pa.array(res.ids, pa.binary(16)).cast(pa.string()),
+                pa.repeat(pa.scalar(0, pa.int64()), n),  # trace ids: none yet
+                pc.divide(pa.array(res.timestamps, pa.int64()), 1000).cast(_TS_TYPE),
+                pa.array(res.attempts, pa.int32()),
+                pa.array(res.bodies, pa.binary()),
                 pa.nulls(n, pa.string()),
             ],
-            names=[
-                "topic",
-                "nsqd",
-                "partition",
-                "offset",
-                "id",
-                "trace_id",
-                "timestamp",
-                "attempts",
-                "body",
-                "ext",
-            ],
+            names=SCHEMA_NAMES,
         )
-        seq = res.next_sequence
+        seq = res.sequences[-1] + 1
 
 
 class NsqBatchReader(DataSourceReader):
