@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from nsqx import NSQ_VERSION
+from nsqx.nsqd.auth import AuthClient
 from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.metadata import ChannelMeta, DataDirLock, TopicMeta, read_metadata, write_metadata
 from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.tls import build_server_context
 from nsqx.nsqd.topic import Topic
 from nsqx.wire.names import is_valid_name
 
@@ -58,6 +62,20 @@ class NSQD:
         self._lock = DataDirLock(self.data_path)
         #: Called with every TopologyEvent (e.g. to register with nsqlookupd).
         self.watchers: list[Callable[[TopologyEvent], None]] = []
+        #: The server TLS context (built in start() from --tls-cert/--tls-key).
+        self.tls_context: ssl.SSLContext | None = None
+        #: --tls-required (true or tcp-https): TCP clients must upgrade before anything.
+        self.tls_required = options.tls_required != "false"
+        #: How long a client has for its TLS handshake (nsqd: 5s).
+        self.tls_handshake_timeout = 5.0
+        self.auth: AuthClient | None = None
+        if options.auth_http_addresses:
+            self.auth = AuthClient(
+                options.auth_http_addresses,
+                options.http_client_connect_timeout,
+                options.http_client_request_timeout,
+            )
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def spend_read_budget(self, nbytes: int) -> bool:
         """Count bytes read in this loop iteration; True once over the budget."""
@@ -70,6 +88,12 @@ class NSQD:
     def _reset_read_budget(self) -> None:
         self._read_this_turn = 0
         self._budget_reset_scheduled = False
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a background coroutine (an auth query), keeping a reference to it."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def next_client_id(self) -> int:
         self._client_seq += 1
@@ -144,6 +168,10 @@ class NSQD:
 
     async def start(self) -> None:
         """Lock the data directory, restore metadata, bind the listeners, start timers."""
+        # a bad certificate or key stops the start, as in nsqd
+        self.tls_context = build_server_context(self.options)
+        if self.tls_context is None and self.tls_required:
+            raise ValueError("cannot require TLS client connections without TLS key and cert")
         os.makedirs(self.data_path, exist_ok=True)
         self._lock.acquire()
         self.load_metadata()
@@ -195,6 +223,10 @@ class NSQD:
             self._scan_task.cancel()
         for server in self._servers:
             await server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        if self.auth is not None:
+            await self.auth.close()
         try:
             self.persist_metadata()
         except OSError:
