@@ -10,6 +10,7 @@ without another transport, and no coroutine has to run in the middle of a read.
 from __future__ import annotations
 
 import ssl
+import warnings
 
 from nsqx.nsqd.options import NsqdOptions
 
@@ -51,7 +52,10 @@ def build_server_context(options: NsqdOptions) -> ssl.SSLContext | None:
     version = TLS_VERSIONS.get(options.tls_min_version)
     if version is None:
         raise ValueError(f"--tls-min-version {options.tls_min_version!r} is not supported")
-    ctx.minimum_version = version
+    with warnings.catch_warnings():
+        # Python deprecates TLS 1.0/1.1; NSQ's flag still offers them (default tls1.0)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        ctx.minimum_version = version
     if options.tls_client_auth_policy in ("require", "require-verify"):
         ctx.verify_mode = ssl.CERT_REQUIRED
         if options.tls_root_ca_file:
