@@ -24,9 +24,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nsqx.nsqd")
 
-#: Largest piece of decompressed input handed to the command parser at once, so that a
-#: small compressed read (deflate expands up to ~1000x) cannot allocate without bound.
-MAX_DECOMPRESSED_PIECE = 1 << 20
+#: Largest piece of decompressed input handed to the command parser at once. A small
+#: compressed read can expand a thousandfold: pieces bound the memory, and between them
+#: the connection yields when it used its read budget (see ClientV2.data_received), as
+#: a plain connection does between reads, so a compressed publisher cannot starve the
+#: channels' pumps.
+MAX_DECOMPRESSED_PIECE = 64 * 1024
 
 
 def _ssl_reason(exc: ssl.SSLError) -> str:
@@ -48,6 +51,7 @@ class UpgradedStream(asyncio.Protocol, asyncio.Transport):
         self._tls_wrote = False
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._closed = False
+        self._paused = False
 
     # -- setup (from ClientV2's IDENTIFY) ----------------------------------------------
 
@@ -80,10 +84,19 @@ class UpgradedStream(asyncio.Protocol, asyncio.Transport):
             self.raw.write(tls.outgoing())
 
     def pause_reading(self) -> None:
+        self._paused = True
         self.raw.pause_reading()
 
     def resume_reading(self) -> None:
+        self._paused = False
         self.raw.resume_reading()
+        dec = self.decompressor
+        if dec is not None and dec.pending and not self._closed:
+            # input decompressed no further while paused
+            try:
+                self._pump(b"")
+            except CompressionError as err:
+                self._corrupt(err)
 
     def is_reading(self) -> bool:
         return self.raw.is_reading()
@@ -134,29 +147,38 @@ class UpgradedStream(asyncio.Protocol, asyncio.Transport):
                     if not tls.established:
                         return
                     self._established()
-            dec = self.decompressor
-            if dec is None:
+            if self.decompressor is None:
                 if data:
                     client.receive_plain(data)
             else:
-                piece = dec.decompress(data, MAX_DECOMPRESSED_PIECE)
-                while True:
-                    if piece:
-                        client.receive_plain(piece)
-                    if client.closed or not dec.pending:
-                        break
-                    piece = dec.decompress(b"", MAX_DECOMPRESSED_PIECE)
-                if dec.eof and not client.closed:
-                    log.info("[%s] - the compressed stream ended; closing", client)
-                    client.close()
+                self._pump(data)
             if tls is not None and tls.peer_closed and not client.closed:
                 client.close()
         except ssl.SSLError as exc:
             self._tls_failed(exc)
         except CompressionError as err:
-            log.error("[%s] - %s", client, err)
-            # the output stream is intact: the client can still read why
-            client.fail(err)
+            self._corrupt(err)
+
+    def _pump(self, data: bytes) -> None:
+        """Decompress ``data`` piece by piece into the client, until it pauses."""
+        dec = self.decompressor
+        client = self.client
+        assert dec is not None
+        piece = dec.decompress(data, MAX_DECOMPRESSED_PIECE)
+        while True:
+            if piece:
+                client.receive_plain(piece)
+            if client.closed or not dec.pending or self._paused:
+                break
+            piece = dec.decompress(b"", MAX_DECOMPRESSED_PIECE)
+        if dec.eof and not dec.pending and not client.closed:
+            log.info("[%s] - the compressed stream ended; closing", client)
+            client.close()
+
+    def _corrupt(self, err: CompressionError) -> None:
+        log.error("[%s] - %s", self.client, err)
+        # the output stream is intact: the client can still read why
+        self.client.fail(err)
 
     def eof_received(self) -> bool | None:
         return self.client.eof_received()
