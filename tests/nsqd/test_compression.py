@@ -169,3 +169,17 @@ def test_deflate_final_block_ends_the_connection_after_its_commands() -> None:
         await nsqd.close()
 
     run(body())
+
+
+def test_second_upgrade_is_refused() -> None:
+    async def body() -> None:
+        nsqd = await start_nsqd()
+        raw = await UpgradedRaw.connect(nsqd)
+        await raw.negotiate(snappy=True)
+        raw.send(c.identify({"feature_negotiation": True, "deflate": True}))
+        assert (await raw.response()).startswith(b"{")
+        assert await raw.error() == b"E_IDENTIFY_FAILED IDENTIFY failed already upgraded"
+        assert await raw.closed()
+        await nsqd.close()
+
+    run(body())

@@ -23,6 +23,7 @@ from nsqx.wire.errors import (
     E_AUTH_FAILED,
     E_AUTH_FIRST,
     E_FIN_FAILED,
+    E_IDENTIFY_FAILED,
     E_INVALID,
     E_REQ_FAILED,
     E_TOUCH_FAILED,
@@ -335,6 +336,11 @@ class ClientV2(asyncio.Protocol):
         self._respond(encode_response(response))
         s = self.settings
         if s.tls_v1 or s.snappy or s.deflate:
+            if self._stream is not None:
+                # nsqd would stack a second TLS session or compressor on the stream and
+                # lose the connection; refuse it plainly instead
+                self._error(ProtocolError(E_IDENTIFY_FAILED, "IDENTIFY failed already upgraded"))
+                return
             self._upgrade(s)
         elif self.parser.buffered:
             # the parser stops after IDENTIFY; nothing changed, so go on with the read
