@@ -291,3 +291,42 @@ def test_tls_required_without_certificate_refuses_to_start() -> None:
             await start_nsqd(tls_required="true")
 
     run(body())
+
+
+def test_handshake_sent_right_behind_identify_is_not_lost(certs: Certs) -> None:
+    """A client that starts TLS without waiting for the IDENTIFY answer: its ClientHello
+    arrives in the same read as IDENTIFY and goes to the handshake."""
+
+    async def body() -> None:
+        nsqd = await start_nsqd(**certs.nsqd_options())
+        reader, writer = await asyncio.open_connection(*nsqd.tcp_address)  # type: ignore[misc]
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        obj = certs.client_context().wrap_bio(incoming, outgoing, server_hostname="127.0.0.1")
+        with pytest.raises(ssl.SSLWantReadError):
+            obj.do_handshake()
+        hello = outgoing.read()
+        identify = c.identify({"feature_negotiation": True, "tls_v1": True})
+        writer.write(b"  V2" + identify + hello)
+        head = await reader.readexactly(8)
+        assert b'"tls_v1":true' in await reader.readexactly(int.from_bytes(head[:4], "big") - 4)
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                writer.write(outgoing.read())
+                incoming.write(await asyncio.wait_for(reader.read(65536), 10))
+        writer.write(outgoing.read())
+        obj.write(c.pub("t", b"early bird"))
+        writer.write(outgoing.read())
+        plain = b""
+        while len(plain) < 20:  # the OK after the handshake, then the PUB's OK
+            try:
+                plain += obj.read(65536)
+            except ssl.SSLWantReadError:
+                incoming.write(await asyncio.wait_for(reader.read(65536), 10))
+        assert plain == b"\x00\x00\x00\x06\x00\x00\x00\x00OK" * 2
+        writer.close()
+        await nsqd.close()
+
+    run(body())
