@@ -55,6 +55,13 @@ Every consumed message is checked: body length ``--size`` and attempts >= 1; a b
 message, an error frame from the server, a closed connection or a stall (no MPUB
 acknowledgement for 30 s) ends the bench with a non-zero exit status.
 
+``--tls``, ``--snappy``, ``--deflate`` (one of the two compressions, optionally with
+``--tls``) make every bench connection negotiate them in IDENTIFY, as clients do: TLS
+handshake and encrypted OK, then the compressed OK; the compressors flush per write.
+Compare the figures with a plain run (no option). With its own server the bench makes
+a throwaway CA and certificate (trustme); for another server pass ``--tls-ca`` (without
+it the server's certificate is not verified).
+
 Without ``--nsqd-tcp-address`` the bench starts its own server,
 ``python -m nsqx nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path=<tmpdir>``,
 reads its port from the ``TCP: listening on HOST:PORT`` log line, and stops it at the
@@ -79,6 +86,7 @@ import re
 import secrets
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -92,6 +100,7 @@ from urllib.parse import quote
 import aiohttp
 
 from nsqx.wire import commands
+from nsqx.wire.compression import Compressor, Decompressor, codec_pair
 from nsqx.wire.errors import ProtocolError
 from nsqx.wire.frames import (
     FRAME_ERROR,
@@ -149,6 +158,17 @@ class BenchConfig:
     nsqd_http_address: str | None = None
     http_seconds: float = 5.0
     http_concurrency: int = 8
+    tls: bool = False
+    snappy: bool = False
+    deflate: bool = False
+    #: CA to verify the server with (--tls); None: not verified
+    tls_ca: str | None = None
+
+    @property
+    def transport(self) -> str:
+        """How connections are upgraded: plain, tls, snappy, tls+deflate..."""
+        parts = [name for name in ("tls", "snappy", "deflate") if getattr(self, name)]
+        return "+".join(parts) or "plain"
 
 
 def run_loop(coro: Coroutine[Any, Any, T]) -> T:
@@ -220,6 +240,13 @@ class _Conn(asyncio.Protocol):
         self.failed.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.closing = False
         self.settings: dict[str, Any] = {}
+        # negotiated compression; before it is in place, input is cut after one frame
+        # (the IDENTIFY answer, the TLS OK) and the rest kept for the decompressor
+        self.compressor: Compressor | None = None
+        self.decompressor: Decompressor | None = None
+        self.one_frame = False
+        self.head: list[bytes] = []
+        self.stash: list[bytes] | None = None
 
     # -- asyncio callbacks --
 
@@ -233,11 +260,36 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
+            if self.decompressor is not None:
+                data = self.decompressor.decompress(data)
+            elif self.stash is not None:
+                self.stash.append(data)
+                return
+            elif self.one_frame:
+                data = self._cut_one_frame(data)
             frames = self.decoder.feed(data)
         except ProtocolError as err:
             self.fail(BenchError(f"{self.name}: undecodable data from the server: {err}"))
             return
         self.on_frames(frames)
+
+    def _cut_one_frame(self, data: bytes) -> bytes:
+        """Pass on one whole frame; stash what follows it (negotiation in progress)."""
+        buf = b"".join(self.head) + data
+        if len(buf) < 4 or len(buf) < 4 + int.from_bytes(buf[:4], "big"):
+            self.head = [buf]
+            return b""
+        end = 4 + int.from_bytes(buf[:4], "big")
+        self.head = []
+        self.one_frame = False
+        self.stash = [buf[end:]]
+        return buf[:end]
+
+    def unstash(self) -> bytes:
+        """Stop stashing; return what was stashed."""
+        data = b"".join(self.stash or [])
+        self.stash = None
+        return data
 
     # -- frames --
 
@@ -264,7 +316,15 @@ class _Conn(asyncio.Protocol):
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.closing:
+            if self.compressor is not None:
+                data = self.compressor.compress(data)
             self.transport.write(data)
+
+    def expect(self) -> asyncio.Future[bytes]:
+        """A future for the next response, for one the server sends unasked (upgrades)."""
+        fut: asyncio.Future[bytes] = self.loop.create_future()
+        self.waiters.append(fut)
+        return fut
 
     def request(self, data: bytes) -> asyncio.Future[bytes]:
         """Write a command that gets a response; the future gets the response's payload."""
@@ -316,8 +376,20 @@ def _check_failed(conns: Sequence[_Conn]) -> None:
 C = TypeVar("C", bound=_Conn)
 
 
-async def connect(factory: Callable[[], C], host: str, port: int, client_id: str) -> C:
-    """Open a connection, send the magic and IDENTIFY (with feature negotiation)."""
+def client_ssl_context(cfg: BenchConfig) -> ssl.SSLContext:
+    if cfg.tls_ca:
+        return ssl.create_default_context(cafile=cfg.tls_ca)
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+async def connect(
+    factory: Callable[[], C], host: str, port: int, client_id: str, cfg: BenchConfig
+) -> C:
+    """Open a connection, send the magic and IDENTIFY (with feature negotiation), and do
+    the upgrades ``cfg`` asks for."""
     loop = asyncio.get_running_loop()
     try:
         _, conn = await asyncio.wait_for(
@@ -331,7 +403,11 @@ async def connect(factory: Callable[[], C], host: str, port: int, client_id: str
         "hostname": socket.gethostname(),
         "user_agent": USER_AGENT,
         "feature_negotiation": True,
+        "tls_v1": cfg.tls,
+        "snappy": cfg.snappy,
+        "deflate": cfg.deflate,
     }
+    conn.one_frame = cfg.tls or cfg.snappy or cfg.deflate
     resp = await until(
         conn.request(commands.identify(body)), [conn], CONNECT_TIMEOUT, "the IDENTIFY response"
     )
@@ -343,7 +419,43 @@ async def connect(factory: Callable[[], C], host: str, port: int, client_id: str
         if not isinstance(settings, dict):
             raise BenchError(f"{conn.name}: bad IDENTIFY response {resp[:200]!r}")
         conn.settings = settings
+    if conn.one_frame or conn.stash is not None:
+        await upgrade(conn, cfg, host)
     return conn
+
+
+async def upgrade(conn: _Conn, cfg: BenchConfig, host: str) -> None:
+    """TLS (handshake, encrypted OK), then compression (compressed OK), as negotiated."""
+    s = conn.settings
+    for name in ("tls", "snappy", "deflate"):
+        if getattr(cfg, name) and not s.get("tls_v1" if name == "tls" else name):
+            raise BenchError(f"{conn.name}: the server did not agree to {name}")
+    if cfg.tls:
+        if conn.unstash():
+            raise BenchError(f"{conn.name}: data before the TLS handshake")
+        conn.one_frame = cfg.snappy or cfg.deflate
+        ok = conn.expect()
+        assert conn.transport is not None
+        loop = asyncio.get_running_loop()
+        tls_transport = await until(
+            loop.start_tls(conn.transport, conn, client_ssl_context(cfg), server_hostname=host),
+            [conn],
+            CONNECT_TIMEOUT,
+            "the TLS handshake",
+        )
+        assert tls_transport is not None
+        conn.transport = cast(asyncio.Transport, tls_transport)
+        if await until(ok, [conn], CONNECT_TIMEOUT, "the OK after TLS") != OK:
+            raise BenchError(f"{conn.name}: no OK after the TLS handshake")
+    pair = codec_pair(cfg.snappy, cfg.deflate, int(s.get("deflate_level") or 6))
+    if pair is not None:
+        rest = conn.unstash()
+        conn.compressor, conn.decompressor = pair
+        ok = conn.expect()
+        if rest:
+            conn.data_received(rest)
+        if await until(ok, [conn], CONNECT_TIMEOUT, "the compressed OK") != OK:
+            raise BenchError(f"{conn.name}: no OK after enabling compression")
 
 
 class Publisher(_Conn):
@@ -460,9 +572,10 @@ class Consumer(_Conn):
 
 
 async def open_consumer(
-    host: str, port: int, topic: str, channel: str, size: int, name: str
+    host: str, port: int, cfg: BenchConfig, channel: str, name: str
 ) -> Consumer:
-    conn = await connect(lambda: Consumer(name, size), host, port, name)
+    topic, size = cfg.topic, cfg.size
+    conn = await connect(lambda: Consumer(name, size), host, port, name, cfg)
     resp = await until(
         conn.request(commands.sub(topic, channel)), [conn], CONNECT_TIMEOUT, "the SUB response"
     )
@@ -503,7 +616,9 @@ async def publish_for(
 ) -> PublishResult:
     """Publish for ``seconds`` on a new connection; return acknowledged messages."""
     mpub = commands.mpub(cfg.topic, [message_body(cfg.size)] * cfg.batch)
-    pub = await connect(lambda: Publisher("publisher", mpub, cfg.window), host, port, "bench-pub")
+    pub = await connect(
+        lambda: Publisher("publisher", mpub, cfg.window), host, port, "bench-pub", cfg
+    )
     try:
         c0 = time.process_time()
         pub.start(seconds)
@@ -605,7 +720,7 @@ class Bench:
             if "sub" in cfg.phases:
                 # the channel exists before anything is published, and keeps all of it
                 self.sub_consumer = await open_consumer(
-                    self.host, self.port, cfg.topic, SUB_CHANNEL, cfg.size, "consumer(sub)"
+                    self.host, self.port, cfg, SUB_CHANNEL, "consumer(sub)"
                 )
             if "pub" in cfg.phases:
                 results["pub"] = await self.phase_pub("pub")
@@ -718,9 +833,7 @@ class Bench:
 
     async def phase_both(self) -> dict[str, Any]:
         cfg = self.cfg
-        cons = await open_consumer(
-            self.host, self.port, cfg.topic, BOTH_CHANNEL, cfg.size, "consumer(both)"
-        )
+        cons = await open_consumer(self.host, self.port, cfg, BOTH_CHANNEL, "consumer(both)")
         try:
             rdy = min(cfg.rdy, int(cons.settings.get("max_rdy_count", cfg.rdy)))
             cons.set_rdy(rdy)
@@ -840,7 +953,7 @@ async def _publisher_main(
 ) -> dict[str, Any]:
     mpub = commands.mpub(cfg.topic, [message_body(cfg.size)] * cfg.batch)
     pub = await connect(
-        lambda: Publisher("publisher(both)", mpub, cfg.window), host, port, "bench-pub-both"
+        lambda: Publisher("publisher(both)", mpub, cfg.window), host, port, "bench-pub-both", cfg
     )
     try:
         conn.send({"ready": True})
@@ -861,7 +974,7 @@ async def _publisher_main(
 # --- our own server ---------------------------------------------------------------------
 
 
-def server_command(data_path: str) -> list[str]:
+def server_command(data_path: str, extra: Sequence[str] = ()) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -870,7 +983,23 @@ def server_command(data_path: str) -> list[str]:
         "--tcp-address=127.0.0.1:0",
         "--http-address=127.0.0.1:0",
         f"--data-path={data_path}",
+        *extra,
     ]
+
+
+def make_certificates(directory: str) -> tuple[str, str, str]:
+    """A throwaway CA and a certificate for 127.0.0.1: (ca, cert, key) PEM paths."""
+    try:
+        import trustme
+    except ImportError:  # pragma: no cover - a dev dependency
+        raise BenchError("--tls with our own server needs trustme (pip install trustme)") from None
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1", "localhost")
+    paths = tuple(os.path.join(directory, n) for n in ("ca.pem", "cert.pem", "key.pem"))
+    ca.cert_pem.write_to_path(paths[0])
+    leaf.cert_chain_pems[0].write_to_path(paths[1])
+    leaf.private_key_pem.write_to_path(paths[2])
+    return paths[0], paths[1], paths[2]
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -883,9 +1012,13 @@ def parse_address(addr: str) -> tuple[str, int]:
 class OwnServer:
     """Our nsqd in a subprocess, on a free port, with a temporary data path."""
 
-    def __init__(self, startup_timeout: float) -> None:
+    def __init__(self, startup_timeout: float, cfg: BenchConfig | None = None) -> None:
         self.startup_timeout = startup_timeout
         self.tmp = tempfile.mkdtemp(prefix="nsqx-bench-")
+        self.extra: list[str] = []
+        if cfg is not None and cfg.tls:
+            cfg.tls_ca, cert, key = make_certificates(self.tmp)
+            self.extra = [f"--tls-cert={cert}", f"--tls-key={key}"]
         self.output: collections.deque[str] = collections.deque(maxlen=40)
         self.address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
@@ -900,7 +1033,7 @@ class OwnServer:
     def start(self) -> tuple[str, int]:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            server_command(self.tmp),
+            server_command(self.tmp, self.extra),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -992,7 +1125,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 h, p = parse_address(cfg.nsqd_http_address)
                 http_base = f"http://{h}:{p}"
         else:
-            server = OwnServer(cfg.startup_timeout)
+            server = OwnServer(cfg.startup_timeout, cfg)
             host, port = server.start()
             pid = server.pid
             assert server.http_address is not None
@@ -1025,6 +1158,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             "rdy": cfg.rdy,
             "both_mode": cfg.both_mode,
             "http_concurrency": cfg.http_concurrency,
+            "transport": cfg.transport,
             "event_loop": "uvloop" if _loop_factory else "asyncio",
             "cpus": os.cpu_count(),
             "loadavg_1m_at_start": load_at_start,
@@ -1047,7 +1181,8 @@ def format_report(report: dict[str, Any]) -> str:
     c = report["config"]
     lines = [
         f"server: {report['server']}",
-        f"topic {c['topic']}, {c['size']} B messages, MPUB batches of {c['batch']}, "
+        f"topic {c['topic']}, {c['transport']}, {c['size']} B messages, "
+        f"MPUB batches of {c['batch']}, "
         f"window {c['window']}, RDY {c['rdy']}, {c['event_loop']}, {c['cpus']} CPUs, "
         f"load average {c['loadavg_1m_at_start']} at start",
     ]
@@ -1130,8 +1265,18 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, bool]:
         default="process",
         help="both phase: publisher in a separate process (default) or on the same loop",
     )
+    p.add_argument("--tls", action="store_true", help="every connection negotiates TLS")
+    p.add_argument("--snappy", action="store_true", help="every connection negotiates snappy")
+    p.add_argument("--deflate", action="store_true", help="every connection negotiates deflate")
+    p.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="CA to verify --nsqd-tcp-address's certificate with (else not verified)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
+    if args.snappy and args.deflate:
+        p.error("--snappy and --deflate exclude each other")
     phases = tuple(x.strip() for x in args.phases.split(",") if x.strip())
     unknown = set(phases) - set(PHASES)
     if unknown or not phases:
@@ -1155,6 +1300,10 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, bool]:
         nsqd_http_address=args.nsqd_http_address,
         http_seconds=args.http_seconds,
         http_concurrency=args.http_concurrency,
+        tls=args.tls,
+        snappy=args.snappy,
+        deflate=args.deflate,
+        tls_ca=args.tls_ca,
     )
     if args.topic:
         cfg.topic = args.topic

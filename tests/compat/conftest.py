@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from tlsnsq import Certs, make_certs
+
 from lookupdproc import wait_until
 
 CLIENTS_DIR = Path(__file__).parent / "clients"
@@ -32,11 +34,14 @@ class Compat:
     def __init__(self) -> None:
         self.context = ""
 
-    def run(self, client: str, nsqd: Any, phase: str) -> dict[str, Any]:
+    def run(
+        self, client: str, nsqd: Any, phase: str, options: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """Run one driver phase; ``options`` are driver flags (--tls-ca, --compression)."""
         host, port = nsqd.tcp_address
         topic = f"compat_{client}_{phase}"
         cmd = [sys.executable, str(CLIENTS_DIR / f"{client}_driver.py"), f"{host}:{port}"]
-        cmd += [topic, phase]
+        cmd += [topic, phase, *options]
         env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
         try:
             proc = subprocess.run(
@@ -164,6 +169,14 @@ class Compat:
             )
         self.check_healthy(s)
 
+    def check_upgraded(self, nsqd: Any, *features: str) -> None:
+        """nsqd's log shows each connection (producer and consumer) upgraded: proof that
+        the client really negotiated what it was asked to."""
+        log = "".join(nsqd.log)
+        for feature in features:
+            count = log.count(f"upgrading connection to {feature}")
+            self.fail_unless(count >= 2, f"{count} connections upgraded to {feature}", {})
+
 
 @pytest.fixture
 def compat() -> Iterator[Compat]:
@@ -263,3 +276,9 @@ def lookupd_cluster(lookupd_factory: Any, nsqd_factory: Any, request: Any) -> Lo
 
     wait_until(both_listed, what="both nsqd registered the topic with nsqlookupd")
     return cluster
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    """A CA and a server certificate for 127.0.0.1 (trustme), as PEM files."""
+    return make_certs(tmp_path_factory.mktemp("compat-certs"))

@@ -25,3 +25,16 @@ def test_touch_keeps_message(nsqd_factory, compat):
     own --msg-timeout is set to 1 s."""
     nsqd = nsqd_factory("--msg-timeout=1s")
     compat.check_touch(compat.run(CLIENT, nsqd, "touch"), negotiated=False)
+
+
+def test_tls(nsqd_factory, certs, compat):
+    """Producer and Consumer over TLS (gnsq pins TLS 1.2), the certificate verified."""
+    nsqd = nsqd_factory(*certs.nsqd_flags())
+    compat.check_pubsub(compat.run(CLIENT, nsqd, "pubsub", ("--tls-ca", certs.ca_file)))
+    compat.check_upgraded(nsqd, "TLS")
+
+
+def test_deflate(nsqd, compat):
+    """Producer and Consumer with deflate compression."""
+    compat.check_pubsub(compat.run(CLIENT, nsqd, "pubsub", ("--compression", "deflate")))
+    compat.check_upgraded(nsqd, "deflate")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from nsqx.wire import MAGIC_V2, CommandParser, ParserLimits, ProtocolError
 from nsqx.wire import commands as c
+from nsqx.wire.commands import TLSRequiredParser
 
 names = st.from_regex(r"[.a-zA-Z0-9_-]{1,54}(#ephemeral)?", fullmatch=True)
 ids = st.from_regex(r"[0-9a-f]{16}", fullmatch=True).map(str.encode)
@@ -50,13 +51,24 @@ def merge_fins(events: list[object]) -> list[object]:
     return out
 
 
+def feed_all(parser: CommandParser, data: bytes) -> list[object]:
+    """feed(), going on after each IDENTIFY (where the parser pauses for the server)."""
+    events: list[object] = list(parser.feed(data))
+    while events and isinstance(events[-1], c.Identify):
+        more = parser.feed(b"")
+        if not more:
+            break
+        events += more
+    return events
+
+
 def feed_split(parser: CommandParser, data: bytes, cuts: list[int]) -> list[object]:
     events: list[object] = []
     pos = 0
     for cut in cuts:
-        events += parser.feed(data[pos : pos + cut])
+        events += feed_all(parser, data[pos : pos + cut])
         pos += cut
-    events += parser.feed(data[pos:])
+    events += feed_all(parser, data[pos:])
     return events
 
 
@@ -228,3 +240,43 @@ def test_mpub_equal_stride_with_a_lying_prefix_falls_back() -> None:
     raw = struct.pack(">ii", 2, 4) + b"aaaa" + struct.pack(">i", 3) + b"bbbb"
     with pytest.raises(ProtocolError):
         c.parse_mpub_body(raw, 1000)
+
+
+def test_parser_pauses_after_identify() -> None:
+    """What follows IDENTIFY may be TLS or compressed: the server takes it or goes on."""
+    parser = CommandParser()
+    tail = b"\x16\x03\x01 not a command"
+    events = parser.feed(MAGIC_V2 + b"NOP\n" + c.identify({"tls_v1": True}) + tail)
+    assert [type(e) for e in events] == [c.Nop, c.Identify]
+    assert parser.buffered == len(tail)
+    assert parser.take_buffered() == tail
+    assert parser.buffered == 0
+    # nothing negotiated: feeding again continues with the commands behind IDENTIFY
+    parser = CommandParser()
+    split_at = len(MAGIC_V2) + 5
+    data = MAGIC_V2 + c.identify({}) + c.nop() + c.rdy(3)
+    assert [type(e) for e in parser.feed(data[:split_at])] == []
+    assert [type(e) for e in parser.feed(data[split_at:])] == [c.Identify]
+    assert parser.feed(b"") == [c.Nop(), c.Rdy(3)]
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (b"PUB t\n\x00\x00\x00\x01x", "E_INVALID cannot PUB in current state (TLS required)"),
+        (b"PUB bad!topic\n", "E_INVALID cannot PUB in current state (TLS required)"),
+        (b"FOO bar\r\n", "E_INVALID cannot FOO in current state (TLS required)"),
+        (b"AUTH\n", "E_INVALID cannot AUTH in current state (TLS required)"),
+    ],
+)
+def test_tls_required_parser_refuses_all_but_identify(data: bytes, error: str) -> None:
+    events = TLSRequiredParser().feed(MAGIC_V2 + data)
+    assert [str(e) for e in events] == [error]
+
+
+def test_tls_required_parser_accepts_identify_then_refuses() -> None:
+    parser = TLSRequiredParser()
+    events = parser.feed(MAGIC_V2 + c.identify({}) + c.nop())
+    assert [type(e) for e in events] == [c.Identify]
+    events = parser.feed(b"")
+    assert [str(e) for e in events] == ["E_INVALID cannot NOP in current state (TLS required)"]

@@ -7,20 +7,28 @@ connection must send during one read is written once at the end of it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
+from nsqx.nsqd.auth import AuthError, AuthState
+from nsqx.nsqd.upgrade import UpgradedStream
 from nsqx.store.log import split_chunks
 from nsqx.wire import commands as cmd
+from nsqx.wire.compression import codec_pair
 from nsqx.wire.errors import (
     E_AUTH_DISABLED,
+    E_AUTH_FAILED,
+    E_AUTH_FIRST,
     E_FIN_FAILED,
+    E_IDENTIFY_FAILED,
     E_INVALID,
     E_REQ_FAILED,
     E_TOUCH_FAILED,
+    E_UNAUTHORIZED,
     ProtocolError,
 )
 from nsqx.wire.frames import CLOSE_WAIT, HEARTBEAT, OK, encode_error, encode_response
@@ -53,7 +61,9 @@ class ClientV2(asyncio.Protocol):
     def __init__(self, nsqd: NSQD) -> None:
         self.nsqd = nsqd
         self.id = nsqd.next_client_id()
-        self.parser = cmd.CommandParser(nsqd.parser_limits)
+        # --tls-required: only IDENTIFY is accepted until the connection is encrypted
+        parser_cls = cmd.TLSRequiredParser if nsqd.tls_required else cmd.CommandParser
+        self.parser: cmd.CommandParser = parser_cls(nsqd.parser_limits)
         self.settings = ClientSettings.defaults(nsqd.server_limits)
         self.state = STATE_INIT
         self.channel: Channel | None = None
@@ -70,6 +80,21 @@ class ClientV2(asyncio.Protocol):
         self.timeout_count = 0
         self.pub_counts: dict[str, int] = {}
         self.closed = False
+        #: negotiated upgrades (for stats); tls is set once the handshake completed
+        self.tls = False
+        self.snappy = False
+        self.deflate = False
+        self.remote_ip = ""
+        #: the last AUTH answer (None before AUTH)
+        self.auth_state: AuthState | None = None
+        self._auth_secret = b""
+        # _halt is the one flag the read loop tests per command: closed, or waiting for
+        # the auth server (then the rest of the read waits in _held / _held_data)
+        self._halt = False
+        self._held: list[cmd.Event] | None = None
+        self._held_data: list[bytes] = []
+        self._stream: UpgradedStream | None = None
+        self._dispatch = _AUTH_DISPATCH if nsqd.auth is not None else _DISPATCH
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._out_size = 0
@@ -102,6 +127,7 @@ class ClientV2(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple):
             self.remote_address = f"{peer[0]}:{peer[1]}"
+            self.remote_ip = str(peer[0])
         else:
             self.remote_address = str(peer or "")
         self.nsqd.clients.add(self)
@@ -111,11 +137,17 @@ class ClientV2(asyncio.Protocol):
         if self.closed:
             return
         self._last_read = time.monotonic()
-        dispatch = _DISPATCH
-        for ev in self.parser.feed(data):
+        dispatch = self._dispatch
+        events = iter(self.parser.feed(data))
+        for ev in events:
             dispatch[type(ev)](self, ev)
-            if self.closed:
-                return
+            if self._halt:
+                if self.closed:
+                    return
+                # an auth query is running: the rest of this read waits for its answer
+                assert self._held is not None
+                self._held.extend(events)
+                break
         if self._unsynced_topics:
             self._ack_after_sync()
         elif self._out:
@@ -153,15 +185,24 @@ class ClientV2(asyncio.Protocol):
             not self._write_paused
             and not self._hold_output
             and not self.closed
+            and self._held is None
             and self._transport is not None
         ):
             self._transport.resume_reading()
+
+    def receive_plain(self, data: bytes) -> None:
+        """Commands from an upgraded stream (decrypted, decompressed)."""
+        if self._held is not None:
+            self._held_data.append(data)
+        else:
+            self.data_received(data)
 
     def eof_received(self) -> bool | None:
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._halt = True
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -247,14 +288,25 @@ class ClientV2(asyncio.Protocol):
         if err.fatal:
             self.close()
 
+    def fail(self, err: ProtocolError) -> None:
+        """Send an error frame now; a fatal one closes the connection."""
+        self._error(err)
+        self.flush()
+
     def close(self) -> None:
         """Flush what is buffered, then close."""
         if self.closed:
             return
         self.flush()
         self.closed = True
+        self._halt = True
         if self._transport is not None:
             self._transport.close()
+
+    def connection_closed(self) -> None:
+        """The upgraded stream hung up by itself (a TLS failure): write nothing more."""
+        self.closed = True
+        self._halt = True
 
     # -- timers (called by nsqd's scan loop) ------------------------------------------
 
@@ -312,12 +364,154 @@ class ClientV2(asyncio.Protocol):
         self._apply_settings()
         self._last_heartbeat = time.monotonic()
         self._respond(encode_response(response))
+        s = self.settings
+        if s.tls_v1 or s.snappy or s.deflate:
+            if self._stream is not None:
+                # nsqd would stack a second TLS session or compressor on the stream and
+                # lose the connection; refuse it plainly instead
+                self._error(ProtocolError(E_IDENTIFY_FAILED, "IDENTIFY failed already upgraded"))
+                return
+            self._upgrade(s)
+        elif self.parser.buffered:
+            # the parser stops after IDENTIFY; nothing changed, so go on with the read
+            self.data_received(b"")
+
+    def _upgrade(self, s: ClientSettings) -> None:
+        """Put TLS and/or compression under this connection, as nsqd does after its
+        IDENTIFY response: TLS handshake then an encrypted OK, then a compressed OK."""
+        self.flush()  # the IDENTIFY response goes out as it is
+        rest = self.parser.take_buffered()
+        raw = self._transport
+        assert raw is not None
+        stream = UpgradedStream(self, raw)
+        if s.tls_v1:
+            context = self.nsqd.tls_context
+            assert context is not None
+            log.info("PROTOCOL(V2): [%s] upgrading connection to TLS", self.remote_address)
+            stream.start_tls(context, self.nsqd.tls_handshake_timeout)
+            if isinstance(self.parser, cmd.TLSRequiredParser):
+                self.parser = cmd.CommandParser(self.nsqd.parser_limits, expect_magic=False)
+            stream.write(_OK_FRAME)  # held until the handshake completes
+        pair = codec_pair(s.snappy, s.deflate, s.deflate_level)
+        if pair is not None:
+            kind = "snappy" if s.snappy else "deflate"
+            log.info("PROTOCOL(V2): [%s] upgrading connection to %s", self.remote_address, kind)
+            stream.start_compression(*pair)
+            self.snappy, self.deflate = s.snappy, s.deflate
+            stream.write(_OK_FRAME)
+        self._stream = stream
+        self._transport = stream
+        raw.set_protocol(stream)
+        if rest:
+            # bytes the client sent behind IDENTIFY belong to the upgraded stream
+            stream.data_received(rest)
+
+    def tls_established(self) -> None:
+        """Called by the upgraded stream when the TLS handshake completed."""
+        self.tls = True
+
+    # -- AUTH -------------------------------------------------------------------------
 
     def _on_auth(self, ev: cmd.Auth) -> None:
         if self.state != STATE_INIT:
             self._error(ProtocolError(E_INVALID, "cannot AUTH in current state"))
             return
-        self._error(ProtocolError(E_AUTH_DISABLED, "AUTH Disabled"))
+        if self.auth_state is not None and self.auth_state.authorizations:
+            self._error(ProtocolError(E_INVALID, "AUTH Already set"))
+            return
+        if self.nsqd.auth is None:
+            self._error(ProtocolError(E_AUTH_DISABLED, "AUTH Disabled"))
+            return
+        self._auth_secret = ev.secret
+        self._hold(None)
+        self.nsqd.spawn(self._query_auth(None))
+
+    def _check_auth(self, ev: cmd.Event, verb: str, topic: str, channel: str) -> bool:
+        """nsqd's CheckAuth: True when the client may go on with ``ev``. An expired
+        authorization is fetched again first; ``ev`` then waits for the answer."""
+        st = self.auth_state
+        if st is None or not st.authorizations:
+            self._error(ProtocolError(E_AUTH_FIRST, f"AUTH required before {verb}"))
+            return False
+        if st.expired(time.monotonic()):
+            self._hold(ev)
+            self.nsqd.spawn(self._query_auth((verb, topic, channel)))
+            return False
+        if not st.allows(topic, channel):
+            self._error(
+                ProtocolError(E_UNAUTHORIZED, f'AUTH failed for {verb} on "{topic}" "{channel}"')
+            )
+            return False
+        return True
+
+    def _hold(self, ev: cmd.Event | None) -> None:
+        """Stop executing commands (and reading) until the auth server answers."""
+        self._halt = True
+        self._held = [ev] if ev is not None else []
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    async def _query_auth(self, check: tuple[str, str, str] | None) -> None:
+        """Ask the auth server (for AUTH, or to renew for ``check``), then go on."""
+        auth = self.nsqd.auth
+        assert auth is not None
+        session = self._stream.tls if self._stream is not None else None
+        tls = session is not None and session.established
+        common_name = session.peer_common_name() if session is not None and tls else ""
+        try:
+            state = await auth.query(self.remote_ip, tls, self._auth_secret, common_name)
+        except AuthError as exc:
+            # as nsqd: the reason goes to the log, never to an untrusted client
+            if not self.closed:
+                log.error("PROTOCOL(V2): [%s] Auth Failed %s", self.remote_address, exc)
+                self.fail(ProtocolError(E_AUTH_FAILED, "AUTH failed"))
+            return
+        if self.closed:
+            return
+        self.auth_state = state
+        if check is None:
+            if not state.authorizations:
+                self.fail(ProtocolError(E_UNAUTHORIZED, "AUTH No authorizations found"))
+                return
+            body = {
+                "identity": state.identity,
+                "identity_url": state.identity_url,
+                "permission_count": len(state.authorizations),
+            }
+            self._respond(encode_response(_go_json(body)))
+        elif not state.allows(check[1], check[2]):
+            verb, topic, channel = check
+            self.fail(
+                ProtocolError(E_UNAUTHORIZED, f'AUTH failed for {verb} on "{topic}" "{channel}"')
+            )
+            return
+        self._release()
+
+    def _release(self) -> None:
+        """Execute what waited for the auth answer, then read again."""
+        held, self._held = self._held or [], None
+        self._halt = False
+        dispatch = self._dispatch
+        for i, ev in enumerate(held):
+            dispatch[type(ev)](self, ev)
+            if self._halt:
+                if self.closed:
+                    return
+                # waiting again (an expired authorization met on the way)
+                assert self._held is not None
+                self._held.extend(held[i + 1 :])
+                if not self._unsynced_topics:  # else the answers wait for their fsync
+                    self.flush()
+                return
+        data, self._held_data = b"".join(self._held_data), []
+        if data or self.parser.buffered:
+            self.data_received(data)
+        if self._unsynced_topics:
+            self._ack_after_sync()  # answers, then reading, resume after the fsync
+            return
+        if self._out:
+            self.flush()
+        self._resume_reading()
 
     def _on_sub(self, ev: cmd.Sub) -> None:
         if self.state != STATE_INIT:
@@ -418,6 +612,36 @@ class ClientV2(asyncio.Protocol):
     def _on_dpub(self, ev: cmd.Dpub) -> None:
         self._publish("DPUB", ev.topic, [ev.body], ev.defer_ms)
 
+    # -- the same commands when --auth-http-address is set ----------------------------
+
+    def _on_sub_auth(self, ev: cmd.Sub) -> None:
+        # state and heartbeat errors come first, as in nsqd
+        if (
+            self.state == STATE_INIT
+            and self.heartbeat_interval > 0
+            and not self._check_auth(ev, "SUB", ev.topic, ev.channel)
+        ):
+            return
+        self._on_sub(ev)
+
+    def _on_pub_auth(self, ev: cmd.Pub) -> None:
+        if self._check_auth(ev, "PUB", ev.topic, ""):
+            self._on_pub(ev)
+
+    def _on_mpub_auth(self, ev: cmd.Mpub) -> None:
+        if self._check_auth(ev, "MPUB", ev.topic, ""):
+            self._on_mpub(ev)
+
+    def _on_dpub_auth(self, ev: cmd.Dpub) -> None:
+        if self._check_auth(ev, "DPUB", ev.topic, ""):
+            self._on_dpub(ev)
+
+
+def _go_json(obj: object) -> bytes:
+    """JSON as Go's json.Marshal writes it: compact, with <, > and & escaped."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
+
 
 _DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
     ProtocolError: ClientV2._on_error,  # type: ignore[dict-item]
@@ -433,4 +657,13 @@ _DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
     cmd.Pub: ClientV2._on_pub,  # type: ignore[dict-item]
     cmd.Mpub: ClientV2._on_mpub,  # type: ignore[dict-item]
     cmd.Dpub: ClientV2._on_dpub,  # type: ignore[dict-item]
+}
+
+#: With --auth-http-address: PUB, MPUB, DPUB and SUB check the client's authorizations.
+_AUTH_DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
+    **_DISPATCH,
+    cmd.Sub: ClientV2._on_sub_auth,  # type: ignore[dict-item]
+    cmd.Pub: ClientV2._on_pub_auth,  # type: ignore[dict-item]
+    cmd.Mpub: ClientV2._on_mpub_auth,  # type: ignore[dict-item]
+    cmd.Dpub: ClientV2._on_dpub_auth,  # type: ignore[dict-item]
 }

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from nsqx import NSQ_VERSION
+from nsqx.nsqd.auth import AuthClient
 from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.http import HTTPServer
@@ -18,6 +21,7 @@ from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.stats import GcPauses
 from nsqx.nsqd.statsd import statsd_loop
 from nsqx.nsqd.syncer import Checkpointer, LogSyncer
+from nsqx.nsqd.tls import build_server_context
 from nsqx.nsqd.topic import Topic
 from nsqx.store.disklog import DiskLog
 from nsqx.wire.names import is_valid_name
@@ -91,6 +95,20 @@ class NSQD:
         self.watchers: list[Callable[[TopologyEvent], None]] = []
         #: Registration with --lookupd-tcp-address (set_lookupd_addresses changes them).
         self.lookup = LookupManager(self)
+        #: The server TLS context (built in start() from --tls-cert/--tls-key).
+        self.tls_context: ssl.SSLContext | None = None
+        #: --tls-required (true or tcp-https): TCP clients must upgrade before anything.
+        self.tls_required = options.tls_required != "false"
+        #: How long a client has for its TLS handshake (nsqd: 5s).
+        self.tls_handshake_timeout = 5.0
+        self.auth: AuthClient | None = None
+        if options.auth_http_addresses:
+            self.auth = AuthClient(
+                options.auth_http_addresses,
+                options.http_client_connect_timeout,
+                options.http_client_request_timeout,
+            )
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def spend_read_budget(self, nbytes: int) -> bool:
         """Count bytes read in this loop iteration; True once over the budget."""
@@ -125,6 +143,12 @@ class NSQD:
     def set_log_level(self, level: str) -> None:
         """Change the log verbosity at run time (PUT /config/log_level)."""
         logging.getLogger("nsqx").setLevel(_LOG_LEVELS.get(level, logging.INFO))
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a background coroutine (an auth query), keeping a reference to it."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def next_client_id(self) -> int:
         self._client_seq += 1
@@ -202,6 +226,10 @@ class NSQD:
 
     async def start(self) -> None:
         """Lock the data directory, restore metadata, bind the listeners, start timers."""
+        # a bad certificate or key stops the start, as in nsqd
+        self.tls_context = build_server_context(self.options)
+        if self.tls_context is None and self.tls_required:
+            raise ValueError("cannot require TLS client connections without TLS key and cert")
         os.makedirs(self.data_path, exist_ok=True)
         self._lock.acquire()
         self.load_metadata()
@@ -280,6 +308,10 @@ class NSQD:
             self._scan_task.cancel()
         for server in self._servers:
             await server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        if self.auth is not None:
+            await self.auth.close()
         try:
             self.persist_metadata()
         except OSError:

@@ -66,7 +66,7 @@ class NsqdOptions:
     min_output_buffer_timeout: float = 0.025
     output_buffer_timeout: float = 0.25
     max_channel_consumers: int = 0
-    # TLS, compression, auth (negotiated in their own issue)
+    # TLS, compression, auth
     tls_cert: str = ""
     tls_key: str = ""
     tls_root_ca_file: str = ""
@@ -133,11 +133,12 @@ class NsqdOptions:
             max_output_buffer_timeout_ms=int(self.max_output_buffer_timeout * 1000),
             min_output_buffer_timeout_ms=int(self.min_output_buffer_timeout * 1000),
             max_deflate_level=self.max_deflate_level,
-            # TLS, snappy, deflate and AUTH are not implemented yet: answer truthfully
-            tls_available=False,
-            snappy_available=False,
-            deflate_available=False,
-            auth_required=False,
+            # as nsqd: TLS is offered when a certificate is configured, AUTH required
+            # when an auth server is
+            tls_available=bool(self.tls_cert or self.tls_key),
+            snappy_available=self.snappy,
+            deflate_available=self.deflate,
+            auth_required=bool(self.auth_http_addresses),
             msg_timeout_ms=int(self.msg_timeout * 1000),
             heartbeat_interval_ms=int(self.client_timeout * 1000) // 2,
             output_buffer_size=16384,

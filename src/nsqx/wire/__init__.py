@@ -20,8 +20,17 @@ from nsqx.wire.commands import (
     Rdy,
     Req,
     Sub,
+    TLSRequiredParser,
     Touch,
     parse_mpub_body,
+)
+from nsqx.wire.compression import (
+    CompressionError,
+    DeflateCompressor,
+    DeflateDecompressor,
+    SnappyCompressor,
+    SnappyDecompressor,
+    codec_pair,
 )
 from nsqx.wire.errors import NON_FATAL, ProtocolError
 from nsqx.wire.frames import (
@@ -59,6 +68,9 @@ __all__ = [
     "Cls",
     "Command",
     "CommandParser",
+    "CompressionError",
+    "DeflateCompressor",
+    "DeflateDecompressor",
     "Dpub",
     "Event",
     "Fin",
@@ -73,8 +85,12 @@ __all__ = [
     "Rdy",
     "Req",
     "ServerLimits",
+    "SnappyCompressor",
+    "SnappyDecompressor",
     "Sub",
+    "TLSRequiredParser",
     "Touch",
+    "codec_pair",
     "commands",
     "decode_message",
     "encode_error",

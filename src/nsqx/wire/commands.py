@@ -157,7 +157,24 @@ class CommandParser:
         """Bytes held for an incomplete command."""
         return len(self._buf) + self._have
 
+    def take_buffered(self) -> bytes:
+        """Remove and return the input not parsed yet.
+
+        The parser stops after an IDENTIFY: the bytes behind it may belong to the
+        upgraded stream (TLS, compression) that IDENTIFY negotiated. The server takes
+        them from here to feed them through the new layers, or simply feeds the parser
+        again (``feed(b"")``) when nothing was negotiated.
+        """
+        if self._pending is not None:
+            raise RuntimeError("a command body is being read")
+        data, self._buf = self._buf, b""
+        return data
+
     def feed(self, data: bytes) -> list[Event]:
+        """Parse ``data`` (and input held from before); return the completed events.
+
+        After an IDENTIFY nothing more is parsed until the next call (see
+        :meth:`take_buffered`)."""
         if self._dead:
             return []
         events: list[Event] = []
@@ -187,6 +204,9 @@ class CommandParser:
             self._have = 0
             events.append(self._body_command(cmd, params, joined[: self._need]))
             data = joined[self._need :]
+            if cmd == b"IDENTIFY":
+                self._buf = data
+                return
         elif self._buf:
             data = self._buf + data
             self._buf = b""
@@ -246,6 +266,9 @@ class CommandParser:
                 return
             events.append(self._body_command(cmd, params, data[start : start + size]))
             pos = start + size
+            if cmd == b"IDENTIFY":
+                # what follows may be TLS or compressed: the server decides (take_buffered)
+                break
         if pos < n:
             self._buf = data[pos:]
 
@@ -369,6 +392,27 @@ class CommandParser:
         if cmd == b"IDENTIFY":
             return Identify(body)
         return Auth(body)
+
+
+class TLSRequiredParser(CommandParser):
+    """The parser of a connection that must upgrade to TLS before anything else
+    (nsqd's --tls-required): IDENTIFY is the only command accepted. Any other is refused
+    by its name alone, before its parameters or body are looked at, as nsqd refuses it:
+    ``E_INVALID cannot <CMD> in current state (TLS required)``.
+    """
+
+    def _parse(self, data: bytes, events: list[Event]) -> None:
+        nl = data.find(b"\n")
+        if nl >= 0:
+            line = data[:nl]
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            name = line.split(b" ", 1)[0]
+            if name != b"IDENTIFY":
+                raise ProtocolError(
+                    E_INVALID, f"cannot {_text(name)} in current state (TLS required)"
+                )
+        super()._parse(data, events)
 
 
 def parse_mpub_body(body: bytes, max_msg_size: int) -> list[bytes]:

@@ -51,6 +51,10 @@ class Args:
     port: int
     topic: str
     phase: str
+    #: CA file to verify nsqd with; when set, the client asks for TLS (tls_v1)
+    tls_ca: str = ""
+    #: "snappy" or "deflate": the compression the client asks for
+    compression: str = ""
 
 
 def parse_args(client: str) -> Args:
@@ -58,9 +62,11 @@ def parse_args(client: str) -> Args:
     parser.add_argument("address", help="nsqd TCP address, host:port")
     parser.add_argument("topic")
     parser.add_argument("phase", choices=PHASES)
+    parser.add_argument("--tls-ca", default="", help="negotiate TLS, verifying with this CA")
+    parser.add_argument("--compression", default="", choices=["", "snappy", "deflate"])
     ns = parser.parse_args()
     host, _, port = ns.address.rpartition(":")
-    return Args(ns.address, host, int(port), ns.topic, ns.phase)
+    return Args(ns.address, host, int(port), ns.topic, ns.phase, ns.tls_ca, ns.compression)
 
 
 # Errors the library reported (error frames, logged errors) while the scenario ran, and

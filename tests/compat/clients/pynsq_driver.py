@@ -9,6 +9,7 @@ runs on asyncio, so the whole driver is one ``asyncio.run`` and every wait is bo
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,8 +31,20 @@ async def wait_until(
         await asyncio.sleep(0.005)
 
 
+def conn_options(args: c.Args) -> dict[str, Any]:
+    """AsyncConn keyword arguments for --tls-ca / --compression."""
+    opts: dict[str, Any] = {}
+    if args.tls_ca:
+        # pynsq passes these to Tornado's start_tls (server_hostname = the nsqd host)
+        opts["tls_v1"] = True
+        opts["tls_options"] = {"ca_certs": args.tls_ca, "cert_reqs": ssl.CERT_REQUIRED}
+    if args.compression:
+        opts[args.compression] = True
+    return opts
+
+
 async def connect_writer(args: c.Args) -> nsq.Writer:
-    writer = nsq.Writer([args.address])
+    writer = nsq.Writer([args.address], **conn_options(args))
     await wait_until(
         lambda: any(conn.connected() for conn in writer.conns.values()),
         "the Writer to connect and IDENTIFY",
@@ -62,6 +75,7 @@ def make_reader(args: c.Args, handler: Callable[[Any], Any], **conn_kwargs: Any)
         message_handler=handler,
         nsqd_tcp_addresses=[args.address],
         max_in_flight=c.MAX_IN_FLIGHT,
+        **conn_options(args),
         **conn_kwargs,
     )
 
@@ -174,6 +188,7 @@ async def touch(args: c.Args, summary: dict[str, Any]) -> None:
         nsqd_tcp_addresses=[args.address],
         max_in_flight=c.MAX_IN_FLIGHT,
         msg_timeout=c.MSG_TIMEOUT_MS / 1000,
+        **conn_options(args),
     )
     await wait_until(
         lambda: scen.held_done,
