@@ -57,6 +57,7 @@ def start_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
         "nsqd",
         "--tcp-address=127.0.0.1:0",
         "--http-address=",
+        "--https-address=",  # never the fixed default port 4152 (tests may set one)
         f"--data-path={data_path}",
         *args,
     ]

@@ -38,6 +38,7 @@ async def start_nsqd(**opts: Any) -> NSQD:
     """An nsqd in this event loop on a free loopback port."""
     opts.setdefault("data_path", tempfile.mkdtemp(prefix="nsqx-test-"))
     opts.setdefault("http_address", "")
+    opts.setdefault("https_address", "")  # never the fixed default port 4152
     options = NsqdOptions(tcp_address="127.0.0.1:0", **opts)
     nsqd = NSQD(options)
     await nsqd.start()

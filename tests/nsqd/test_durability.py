@@ -172,7 +172,7 @@ def test_sync_before_ack(tmp_path: Path) -> None:
 
 
 def test_crash_loses_nothing_acknowledged(tmp_path: Path) -> None:
-    """Publishers (PUB, MPUB, DPUB) and a consumer run while nsqd is SIGKILLed at random
+    """Publishers (PUB, MPUB, DPUB over TCP; HTTP /pub) and a consumer run while nsqd is SIGKILLed at random
     moments and restarted on the same data; then a consumer drains. Every acknowledged
     message arrives; duplicates (finished before a crash, after the last checkpoint)
     are counted and printed."""
@@ -210,6 +210,22 @@ def test_crash_loses_nothing_acknowledged(tmp_path: Path) -> None:
             finally:
                 await r.close()
 
+    async def http_publisher(stop: asyncio.Event) -> None:
+        import aiohttp
+
+        n = 0
+        async with aiohttp.ClientSession() as session:
+            while not stop.is_set():
+                body = b"http-%d" % n
+                n += 1
+                try:
+                    url = f"{state['nsqd'].http_url}/pub?topic=crash"
+                    async with session.post(url, data=body) as resp:
+                        if resp.status == 200 and await resp.read() == b"OK":
+                            acked.add(body)
+                except (aiohttp.ClientError, OSError):
+                    await asyncio.sleep(0.02)  # killed: retry against the restarted one
+
     async def consumer(stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
@@ -223,9 +239,11 @@ def test_crash_loses_nothing_acknowledged(tmp_path: Path) -> None:
                 await asyncio.sleep(0.05)
 
     async def body() -> None:
-        state["nsqd"] = start_nsqd(tmp_path, "--max-bytes-per-file=200000")
+        flags = ("--max-bytes-per-file=200000", "--http-address=127.0.0.1:0")
+        state["nsqd"] = start_nsqd(tmp_path, *flags)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(publisher(k, stop)) for k in ("pub", "mpub", "dpub")]
+        tasks.append(asyncio.create_task(http_publisher(stop)))
         tasks.append(asyncio.create_task(consumer(stop)))
         for _ in range(4):
             before = len(acked)
@@ -234,7 +252,7 @@ def test_crash_loses_nothing_acknowledged(tmp_path: Path) -> None:
             )
             await asyncio.sleep(rng.uniform(0, 0.3))  # a random moment
             state["nsqd"].stop(signal.SIGKILL)
-            state["nsqd"] = start_nsqd(tmp_path, "--max-bytes-per-file=200000")
+            state["nsqd"] = start_nsqd(tmp_path, *flags)
         stop.set()
         await asyncio.gather(*tasks)
         received.extend(await drain(state["nsqd"].tcp_address, "crash", "ch", quiet=1.5))
@@ -251,6 +269,7 @@ def test_crash_loses_nothing_acknowledged(tmp_path: Path) -> None:
         from collections import Counter
 
         dup = Counter(received)
+        print("acknowledged by kind", dict(Counter(b.split(b"-")[0] for b in acked)))
         kinds = Counter(b.split(b"-")[0] for b, n in dup.items() if n > 1)
         print("duplicated by kind", dict(kinds), "max copies", max(dup.values()))
     assert not lost, sorted(lost)[:10]

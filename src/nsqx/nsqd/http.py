@@ -257,6 +257,15 @@ class HTTPServer:
                 methods = _CONFIG_ROUTE
         if methods is None:
             return error_response(404, "NOT_FOUND")
+        if self.nsqd.options.tls_required == "true" and not request.secure:
+            # --tls-required=true covers HTTP too (tcp-https leaves it open), as in NSQ
+            https = self.nsqd.https_address
+            body = {"message": "TLS_REQUIRED", "https_port": https[1] if https else -1}
+            return web.Response(
+                status=403,
+                body=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json; charset=utf-8", **NSQ_HEADERS},
+            )
         handler = methods.get(request.method)
         if handler is None:
             allow = ", ".join(sorted({*methods, "OPTIONS"}))

@@ -73,6 +73,7 @@ class NSQD:
         self.tcp_address: tuple[str, int] | None = None
         #: where the HTTP API listens (None: off, or a unix socket)
         self.http_address: tuple[str, int] | None = None
+        self.https_address: tuple[str, int] | None = None
         self.http = HTTPServer(self)
         #: set when storage fails to write: /ping then answers 500 "NOK - <error>"
         self.health_error: str | None = None
@@ -250,6 +251,9 @@ class NSQD:
             self._servers.append(server)
         if self.options.http_address:
             self.http_address = await self.http.start(self.options.http_address)
+        if self.tls_context is not None and self.options.https_address:
+            # HTTPS shares the TCP upgrade's context, as nsqd does
+            self.https_address = await self.http.start(self.options.https_address, self.tls_context)
         GcPauses.install()
         self._gc_timed = True
         self._scan_task = asyncio.create_task(self._scan_loop())

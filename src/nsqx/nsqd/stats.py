@@ -56,6 +56,9 @@ class ClientStats:
     tls_negotiated_protocol: str
     tls_negotiated_protocol_is_mutual: bool
     pub_counts: list[tuple[str, int]] = field(default_factory=list)
+    authed: bool = False
+    auth_identity: str = ""
+    auth_identity_url: str = ""
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -77,6 +80,12 @@ class ClientStats:
         }
         if self.pub_counts:  # omitempty in NSQ
             d["pub_counts"] = [{"topic": t, "count": n} for t, n in self.pub_counts]
+        if self.authed:  # omitempty in NSQ, as the identity fields
+            d["authed"] = True
+            if self.auth_identity:
+                d["auth_identity"] = self.auth_identity
+            if self.auth_identity_url:
+                d["auth_identity_url"] = self.auth_identity_url
         d.update(
             tls=self.tls,
             tls_cipher_suite=self.tls_cipher_suite,
@@ -210,6 +219,9 @@ def client_stats(client: ClientV2, topic: str = "") -> ClientStats:
         tls_negotiated_protocol="",
         tls_negotiated_protocol_is_mutual=False,
         pub_counts=[(t, n) for t, n in client.pub_counts.items() if not topic or t == topic],
+        authed=client.auth_state is not None,
+        auth_identity=client.auth_state.identity if client.auth_state else "",
+        auth_identity_url=client.auth_state.identity_url if client.auth_state else "",
     )
 
 

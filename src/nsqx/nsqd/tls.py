@@ -87,6 +87,11 @@ class TLSSession:
         #: True once the peer sent close_notify.
         self.peer_closed = False
 
+    @property
+    def ssl_object(self) -> ssl.SSLObject:
+        """The session (cipher, version, peer certificate), e.g. for /stats."""
+        return self._ssl
+
     def receive(self, data: bytes) -> bytes:
         """Feed socket bytes; return the application data they complete."""
         self._incoming.write(data)

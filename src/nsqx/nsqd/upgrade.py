@@ -105,6 +105,8 @@ class UpgradedStream(asyncio.Protocol, asyncio.Transport):
         return self._closed or self.raw.is_closing()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "ssl_object" and self.tls is not None and self.tls.established:
+            return self.tls.ssl_object
         return self.raw.get_extra_info(name, default)
 
     def get_write_buffer_size(self) -> int:
