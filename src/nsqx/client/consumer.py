@@ -17,7 +17,6 @@ import collections
 import inspect
 import logging
 import random
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,6 @@ log = logging.getLogger("nsqx.client")
 Handler = Callable[[Message], Any]
 GivingUpHook = Callable[[Message], Any]
 
-_MSG_HEAD = struct.Struct(">qH")
 _CLS = commands.cls()
 
 _SUCCESS, _FAILURE, _NEUTRAL = 0, 1, 2
@@ -72,9 +70,6 @@ class _Link(Connection):
         )
         self.consumer = consumer
         self.state: ConnRdy[str] | None = None
-        #: Answers given while this connection's read is being handled.
-        self.in_batch = False
-        self.batch_answered = 0
         #: nsqd answered our CLS: it sends nothing more.
         self.close_wait = False
 
@@ -492,17 +487,18 @@ class Consumer:
         state = conn.state
         if state is None:
             return
-        conn.in_batch = True
-        conn.batch_answered = 0
-        try:
-            if self._handler is None:
-                n, fast = self._batch_inbox(conn, frames)
-            elif self._coro_handler:
-                n, fast = self._batch_workers(conn, frames)
-            else:
-                n, fast = self._batch_inline(conn, frames)
-        finally:
-            conn.in_batch = False
+        # Every message of this read is in flight (nsqd's view too) until answered;
+        # counted before the handlers run so that is_starved() is right inside them.
+        state.in_flight += len(frames)
+        if self._handler is None:
+            n, fast = self._batch_inbox(conn, frames)
+        elif self._coro_handler:
+            n, fast = self._batch_workers(conn, frames)
+        else:
+            n, fast = self._batch_inline(conn, frames)
+        state.in_flight -= len(frames) - n + fast
+        if state.in_flight < 0:
+            state.in_flight = 0
         if n:
             now = self._now()
             self.stats.received += n
@@ -510,9 +506,6 @@ class Consumer:
             state.remaining -= n
             state.received += n
             state.last_msg_at = now
-            state.in_flight += n - fast - conn.batch_answered
-            if state.in_flight < 0:
-                state.in_flight = 0
             count = self._rdy.maybe_update(conn.key, now)
             if count is not None:
                 conn.queue(commands.rdy(count))
@@ -535,7 +528,6 @@ class Consumer:
         handler = self._handler
         assert handler is not None
         fins = conn._fins
-        unpack = _MSG_HEAD.unpack_from
         max_attempts = self.config.max_attempts or 65536
         bk = self._backoff
         counting = bk.level > 0 and not bk.in_window
@@ -545,9 +537,8 @@ class Consumer:
                 self._control(conn, ftype, data)
                 continue
             n += 1
-            ts, attempts = unpack(data)
-            msg = Message(data[10:26], data[26:], ts, attempts, conn)
-            if attempts > max_attempts:
+            msg = Message(data, conn)
+            if (data[8] << 8 | data[9]) > max_attempts:
                 self._give_up(msg)
                 continue
             try:
@@ -562,7 +553,7 @@ class Consumer:
             if result is None or result is True:
                 # the common case, inline: FIN without a method call
                 msg._responded = True
-                fins.append(msg.id)
+                fins.append(data[10:26])
                 fast += 1
                 if counting:
                     self._signal(_SUCCESS)
@@ -597,7 +588,6 @@ class Consumer:
     def _batch_workers(self, conn: _Link, frames: Frames) -> tuple[int, int]:
         """A coroutine handler: messages queue for the worker pool."""
         queue = self._queue
-        unpack = _MSG_HEAD.unpack_from
         max_attempts = self.config.max_attempts or 65536
         n = 0
         for ftype, data in frames:
@@ -605,9 +595,8 @@ class Consumer:
                 self._control(conn, ftype, data)
                 continue
             n += 1
-            ts, attempts = unpack(data)
-            msg = Message(data[10:26], data[26:], ts, attempts, conn)
-            if attempts > max_attempts:
+            msg = Message(data, conn)
+            if (data[8] << 8 | data[9]) > max_attempts:
                 self._give_up(msg)
                 continue
             queue.append(msg)
@@ -618,7 +607,6 @@ class Consumer:
     def _batch_inbox(self, conn: _Link, frames: Frames) -> tuple[int, int]:
         """No handler: messages wait for ``async for``."""
         inbox = self._inbox
-        unpack = _MSG_HEAD.unpack_from
         max_attempts = self.config.max_attempts or 65536
         n = 0
         for ftype, data in frames:
@@ -626,9 +614,8 @@ class Consumer:
                 self._control(conn, ftype, data)
                 continue
             n += 1
-            ts, attempts = unpack(data)
-            msg = Message(data[10:26], data[26:], ts, attempts, conn)
-            if attempts > max_attempts:
+            msg = Message(data, conn)
+            if (data[8] << 8 | data[9]) > max_attempts:
                 self._give_up(msg)
                 continue
             if self._closing:
@@ -737,14 +724,11 @@ class Consumer:
             delay_ms = int(min(max(delay, 0.0), cfg.max_requeue_delay) * 1000)
             conn.queue(commands.req(msg.id, delay_ms))
             self.stats.requeued += 1
-        if conn.in_batch:
-            conn.batch_answered += 1
-        else:
-            state = conn.state
-            if state is not None and state.in_flight > 0:
-                state.in_flight -= 1
-                if self._closing and conn.close_wait and state.in_flight == 0:
-                    conn.close()
+        state = conn.state
+        if state is not None and state.in_flight > 0:
+            state.in_flight -= 1
+            if self._closing and conn.close_wait and state.in_flight == 0:
+                conn.close()
         self._signal(kind)
 
     def _signal(self, kind: int) -> None:

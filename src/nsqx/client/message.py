@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 from nsqx.client.errors import NSQError
 
 if TYPE_CHECKING:
     from nsqx.client.consumer import _Link
+
+
+_HEAD = struct.Struct(">qH")
 
 
 class MessageRespondedError(NSQError):
@@ -22,21 +26,44 @@ class Message:
     handler answered itself or called :meth:`enable_async` (then it must answer later).
     """
 
-    __slots__ = ("_async", "_link", "_responded", "attempts", "body", "id", "timestamp")
+    # A message keeps its frame's bytes and decodes fields when asked: most handlers
+    # read the body once, and building fewer attributes per message is what keeps
+    # consumption fast.
+    __slots__ = ("_async", "_data", "_link", "_responded")
 
-    def __init__(
-        self, id: bytes, body: bytes, timestamp: int, attempts: int, link: _Link | None = None
-    ) -> None:
-        #: The 16-character hex id nsqd gave the message (ASCII bytes).
-        self.id = id
-        self.body = body
-        #: When nsqd received the message, in nanoseconds since the epoch.
-        self.timestamp = timestamp
-        #: How many times nsqd has delivered it, this time included (starts at 1).
-        self.attempts = attempts
+    def __init__(self, data: bytes, link: _Link | None = None) -> None:
+        #: the message frame's data: [i64 timestamp][u16 attempts][16-byte id][body]
+        self._data = data
         self._link = link
         self._responded = False
         self._async = False
+
+    @classmethod
+    def make(cls, id: bytes, body: bytes, timestamp: int = 0, attempts: int = 1) -> Message:
+        """A message not tied to a connection (tests, fakes): answers go nowhere."""
+        if len(id) != 16:
+            raise ValueError("a message id has 16 bytes")
+        return cls(_HEAD.pack(timestamp, attempts) + id + body)
+
+    @property
+    def id(self) -> bytes:
+        """The 16-character hex id nsqd gave the message (ASCII bytes)."""
+        return self._data[10:26]
+
+    @property
+    def body(self) -> bytes:
+        return self._data[26:]
+
+    @property
+    def timestamp(self) -> int:
+        """When nsqd received the message, in nanoseconds since the epoch."""
+        return int(_HEAD.unpack_from(self._data)[0])
+
+    @property
+    def attempts(self) -> int:
+        """How many times nsqd has delivered it, this time included (starts at 1)."""
+        data = self._data
+        return data[8] << 8 | data[9]
 
     def __repr__(self) -> str:
         return (

@@ -146,7 +146,7 @@ class RdyController(Generic[K]):
             share = self.per_conn()
             for other in self.conns.values():
                 # only connections that already proved they have messages grow at once
-                if 0 < other.rdy < share and other.last_msg_at:
+                if 0 < other.rdy < share and other.received:
                     self._set(other, share, now, out)
         return out
 
@@ -237,7 +237,7 @@ class RdyController(Generic[K]):
                 self._set(c, share, now, out)
         for c in self.conns.values():
             # connections that never had a message start at 1, as new ones do
-            target = share if c.last_msg_at else min(1, share)
+            target = share if c.received else min(1, share)
             if c.rdy < target:
                 self._set(c, target, now, out)
         if len(self.conns) > max_in_flight:
@@ -257,10 +257,14 @@ class RdyController(Generic[K]):
         return out
 
     def test_waters(self, now: float) -> Decisions[K]:
-        """Backoff timeout over: RDY 1 on one random connection."""
+        """Backoff window over: RDY 1 on one random connection, 0 on the others."""
         self.paused = False
         self.limited = True
         out: Decisions[K] = []
+        if self.total > 1:
+            for c in self.conns.values():
+                if c.rdy:
+                    self._set(c, 0, now, out)
         if self.total >= 1 or not self.conns:
             return out
         keys = list(self.conns)
