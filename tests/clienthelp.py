@@ -161,20 +161,27 @@ class NsqFront:
             snappy=False,
             auth_required=self.auth_secret is not None,
         )
-        writer.write(encode_response(json.dumps(resp).encode()))
-        await writer.drain()
-        if use_tls:
-            assert self.tls is not None
-            await writer.start_tls(self.tls)
-            writer.write(encode_response(OK))
+        identify_response = encode_response(json.dumps(resp).encode())
         to_client: Callable[[bytes], bytes] = bytes
         from_client: Callable[[bytes], bytes] = bytes
+        codec = ZlibCodec(level)
+        if use_tls:
+            assert self.tls is not None
+            writer.write(identify_response)
+            await writer.drain()
+            await writer.start_tls(self.tls)
+            writer.write(encode_response(OK))
         if use_deflate:
-            codec = ZlibCodec(level)
             to_client, from_client = codec.compress, codec.decompress
-            # the compressed OK goes in the same write as nothing else: the client must
-            # cope with it arriving in any read
-            writer.write(to_client(encode_response(OK)))
+            compressed_ok = to_client(encode_response(OK))
+            if use_tls:
+                writer.write(compressed_ok)
+            else:
+                # the plain IDENTIFY response and the compressed OK in one write: the
+                # client must switch codecs in the middle of a read
+                writer.write(identify_response + compressed_ok)
+        elif not use_tls:
+            writer.write(identify_response)
         pending = b""
         if self.auth_secret is not None:
             while True:
