@@ -10,10 +10,11 @@ import asyncio
 import json
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-import aiohttp
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger("nsqx.client")
 
@@ -81,6 +82,8 @@ class LookupdPoller:
     async def poll(self) -> set[str] | None:
         """The union of every lookupd's producers; None when no lookupd answered."""
         if self._session is None:
+            import aiohttp  # only consumers that use lookupd pay for importing it
+
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         session = self._session
         results = await asyncio.gather(

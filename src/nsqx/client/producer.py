@@ -15,9 +15,10 @@ import json
 import logging
 import struct
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
+if TYPE_CHECKING:
+    import aiohttp
 
 from nsqx.client import codec
 from nsqx.client.config import Config
@@ -61,11 +62,27 @@ def _check_body(body: bytes) -> None:
 def mpub_body(bodies: Sequence[bytes]) -> bytes:
     """An MPUB body: ``[u32 count]([u32 size][bytes])*`` (also HTTP /mpub?binary=true)."""
     pack = _I32.pack
+    sizes = list(map(len, bodies))
+    if min(sizes) == max(sizes):
+        # equal sizes (the usual batch): one separator, one join in C
+        prefix = pack(sizes[0])
+        return b"".join((pack(len(bodies)), prefix, prefix.join(bodies)))
     parts = [pack(len(bodies))]
-    for b in bodies:
-        parts.append(pack(len(b)))
+    for size, b in zip(sizes, bodies, strict=True):
+        parts.append(pack(size))
         parts.append(b)
     return b"".join(parts)
+
+
+def _as_bytes_list(bodies: Iterable[Body]) -> list[bytes]:
+    datas = bodies if isinstance(bodies, list) else list(bodies)
+    if not datas:
+        raise ValueError("multi_publish needs at least one message")
+    if set(map(type, datas)) != {bytes}:
+        datas = [_as_bytes(b) for b in datas]
+    if not all(datas):
+        raise ValueError("nsqd refuses empty messages")
+    return datas  # type: ignore[return-value]
 
 
 class _PubConn(Connection):
@@ -165,14 +182,14 @@ class Producer:
 
     def multi_publish(self, topic: str, bodies: Iterable[Body]) -> asyncio.Future[None]:
         """MPUB: several messages, atomically."""
-        datas = [_as_bytes(b) for b in bodies]
-        if not datas:
-            raise ValueError("multi_publish needs at least one message")
-        for d in datas:
-            _check_body(d)
-        _check_topic(topic)
+        datas = _as_bytes_list(bodies)
+        if topic not in self._topics:
+            _check_topic(topic)
+            self._topics.add(topic)
         payload = mpub_body(datas)
-        return self._request(b"MPUB %s\n" % topic.encode() + _I32.pack(len(payload)) + payload)
+        return self._request(
+            b"".join((b"MPUB ", topic.encode(), b"\n", _I32.pack(len(payload)), payload))
+        )
 
     def deferred_publish(self, topic: str, body: Body, delay: float) -> asyncio.Future[None]:
         """DPUB: a message delivered after ``delay`` seconds."""
@@ -330,11 +347,7 @@ class HttpProducer:
 
     async def multi_publish(self, topic: str, bodies: Iterable[Body]) -> None:
         """POST /mpub?topic=&binary=true."""
-        datas = [_as_bytes(b) for b in bodies]
-        if not datas:
-            raise ValueError("multi_publish needs at least one message")
-        for d in datas:
-            _check_body(d)
+        datas = _as_bytes_list(bodies)
         _check_topic(topic)
         await self._post("/mpub", {"topic": topic, "binary": "true"}, mpub_body(datas))
 
@@ -352,6 +365,8 @@ class HttpProducer:
     dpub = deferred_publish
 
     async def _post(self, path: str, params: dict[str, str], data: bytes) -> None:
+        import aiohttp  # only the HTTP producer needs it
+
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         session = self._session
