@@ -45,6 +45,7 @@ def test_defaults_are_go_nsqs():
         ({"tls_min_version": "ssl3.0"}, "tls_min_version must be one of"),
         ({"read_timeout": "soon"}, "is not a duration"),
         ({"max_reconnect_delay": 1.0, "reconnect_delay": 8.0}, "max_reconnect_delay"),
+        ({"heartbeat_interval": 90}, "must be less than read_timeout"),
     ],
 )
 def test_bad_values_are_refused_with_a_clear_message(options, message):
@@ -66,14 +67,14 @@ def test_from_dict_takes_dashes_and_go_durations():
             "lookupd-poll-interval": "15s",
             "backoff_multiplier": "250ms",
             "max_backoff_duration": "1m30s",
-            "read_timeout": timedelta(seconds=5),
+            "read_timeout": timedelta(seconds=45),
         }
     )
     assert c.max_in_flight == 200
     assert c.lookupd_poll_interval == 15.0
     assert c.backoff_multiplier == 0.25
     assert c.max_backoff_duration == 90.0
-    assert c.read_timeout == 5.0
+    assert c.read_timeout == 45.0
     assert c.with_options(max_in_flight=5).max_in_flight == 5
     with pytest.raises(ConfigError):
         c.with_options(max_in_flight=-5)

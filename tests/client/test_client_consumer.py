@@ -436,3 +436,66 @@ def test_start_without_any_address_is_refused(caplog: pytest.LogCaptureFixture) 
 
     caplog.set_level(logging.ERROR)
     run(body())
+
+
+def test_set_max_in_flight_pauses_and_resumes(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def body() -> None:
+        nsqd = await start_nsqd()
+        await publish(nsqd, "t", bodies(10))
+        got: list[bytes] = []
+        c = Consumer("t", "c", got.append, nsqd_tcp_addresses=addr(nsqd), max_in_flight=4)
+        watcher = RdyWatcher(c).install(monkeypatch)
+        async with c:
+            await wait_for(lambda: len(got) == 10, what="first messages")
+            c.set_max_in_flight(0)
+            assert c.rdy.total == 0
+            await publish(nsqd, "t", [b"while-paused"])
+            client = next(iter(nsqd.clients))
+            await wait_for(lambda: client.rdy == 0, what="RDY 0 applied by nsqd")
+            assert len(got) == 10
+            c.set_max_in_flight(3)
+            await wait_for(lambda: len(got) == 11, what="resumed")
+        assert watcher.errors == []
+        await nsqd.close()
+
+    run(body())
+
+
+def test_coroutine_failures_requeue_and_awaitables_are_awaited() -> None:
+    async def body() -> None:
+        nsqd = await start_nsqd()
+        await publish(nsqd, "t", [b"a", b"b"])
+        seen: list[tuple[bytes, int]] = []
+
+        async def handler(m: Message) -> None:
+            seen.append((m.body, m.attempts))
+            if m.attempts == 1:
+                raise RuntimeError("first time fails")
+
+        async with Consumer(
+            "t",
+            "c",
+            handler,
+            nsqd_tcp_addresses=addr(nsqd),
+            max_in_flight=2,
+            default_requeue_delay=0,
+            backoff_multiplier=0.001,
+        ) as c:
+            await wait_for(lambda: c.stats.finished == 2, what="second attempts finish")
+        assert sorted(seen) == [(b"a", 1), (b"a", 2), (b"b", 1), (b"b", 2)]
+        assert c.stats.requeued == 2
+
+        # a plain function returning an awaitable: the result counts when it completes
+        await publish(nsqd, "t2", [b"x"])
+        results: list[bool] = []
+
+        async def later(m: Message) -> bool:
+            results.append(True)
+            return True
+
+        async with Consumer("t2", "c", lambda m: later(m), nsqd_tcp_addresses=addr(nsqd)) as c2:
+            await wait_for(lambda: c2.stats.finished == 1, what="finished after the await")
+        assert results == [True]
+        await nsqd.close()
+
+    run(body())

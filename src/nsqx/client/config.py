@@ -222,6 +222,11 @@ class Config:
         hb = self.heartbeat_interval
         if hb != -1 and hb < 1:
             raise ConfigError(f"heartbeat_interval must be -1 (off) or >= 1 s (got {hb!r})")
+        if hb > self.read_timeout:
+            raise ConfigError(
+                f"heartbeat_interval ({hb:g} s) must be less than read_timeout "
+                f"({self.read_timeout:g} s), or idle connections are closed"
+            )
         if self.msg_timeout != 0 and self.msg_timeout < 1:
             raise ConfigError(
                 f"msg_timeout must be 0 (nsqd's default) or >= 1 s (got {self.msg_timeout!r})"

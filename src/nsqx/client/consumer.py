@@ -379,6 +379,10 @@ class Consumer:
             level = logging.ERROR if isinstance(exc, NSQServerError) else logging.WARNING
             log.log(level, "%s: cannot subscribe to %s/%s: %s", addr, self.topic, self.channel, exc)
             return None
+        except Exception:
+            # a bug or a very odd server: keep the retry loop alive, say what happened
+            log.exception("%s: cannot subscribe to %s/%s", addr, self.topic, self.channel)
+            return None
         finally:
             self._connecting.discard(addr)
         if self._closing:

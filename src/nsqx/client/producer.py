@@ -239,6 +239,11 @@ class Producer:
                     log.warning("%s:%d: cannot connect: %s", host, port, exc)
                     error = exc
                     continue
+                except Exception as exc:
+                    # never leave the pending publishes hanging
+                    log.exception("%s:%d: cannot connect", host, port)
+                    error = exc
+                    continue
                 self._next = (self._next + i) % len(self.addresses)
                 self._conn = conn
                 conn.start_reading()
