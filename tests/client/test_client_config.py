@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from nsqx.client import Config, ConfigError, Consumer, Producer, parse_duration
+from nsqx.client import Config, ConfigError, Consumer, Producer, codec, parse_duration
 
 
 def test_defaults_are_go_nsqs():
@@ -118,7 +118,8 @@ def test_consumer_and_producer_refuse_bad_input_when_built():
         Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:1"], max_in_flight=-1)
     with pytest.raises(ConfigError, match="concurrency"):
         Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:1"], concurrency=0)
-    with pytest.raises(ConfigError, match="compression needs a stream codec"):
-        Producer("127.0.0.1:1", snappy=True)
+    if not codec.available("snappy"):  # until nsqx.wire.compression is merged
+        with pytest.raises(ConfigError, match="compression needs a stream codec"):
+            Producer("127.0.0.1:1", snappy=True)
     with pytest.raises(ValueError, match="port is not a number"):
         Producer("127.0.0.1:http")

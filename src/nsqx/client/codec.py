@@ -42,23 +42,33 @@ def register_codec(name: str, factory: CodecFactory | None) -> None:
         _registered[name] = factory
 
 
+class _Pair:
+    """A compressor and a decompressor (nsqx.wire.compression's shape) as one codec."""
+
+    def __init__(self, compressor: Any, decompressor: Any) -> None:
+        self.compress: Callable[[bytes], bytes] = compressor.compress
+        self.decompress: Callable[[bytes], bytes] = decompressor.decompress
+
+
 def _wire_factory(name: str) -> CodecFactory | None:
     """The codec from ``nsqx.wire.compression``, when that module is present.
 
-    The module is being written in another branch; until it lands this finds nothing.
-    Its expected shape: ``snappy_stream()`` / ``deflate_stream(level)`` returning objects
-    with ``compress`` and ``decompress``.
+    It is being written in another branch, with ``codec_pair(snappy, deflate, level)``
+    returning ``(compressor, decompressor)``; until it lands this finds nothing.
     """
     try:
         mod: Any = importlib.import_module("nsqx.wire.compression")
     except ImportError:
         return None
-    maker = getattr(mod, f"{name}_stream", None)
-    if maker is None:
+    pair = getattr(mod, "codec_pair", None)
+    if pair is None:
         return None
-    if name == "snappy":
-        return lambda level: maker()
-    return lambda level: maker(level)
+
+    def make(level: int) -> StreamCodec:
+        compressor, decompressor = pair(name == "snappy", name == "deflate", level)
+        return _Pair(compressor, decompressor)
+
+    return make
 
 
 def codec_factory(name: str) -> CodecFactory:

@@ -295,7 +295,13 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._decompress is not None:
-            data = self._decompress(data)
+            try:
+                data = self._decompress(data)
+            except Exception as exc:
+                # a corrupt compressed stream cannot be resynchronised
+                log.error("%s: cannot decompress data from nsqd: %s", self.key, exc)
+                self.abort(exc)
+                return
         self._reads += 1
         if self._handshaking:
             self._hbuf += data
@@ -334,7 +340,8 @@ class Connection(asyncio.Protocol):
         self._read_timer = self._write_timer = self._flush_handle = None
         waiter = self._hwaiter
         if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionClosedError(f"{self.key}: closed by nsqd"))
+            why = f": {self.error}" if self.error else " by nsqd"
+            waiter.set_exception(ConnectionClosedError(f"{self.key}: closed{why}"))
         if not self.lost.done():
             self.lost.set_result(None)
         # owners hear only of connections that were handed to them (connect() returned)
