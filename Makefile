@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install lint typecheck unit bench bench-client clean
+.PHONY: up test install lint typecheck unit bench bench-client clean example-spark
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,8 @@ up: $(STAMP)
 	$(BIN)/nsqx up
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -40,3 +40,7 @@ bench-client: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The Spark example pipeline (docs/spark.md): events -> NSQ -> Spark -> Parquet + topic
+example-spark: $(STAMP)
+	$(BIN)/python examples/spark_pipeline/pipeline.py

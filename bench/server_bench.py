@@ -23,6 +23,15 @@ Three phases, all with ``--size``-byte messages (200 by default) on one topic:
     other consumes as in ``sub``, for ``--both-seconds`` (10 s). Note that the ``sub``
     channel, if the sub phase ran, still exists and gets a copy of every message, as
     it would in NSQ.
+``http-pub`` and ``http-mpub``
+    The HTTP API: ``--http-concurrency`` (8) requests at a time on keep-alive
+    connections (one aiohttp ClientSession) POST one message to ``/pub`` or a batch of
+    ``--batch`` newline-separated messages to ``/mpub``, for ``--http-seconds`` (5 s)
+    each. They publish to ``<topic>-http#ephemeral``, a topic without channels that
+    keeps only --mem-queue-size messages, so memory stays flat; only ``200 OK``
+    answers count, and the topic's message count (from ``/stats``) must match. They
+    need the server's HTTP address: our own server listens on one; for another, give
+    ``--nsqd-http-address`` (without it these phases are skipped).
 
 For each phase the bench prints msgs/s, MB/s of payload (MB = 10^6 bytes), the
 server's CPU time per message (utime + stime + reaped children of the server process
@@ -78,6 +87,9 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar, cast
+from urllib.parse import quote
+
+import aiohttp
 
 from nsqx.wire import commands
 from nsqx.wire.errors import ProtocolError
@@ -102,7 +114,8 @@ except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
 
 T = TypeVar("T")
 
-PHASES = ("pub", "sub", "both")
+PHASES = ("pub", "sub", "both", "http-pub", "http-mpub")
+HTTP_PHASES = ("http-pub", "http-mpub")
 SUB_CHANNEL = "sub"
 BOTH_CHANNEL = "both"
 #: An MPUB not acknowledged this long after the phase's end is a stall.
@@ -111,7 +124,7 @@ STALL_SECONDS = 30.0
 IDLE_SECONDS = 1.0
 CONNECT_TIMEOUT = 10.0
 USER_AGENT = "nsqx-server-bench/0.1"
-_LISTENING = re.compile(rb"TCP: listening on (\S+)")
+_LISTENING = re.compile(rb"(TCP|HTTP): listening on (\S+)")
 
 
 class BenchError(Exception):
@@ -133,6 +146,9 @@ class BenchConfig:
     phases: tuple[str, ...] = PHASES
     both_mode: str = "process"
     startup_timeout: float = 20.0
+    nsqd_http_address: str | None = None
+    http_seconds: float = 5.0
+    http_concurrency: int = 8
 
 
 def run_loop(coro: Coroutine[Any, Any, T]) -> T:
@@ -500,12 +516,72 @@ async def publish_for(
     return PublishResult(pub.acked * cfg.batch, pub.t_end - pub.t0, cpu)
 
 
+async def http_publish_for(
+    base: str, path: str, body: bytes, per_request: int, seconds: float, concurrency: int
+) -> tuple[PublishResult, int]:
+    """POST ``body`` to ``base + path`` from ``concurrency`` workers for ``seconds``.
+
+    Returns the result and the messages of the warm-up requests (not in the result).
+    """
+    loop = asyncio.get_running_loop()
+    url = base + path
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=STALL_SECONDS)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def post() -> None:
+            async with session.post(url, data=body) as resp:
+                answer = await resp.read()
+                if resp.status != 200 or answer != b"OK":
+                    raise BenchError(f"POST {path}: {resp.status} {answer[:200]!r}")
+
+        # open the connections before the clock starts, as the TCP phases do
+        await asyncio.gather(*(post() for _ in range(concurrency)))
+        warm = concurrency
+
+        async def worker(stop_at: float) -> int:
+            n = 0
+            while loop.time() < stop_at:
+                await post()
+                n += 1
+            return n
+
+        c0 = time.process_time()
+        t0 = loop.time()
+        try:
+            counts = await asyncio.gather(*(worker(t0 + seconds) for _ in range(concurrency)))
+        except aiohttp.ClientError as err:
+            raise BenchError(f"POST {path}: {err}") from None
+        t1 = loop.time()
+        cpu = time.process_time() - c0
+    requests = sum(counts)
+    if not requests:
+        raise BenchError(f"POST {path}: no request answered")
+    return PublishResult(requests * per_request, t1 - t0, cpu), warm * per_request
+
+
+async def http_message_count(base: str, topic: str) -> int:
+    """The topic's message count from the server's /stats."""
+    url = f"{base}/stats?format=json&include_clients=false&include_mem=false&topic={quote(topic)}"
+    async with aiohttp.ClientSession() as session, session.get(url) as resp:
+        stats = json.loads(await resp.read())
+    return sum(t["message_count"] for t in stats.get("topics") or ())
+
+
 class Bench:
-    def __init__(self, cfg: BenchConfig, host: str, port: int, server_pid: int | None) -> None:
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        host: str,
+        port: int,
+        server_pid: int | None,
+        http_base: str | None = None,
+    ) -> None:
         self.cfg = cfg
         self.host = host
         self.port = port
         self.pid = server_pid
+        self.http_base = http_base
         self.published = 0
         self.sub_consumer: Consumer | None = None
 
@@ -539,10 +615,40 @@ class Bench:
                 results["sub"] = await self.phase_sub()
             if "both" in cfg.phases:
                 results["both"] = await self.phase_both()
+            for phase in HTTP_PHASES:
+                if phase in cfg.phases:
+                    results[phase] = await self.phase_http(phase)
         finally:
             if self.sub_consumer is not None:
                 self.sub_consumer.close()
         return results
+
+    async def phase_http(self, phase: str) -> dict[str, Any]:
+        cfg = self.cfg
+        assert self.http_base is not None
+        # ephemeral and without channels: bounded by --mem-queue-size however many arrive
+        topic = f"{cfg.topic}-http#ephemeral"
+        before = await http_message_count(self.http_base, topic)
+        body = message_body(cfg.size)
+        if phase == "http-pub":
+            path, per = f"/pub?topic={quote(topic)}", 1
+        else:
+            path, per = f"/mpub?topic={quote(topic)}", cfg.batch
+            body = b"\n".join([body] * cfg.batch)
+        cpu0 = server_cpu_seconds(self.pid)
+        r, warm = await http_publish_for(
+            self.http_base, path, body, per, cfg.http_seconds, cfg.http_concurrency
+        )
+        cpu1 = server_cpu_seconds(self.pid)
+        counted = await http_message_count(self.http_base, topic) - before
+        if counted != r.msgs + warm:
+            raise BenchError(
+                f"{phase}: {r.msgs + warm} messages acknowledged but the server counted {counted}"
+            )
+        out = self._pub_result(phase, r, cpu0, cpu1)
+        out["concurrency"] = cfg.http_concurrency
+        out["requests_per_s"] = round(_rate(r.msgs / per, r.seconds), 1)
+        return out
 
     async def phase_pub(self, phase: str) -> dict[str, Any]:
         watch = [self.sub_consumer] if self.sub_consumer else []
@@ -762,7 +868,7 @@ def server_command(data_path: str) -> list[str]:
         "nsqx",
         "nsqd",
         "--tcp-address=127.0.0.1:0",
-        "--http-address=",
+        "--http-address=127.0.0.1:0",
         f"--data-path={data_path}",
     ]
 
@@ -782,6 +888,7 @@ class OwnServer:
         self.tmp = tempfile.mkdtemp(prefix="nsqx-bench-")
         self.output: collections.deque[str] = collections.deque(maxlen=40)
         self.address: tuple[str, int] | None = None
+        self.http_address: tuple[str, int] | None = None
         self._found = threading.Event()
         self.proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -811,8 +918,8 @@ class OwnServer:
                 )
             if time.monotonic() > deadline:
                 raise BenchError(
-                    f"the server did not log 'TCP: listening on' within {self.startup_timeout:g} s"
-                    + self.tail()
+                    "the server did not log 'TCP: listening on' and 'HTTP: listening on' "
+                    f"within {self.startup_timeout:g} s" + self.tail()
                 )
         assert self.address is not None
         return self.address
@@ -821,14 +928,19 @@ class OwnServer:
         assert self.proc is not None and self.proc.stdout is not None
         for raw in self.proc.stdout:
             self.output.append(raw.decode("utf-8", "replace").rstrip())
-            if self.address is None:
+            if not self._found.is_set():
                 m = _LISTENING.search(raw)
                 if m:
                     try:
-                        self.address = parse_address(m.group(1).decode())
+                        addr = parse_address(m.group(2).decode())
                     except BenchError:
                         continue
-                    self._found.set()
+                    if m.group(1) == b"TCP":
+                        self.address = addr
+                    else:
+                        self.http_address = addr
+                    if self.address and self.http_address:
+                        self._found.set()
 
     def tail(self) -> str:
         if not self.output:
@@ -871,17 +983,26 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     server: OwnServer | None = None
     pid = cfg.server_pid
     load_at_start = round(os.getloadavg()[0], 2)
+    http_base: str | None = None
     try:
         if cfg.nsqd_tcp_address:
             host, port = parse_address(cfg.nsqd_tcp_address)
             target = f"{host}:{port}"
+            if cfg.nsqd_http_address:
+                h, p = parse_address(cfg.nsqd_http_address)
+                http_base = f"http://{h}:{p}"
         else:
             server = OwnServer(cfg.startup_timeout)
             host, port = server.start()
             pid = server.pid
-            target = f"own nsqx nsqd at {host}:{port} (pid {pid})"
+            assert server.http_address is not None
+            http_base = "http://{}:{}".format(*server.http_address)
+            target = f"own nsqx nsqd at {host}:{port}, HTTP {http_base} (pid {pid})"
+        if http_base is None:
+            # another server and no HTTP address: the HTTP phases cannot run
+            cfg.phases = tuple(x for x in cfg.phases if x not in HTTP_PHASES)
         try:
-            phases = run_loop(Bench(cfg, host, port, pid).run())
+            phases = run_loop(Bench(cfg, host, port, pid, http_base).run())
         except BenchError as err:
             if server is not None:
                 # its log says why, often: a traceback, its exit
@@ -903,6 +1024,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             "window": cfg.window,
             "rdy": cfg.rdy,
             "both_mode": cfg.both_mode,
+            "http_concurrency": cfg.http_concurrency,
             "event_loop": "uvloop" if _loop_factory else "asyncio",
             "cpus": os.cpu_count(),
             "loadavg_1m_at_start": load_at_start,
@@ -945,6 +1067,13 @@ def format_report(report: dict[str, Any]) -> str:
                 f"{p['sub_mb_per_s']:.1f} MB/s; {_fmt_cpu(p)} published; {client} "
                 f"[{p['mode']}]"
             )
+        elif name in HTTP_PHASES:
+            lines.append(
+                f"{name}: {p['msgs']:,} msgs in {p['seconds']:.2f} s = "
+                f"{p['msgs_per_s']:,.0f} msgs/s ({p['requests_per_s']:,.0f} requests/s, "
+                f"{p['concurrency']} at a time), {p['mb_per_s']:.1f} MB/s; {_fmt_cpu(p)}; "
+                f"client CPU {p['client_cpu_pct']:.0f}%"
+            )
         else:
             extra = " (backlog drained)" if p.get("drained") else ""
             lines.append(
@@ -971,9 +1100,18 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, bool]:
         type=int,
         help="pid of the --nsqd-tcp-address server, for its CPU figures (else n/a)",
     )
+    p.add_argument(
+        "--nsqd-http-address",
+        metavar="HOST:PORT",
+        help="HTTP API of the --nsqd-tcp-address server, for the http-* phases",
+    )
     p.add_argument("--pub-seconds", type=float, default=10.0)
     p.add_argument("--sub-seconds", type=float, default=5.0)
     p.add_argument("--both-seconds", type=float, default=10.0)
+    p.add_argument("--http-seconds", type=float, default=5.0, help="each http-* phase")
+    p.add_argument(
+        "--http-concurrency", type=int, default=8, help="HTTP requests outstanding at most"
+    )
     p.add_argument("--size", type=int, default=200, help="message body size in bytes")
     p.add_argument("--batch", type=int, default=200, help="messages per MPUB")
     p.add_argument("--window", type=int, default=16, help="MPUBs outstanding at most")
@@ -982,7 +1120,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, bool]:
     p.add_argument(
         "--phases",
         default=",".join(PHASES),
-        help="comma-separated phases to run, among pub,sub,both (always run in that order)",
+        help="comma-separated phases to run, among "
+        + ",".join(PHASES)
+        + " (always run in that order)",
     )
     p.add_argument(
         "--both-mode",
@@ -998,6 +1138,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, bool]:
         p.error(f"--phases: expected some of {','.join(PHASES)}, got {args.phases!r}")
     if args.size <= 0 or args.batch <= 0 or args.window <= 0 or args.rdy <= 0:
         p.error("--size, --batch, --window and --rdy must be positive")
+    if args.http_concurrency <= 0:
+        p.error("--http-concurrency must be positive")
     cfg = BenchConfig(
         nsqd_tcp_address=args.nsqd_tcp_address,
         server_pid=args.server_pid,
@@ -1010,6 +1152,9 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, bool]:
         rdy=args.rdy,
         phases=tuple(x for x in PHASES if x in phases),
         both_mode=args.both_mode,
+        nsqd_http_address=args.nsqd_http_address,
+        http_seconds=args.http_seconds,
+        http_concurrency=args.http_concurrency,
     )
     if args.topic:
         cfg.topic = args.topic

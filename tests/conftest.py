@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from lookupdproc import LookupdProcess, start_lookupd
 from nsqdproc import NsqdProcess, start_nsqd
 
-__all__ = ["NsqdProcess", "start_nsqd"]
+__all__ = ["LookupdProcess", "NsqdProcess", "start_lookupd", "start_nsqd"]
 
 
 @pytest.fixture
@@ -32,3 +33,18 @@ def nsqd_factory(tmp_path: Path) -> Iterator[object]:
 def nsqd(nsqd_factory: object) -> NsqdProcess:
     """One nsqd with default flags, listening on a free loopback port."""
     return nsqd_factory()  # type: ignore[operator,no-any-return]
+
+
+@pytest.fixture
+def lookupd_factory() -> Iterator[object]:
+    """Call with extra flags to start an nsqlookupd; all are stopped at the end."""
+    started: list[LookupdProcess] = []
+
+    def factory(*args: str) -> LookupdProcess:
+        lookupd = start_lookupd(*args)
+        started.append(lookupd)
+        return lookupd
+
+    yield factory
+    for lookupd in started:
+        lookupd.stop(signal.SIGKILL)

@@ -29,6 +29,10 @@ class NsqdProcess:
     def tcp_address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.tcp_port)
 
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
@@ -62,6 +66,9 @@ def start_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
     )
     nsqd = NsqdProcess(proc, data_path)
     ready = threading.Event()
+    # the last --http-address wins; when it is set, wait for the HTTP line as well
+    http_args = [a for a in args if a.startswith(("--http-address=", "-http-address="))]
+    want_http = bool(http_args) and not http_args[-1].endswith("=")
 
     def pump() -> None:
         assert proc.stderr is not None
@@ -71,9 +78,10 @@ def start_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
             if m:
                 if m.group(1) == "TCP":
                     nsqd.tcp_port = int(m.group(3))
-                    ready.set()
                 else:
                     nsqd.http_port = int(m.group(3))
+                if nsqd.tcp_port and (nsqd.http_port or not want_http):
+                    ready.set()
         ready.set()
 
     threading.Thread(target=pump, daemon=True).start()

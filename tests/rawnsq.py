@@ -37,7 +37,8 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:
 async def start_nsqd(**opts: Any) -> NSQD:
     """An nsqd in this event loop on a free loopback port."""
     opts.setdefault("data_path", tempfile.mkdtemp(prefix="nsqx-test-"))
-    options = NsqdOptions(tcp_address="127.0.0.1:0", http_address="", **opts)
+    opts.setdefault("http_address", "")
+    options = NsqdOptions(tcp_address="127.0.0.1:0", **opts)
     nsqd = NSQD(options)
     await nsqd.start()
     return nsqd
@@ -64,9 +65,11 @@ class Raw:
         self.answer_heartbeats = True
 
     @classmethod
-    async def connect(cls, nsqd: NSQD, magic: bool = True) -> Raw:
-        assert nsqd.tcp_address is not None
-        r, w = await asyncio.open_connection(*nsqd.tcp_address)
+    async def connect(cls, nsqd: NSQD | tuple[str, int], magic: bool = True) -> Raw:
+        """Connect to an in-process NSQD or to a (host, port)."""
+        address = nsqd if isinstance(nsqd, tuple) else nsqd.tcp_address
+        assert address is not None
+        r, w = await asyncio.open_connection(*address)
         raw = cls(r, w)
         if magic:
             w.write(MAGIC_V2)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from lookupdproc import wait_until
 
 CLIENTS_DIR = Path(__file__).parent / "clients"
 # Upper bound for one driver process; the drivers bound every step themselves (10 s) and
@@ -165,3 +168,98 @@ class Compat:
 @pytest.fixture
 def compat() -> Iterator[Compat]:
     yield Compat()
+
+
+# --- discovery through nsqlookupd -------------------------------------------------------
+
+
+class LookupdCluster:
+    """One nsqlookupd and two nsqd registered with it, each holding N messages of one
+    topic, tagged with the nsqd they were published to."""
+
+    COUNT = 10
+
+    def __init__(self, lookupd: Any, nsqds: list[Any], topic: str) -> None:
+        self.lookupd = lookupd
+        self.nsqds = nsqds
+        self.topic = topic
+        self.prefixes = [f"nsqd{i}" for i in range(len(nsqds))]
+
+    def publish(self) -> None:
+        """PUB each nsqd's messages straight to it (the consumers will only know lookupd)."""
+        from nsqx.wire import commands as wc
+
+        for nsqd, prefix in zip(self.nsqds, self.prefixes, strict=True):
+            with socket.create_connection(nsqd.tcp_address, timeout=10) as s:
+                s.sendall(b"  V2")
+                for i in range(self.COUNT):
+                    s.sendall(wc.pub(self.topic, f"{prefix}-{i}".encode()))
+                ok = b"\x00\x00\x00\x06\x00\x00\x00\x00OK" * self.COUNT
+                got = b""
+                while len(got) < len(ok):
+                    chunk = s.recv(len(ok) - len(got))
+                    assert chunk, f"nsqd closed after {got!r}"
+                    got += chunk
+                assert got == ok
+
+    def run(self, compat: Compat, client: str) -> dict[str, Any]:
+        cmd = [
+            sys.executable,
+            str(CLIENTS_DIR / f"{client}_lookupd_driver.py"),
+            self.lookupd.http_address,
+            self.topic,
+            str(self.COUNT),
+            *self.prefixes,
+        ]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=DRIVER_TIMEOUT, env=env
+            )
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"{client} lookupd driver still running\n{self._tails(exc)}")
+        compat.context = self._tails(proc)
+        if proc.returncode != 0:
+            pytest.fail(f"{client} lookupd driver exited with {proc.returncode}\n{compat.context}")
+        summary: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return summary
+
+    def _tails(self, proc: Any) -> str:
+        def text(data: Any) -> str:
+            return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+        logs = "".join(
+            f"--- nsqd{i} log (tail)\n{''.join(n.log[-15:])}" for i, n in enumerate(self.nsqds)
+        )
+        return (
+            f"--- driver stdout (tail)\n{text(proc.stdout)[-3000:]}\n"
+            f"--- driver stderr (tail)\n{text(proc.stderr)[-3000:]}\n"
+            f"--- nsqlookupd log (tail)\n{''.join(self.lookupd.log[-20:])}{logs}"
+        )
+
+
+@pytest.fixture
+def lookupd_cluster(lookupd_factory: Any, nsqd_factory: Any, request: Any) -> LookupdCluster:
+    """nsqlookupd + two nsqd (--lookupd-tcp-address, --broadcast-address=127.0.0.1), the
+    topic registered by both: /lookup lists both producers before the test starts."""
+    lookupd = lookupd_factory()
+    nsqds = [
+        nsqd_factory(
+            f"--lookupd-tcp-address={lookupd.tcp_address}",
+            "--broadcast-address=127.0.0.1",
+            name=f"nsqd{i}-",
+        )
+        for i in range(2)
+    ]
+    cluster = LookupdCluster(lookupd, nsqds, f"discovery_{request.node.name[:40]}")
+    cluster.publish()
+
+    def both_listed() -> bool:
+        status, _, body = lookupd.get(f"/lookup?topic={cluster.topic}")
+        if status != 200:
+            return False
+        ports = {p["tcp_port"] for p in json.loads(body)["producers"]}
+        return ports == {n.tcp_port for n in nsqds}
+
+    wait_until(both_listed, what="both nsqd registered the topic with nsqlookupd")
+    return cluster

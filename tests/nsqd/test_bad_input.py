@@ -10,6 +10,7 @@ import struct
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.wire import FRAME_ERROR
 from nsqx.wire import commands as c
+
 from rawnsq import Raw, run, start_nsqd, wait_for
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nsqdproc import NsqdProcess, start_nsqd
 from nsqx.nsqd.metadata import DataDirLock
+
+from nsqdproc import NsqdProcess, start_nsqd
 from rawnsq import Raw, run
 from rawnsq import start_nsqd as start_inproc
 

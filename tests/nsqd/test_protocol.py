@@ -6,6 +6,7 @@ import asyncio
 import struct
 
 from nsqx.wire import commands as c
+
 from rawnsq import Raw, run, start_nsqd, wait_for
 
 

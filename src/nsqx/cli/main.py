@@ -8,6 +8,8 @@ USAGE = """usage: nsqx <command> [flags]
 
 commands:
   nsqd      run the NSQ daemon (flags as Go nsqd's: nsqx nsqd --help)
+  nsqlookupd
+            run the discovery daemon (flags as Go nsqlookupd's)
   up        start a local cluster on loopback (make up)
 """
 
@@ -22,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         from nsqx.cli.nsqd_cmd import run_nsqd
 
         return run_nsqd(rest)
+    if command == "nsqlookupd":
+        from nsqx.cli.nsqlookupd_cmd import run_nsqlookupd
+
+        return run_nsqlookupd(rest)
     if command == "up":
         from nsqx.cli.up import run_up
 

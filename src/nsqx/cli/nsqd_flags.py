@@ -217,6 +217,21 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec("sync-every", _I, "sync_every", 2500, "messages written between disk queue fsyncs"),
     FlagSpec("sync-timeout", _D, "sync_timeout", 2.0, "longest time between disk queue fsyncs"),
+    # nsqx's own flags (not in Go nsqd)
+    FlagSpec(
+        "sync-before-ack",
+        _B,
+        "sync_before_ack",
+        False,
+        "[nsqx] fsync (group-committed) before answering PUB/MPUB/DPUB: survives power loss",
+    ),
+    FlagSpec(
+        "retention",
+        _D,
+        "retention",
+        0.0,
+        "[nsqx] keep consumed log segments this long before deleting them (replay window)",
+    ),
     FlagSpec(
         "queue-scan-worker-pool-max",
         _I,

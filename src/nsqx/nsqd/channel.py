@@ -5,11 +5,16 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import os
 import time
+from array import array
 from collections import deque
 from typing import TYPE_CHECKING
 
+from nsqx.nsqd.e2e import new_window
 from nsqx.nsqd.guid import seq_of
+from nsqx.store.cursor import CursorState, read_cursor, write_cursor
+from nsqx.store.log import split_chunks
 from nsqx.wire.frames import with_attempts
 from nsqx.wire.names import is_ephemeral
 
@@ -54,9 +59,64 @@ class Channel:
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
+        #: publish-to-FIN latencies; None unless --e2e-processing-latency-percentile is set
+        self.e2e = new_window(topic.nsqd.options)
         self._pump_scheduled = False
         self._rr = 0
         self._loop = asyncio.get_running_loop()
+        #: set when the cursor state changed since the last checkpoint
+        self.dirty = False
+        #: size and time of the last checkpoint (to pace very large ones)
+        self.checkpoint_size = 0
+        self.checkpoint_at = 0.0
+        self.cursor_path: str | None = None
+        if topic.durable and not self.ephemeral:
+            self.cursor_path = os.path.join(topic.channel_dir, f"{name}.cursor")
+            self._restore()
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        assert self.cursor_path is not None
+        try:
+            state = read_cursor(self.cursor_path)
+        except ValueError as err:
+            log.error("CHANNEL(%s): %s; starting at the oldest message", self.name, err)
+            state = CursorState(self.log.start, self.log.start)
+        if state is None:
+            return
+        lo, hi = self.log.start, self.log.end
+        self.cursor = min(max(state.cursor, lo), hi)
+        for seq, attempts, due in state.entries():
+            if not lo <= seq < hi:
+                continue  # gone from the log (deleted segment, or lost with the page cache)
+            if due:
+                self.deferred.append((due, seq, attempts))
+            else:
+                self.requeued.append((seq, attempts))
+        heapq.heapify(self.deferred)
+
+    def cursor_state(self) -> CursorState:
+        """The checkpoint of this channel now (see nsqx.store.cursor)."""
+        pending = array("q")
+        attempts_of = self.attempts.get
+        for c in self.clients:
+            for table in (c.inflight, c.irregular):
+                for mid in table:
+                    pending.extend((seq_of(mid), attempts_of(mid, 1), 0))
+        for seq, attempts in self.requeued:
+            pending.extend((seq, attempts, 0))
+        for due, seq, attempts in self.deferred:
+            pending.extend((seq, attempts, due))
+        confirmed = min(pending[::3], default=self.cursor)
+        return CursorState(min(confirmed, self.cursor), self.cursor, pending)
+
+    def checkpoint(self, fsync: bool = True) -> None:
+        """Write the cursor file now, if the channel is durable."""
+        if self.cursor_path is None or self.deleted:
+            return
+        self.dirty = False
+        write_cursor(self.cursor_path, self.cursor_state(), fsync)
 
     # -- state ------------------------------------------------------------------------
 
@@ -112,8 +172,12 @@ class Channel:
                 table.clear()
         client.touched.clear()
 
+    def detach(self) -> None:
+        """nsqd is stopping: stop delivering (state stays on disk)."""
+        self.paused = True
+
     def close(self) -> None:
-        """Deleted: close subscribers and forget everything."""
+        """Deleted: close subscribers, forget everything, remove the cursor file."""
         self.deleted = True
         for c in list(self.clients):
             c.close()
@@ -121,6 +185,11 @@ class Channel:
         self.requeued.clear()
         self.deferred.clear()
         self.attempts.clear()
+        if self.cursor_path is not None:
+            try:
+                os.remove(self.cursor_path)
+            except FileNotFoundError:
+                pass
 
     def pause(self) -> None:
         self.paused = True
@@ -134,10 +203,23 @@ class Channel:
         self.requeued.clear()
         self.deferred.clear()
         self.cursor = max(self.cursor, self.topic.visible_end)
+        self.dirty = True
+
+    def advance_to(self, seq: int) -> None:
+        """Count everything below ``seq`` as consumed (a range consumer, such as a Spark
+        query, reports its progress); messages in flight stay in flight."""
+        self.cursor = max(self.cursor, seq)
+        if self.requeued:
+            self.requeued = deque(e for e in self.requeued if e[0] >= seq)
+        if self.deferred:
+            self.deferred = [e for e in self.deferred if e[1] >= seq]
+            heapq.heapify(self.deferred)
+        self.dirty = True
 
     def drop_before(self, seq: int) -> None:
         """Memory bound of ephemeral channels: forget queued messages below ``seq``."""
         self.cursor = max(self.cursor, seq)
+        self.dirty = True
 
     # -- delivery ---------------------------------------------------------------------
 
@@ -176,7 +258,7 @@ class Channel:
         requeued = self.requeued
         if requeued:
             get = self.log.get
-            while requeued and len(frames) < k:
+            while requeued and len(ids) < k:
                 seq, attempts = requeued.popleft()
                 frame = get(seq)
                 if frame is None:  # dropped (ephemeral overflow or emptied)
@@ -187,16 +269,17 @@ class Channel:
                 frames.append(frame)
                 ids.append(frame[_ID])
         end = self.topic.visible_end
-        while len(frames) < k and self.cursor < end:
+        while len(ids) < k and self.cursor < end:
             lo = self.cursor
-            f, i = self.log.read(lo, min(k - len(frames), end - lo))
-            if not f:
+            f, i = self.log.read(lo, min(k - len(ids), end - lo))
+            if not i:
                 self.cursor = max(lo, self.log.start)
                 if self.cursor == lo:
                     break
                 continue
-            hi = lo + len(f)
+            hi = lo + len(i)
             self.cursor = hi
+            self.dirty = True
             self.message_count += hi - lo
             deferred = self.log.deferred_between(lo, hi)
             if deferred:
@@ -220,6 +303,7 @@ class Channel:
                 skip.add(seq - lo)
         if not skip:
             return frames, ids
+        frames = split_chunks(frames)
         keep = [j for j in range(len(frames)) if j not in skip]
         return [frames[j] for j in keep], [ids[j] for j in keep]
 
@@ -253,6 +337,9 @@ class Channel:
             for mid in ids:
                 touched_pop(mid, None)
         client.finish_count += len(ids) - len(missing)
+        self.dirty = True
+        if self.e2e is not None:
+            self.e2e.record(self.log, ids if not missing else [m for m in ids if m not in missing])
         self.notify()
         return [(mid, self._not_in_flight(client, mid)) for mid in missing]
 
@@ -262,6 +349,7 @@ class Channel:
             return self._not_in_flight(client, msg_id)
         client.touched.pop(msg_id, None)
         attempts = self.attempts.pop(msg_id, 1)
+        self.dirty = True
         self.requeue_count += 1
         client.requeue_count += 1
         if timeout_ms <= 0:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
+from nsqx.store.log import split_chunks
 from nsqx.wire import commands as cmd
 from nsqx.wire.errors import (
     E_AUTH_DISABLED,
@@ -74,6 +75,9 @@ class ClientV2(asyncio.Protocol):
         self._out_size = 0
         self._flush_handle: asyncio.TimerHandle | None = None
         self._write_paused = False
+        #: --sync-before-ack: topics written during this read, and whether output waits
+        self._unsynced_topics: set[str] = set()
+        self._hold_output = False
         now = time.monotonic()
         self._last_read = now
         self._last_heartbeat = now
@@ -112,7 +116,9 @@ class ClientV2(asyncio.Protocol):
             dispatch[type(ev)](self, ev)
             if self.closed:
                 return
-        if self._out:
+        if self._unsynced_topics:
+            self._ack_after_sync()
+        elif self._out:
             self.flush()
         if self.nsqd.spend_read_budget(len(data)) and not self._write_paused:
             # libuv keeps reading a busy socket (up to 32 reads) before the loop runs
@@ -122,8 +128,33 @@ class ClientV2(asyncio.Protocol):
             self._transport.pause_reading()
             asyncio.get_running_loop().call_soon(self._resume_reading)
 
+    def _ack_after_sync(self) -> None:
+        # --sync-before-ack: hold every response of this read (and stop reading) until
+        # one group fsync covers what it wrote; then answer all at once.
+        topics, self._unsynced_topics = self._unsynced_topics, set()
+        self._hold_output = True
+        assert self._transport is not None
+        self._transport.pause_reading()
+        done = self.nsqd.sync_topics(topics)
+        done.add_done_callback(self._synced)
+
+    def _synced(self, fut: asyncio.Future[list[None]]) -> None:
+        self._hold_output = False
+        if fut.cancelled() or fut.exception() is not None:
+            log.error("[%s] - fsync failed; closing without acknowledging", self)
+            self._out.clear()
+            self.close()
+            return
+        self.flush()
+        self._resume_reading()
+
     def _resume_reading(self) -> None:
-        if not self._write_paused and not self.closed and self._transport is not None:
+        if (
+            not self._write_paused
+            and not self._hold_output
+            and not self.closed
+            and self._transport is not None
+        ):
             self._transport.resume_reading()
 
     def eof_received(self) -> bool | None:
@@ -156,6 +187,8 @@ class ClientV2(asyncio.Protocol):
 
     def flush(self) -> None:
         """Write everything buffered in one call."""
+        if self._hold_output:
+            return
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
@@ -174,6 +207,7 @@ class ClientV2(asyncio.Protocol):
         """Put messages in flight and buffer their frames (output_buffer_size/timeout)."""
         if self.sample_rate:
             # as nsqd: a message sampled out is consumed without being sent
+            frames = split_chunks(frames)
             rate = self.sample_rate
             keep = [j for j in range(len(ids)) if random.randrange(100) <= rate]
             frames = [frames[j] for j in keep]
@@ -361,19 +395,28 @@ class ClientV2(asyncio.Protocol):
     def _on_nop(self, ev: cmd.Nop) -> None:
         pass
 
-    def _publish(self, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
-        self.nsqd.get_topic(topic_name).publish(bodies, defer_ms)
+    def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+        topic = self.nsqd.get_topic(topic_name)
+        try:
+            topic.publish(bodies, defer_ms)
+        except OSError as err:
+            # nothing acknowledged: E_PUB_FAILED / E_MPUB_FAILED / E_DPUB_FAILED, then close
+            log.error("TOPIC(%s): write failed: %s", topic_name, err)
+            self._error(ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {err}"))
+            return
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+        if self.nsqd.options.sync_before_ack and topic.durable:
+            self._unsynced_topics.add(topic_name)
         self._respond(_OK_FRAME)
 
     def _on_pub(self, ev: cmd.Pub) -> None:
-        self._publish(ev.topic, [ev.body])
+        self._publish("PUB", ev.topic, [ev.body])
 
     def _on_mpub(self, ev: cmd.Mpub) -> None:
-        self._publish(ev.topic, ev.bodies)
+        self._publish("MPUB", ev.topic, ev.bodies)
 
     def _on_dpub(self, ev: cmd.Dpub) -> None:
-        self._publish(ev.topic, [ev.body], ev.defer_ms)
+        self._publish("DPUB", ev.topic, [ev.body], ev.defer_ms)
 
 
 _DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {

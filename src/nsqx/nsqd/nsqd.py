@@ -11,18 +11,38 @@ from collections.abc import Callable
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
+from nsqx.nsqd.http import HTTPServer
+from nsqx.nsqd.lookup import LookupManager
 from nsqx.nsqd.metadata import ChannelMeta, DataDirLock, TopicMeta, read_metadata, write_metadata
 from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.stats import GcPauses
+from nsqx.nsqd.statsd import statsd_loop
+from nsqx.nsqd.syncer import Checkpointer, LogSyncer
 from nsqx.nsqd.topic import Topic
+from nsqx.store.disklog import DiskLog
 from nsqx.wire.names import is_valid_name
 
 log = logging.getLogger("nsqx.nsqd")
+
+_LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+}
 
 #: Bytes read from all clients in one event-loop iteration before busy readers yield,
 #: so that channel pumps (which run once per iteration) keep pace with publishers.
 #: Measured (bench/server_bench.py, both phase): 64 KiB keeps consumers level with a
 #: flooding publisher (513k in / 511k out); 256 KiB let ingest win (619k in / 320k out).
 READ_BUDGET_PER_ITERATION = 64 * 1024
+#: How often changed channel cursors are written (to the page cache, which survives a
+#: killed process): a crash may deliver again messages finished within this window.
+#: They are fsynced every --sync-timeout, for power loss.
+CHECKPOINT_INTERVAL = 0.1
+#: How often consumed log segments are looked for and deleted.
+RECLAIM_INTERVAL = 1.0
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -47,6 +67,15 @@ class NSQD:
         self.clients: set[ClientV2] = set()
         self.start_time = int(time.time())
         self.tcp_address: tuple[str, int] | None = None
+        #: where the HTTP API listens (None: off, or a unix socket)
+        self.http_address: tuple[str, int] | None = None
+        self.http = HTTPServer(self)
+        #: set when storage fails to write: /ping then answers 500 "NOK - <error>"
+        self.health_error: str | None = None
+        #: called with the new list after PUT /config/nsqlookupd_tcp_addresses
+        self.on_lookupd_addresses_changed: list[Callable[[list[str]], None]] = []
+        self._statsd_task: asyncio.Task[None] | None = None
+        self._gc_timed = False
         self._client_seq = 0
         self._servers: list[asyncio.AbstractServer] = []
         self._scan_task: asyncio.Task[None] | None = None
@@ -56,8 +85,12 @@ class NSQD:
         self._loading = False
         self.data_path = options.data_path or os.getcwd()
         self._lock = DataDirLock(self.data_path)
+        self.syncers: dict[str, LogSyncer] = {}
+        self.checkpointer = Checkpointer(self)
         #: Called with every TopologyEvent (e.g. to register with nsqlookupd).
         self.watchers: list[Callable[[TopologyEvent], None]] = []
+        #: Registration with --lookupd-tcp-address (set_lookupd_addresses changes them).
+        self.lookup = LookupManager(self)
 
     def spend_read_budget(self, nbytes: int) -> bool:
         """Count bytes read in this loop iteration; True once over the budget."""
@@ -70,6 +103,28 @@ class NSQD:
     def _reset_read_budget(self) -> None:
         self._read_this_turn = 0
         self._budget_reset_scheduled = False
+
+    @property
+    def exiting(self) -> bool:
+        """True once close() began: publishing is refused from then on."""
+        return self._exiting
+
+    def health(self) -> str:
+        """``OK``, or ``NOK - <error>`` after a failed write (NSQ's GetHealth)."""
+        return "OK" if self.health_error is None else f"NOK - {self.health_error}"
+
+    def lookupd_addresses_changed(self) -> None:
+        """options.nsqlookupd_tcp_addresses was replaced: tell the subscribers."""
+        addresses = list(self.options.nsqlookupd_tcp_addresses)
+        for hook in list(self.on_lookupd_addresses_changed):
+            try:
+                hook(addresses)
+            except Exception:
+                log.exception("lookupd address hook failed")
+
+    def set_log_level(self, level: str) -> None:
+        """Change the log verbosity at run time (PUT /config/log_level)."""
+        logging.getLogger("nsqx").setLevel(_LOG_LEVELS.get(level, logging.INFO))
 
     def next_client_id(self) -> int:
         self._client_seq += 1
@@ -84,6 +139,8 @@ class NSQD:
             if not is_valid_name(name):
                 raise ValueError(f"invalid topic name {name!r}")
             topic = self.topics[name] = Topic(self, name)
+            if isinstance(topic.log, DiskLog):
+                self.syncers[name] = LogSyncer(topic.log)
             log.info("TOPIC(%s): created", name)
             self.topology_changed(TopologyEvent("create", name), persist=not topic.ephemeral)
         return topic
@@ -91,7 +148,8 @@ class NSQD:
     def delete_topic(self, name: str) -> None:
         topic = self.topics.pop(name, None)
         if topic is not None:
-            topic.close()
+            topic.delete()
+            self.syncers.pop(name, None)
             log.info("TOPIC(%s): deleted", name)
             self.topology_changed(TopologyEvent("delete", name), persist=not topic.ephemeral)
 
@@ -163,14 +221,19 @@ class NSQD:
                 log.info("TCP: listening on %s:%d", sockname[0], sockname[1])
             self._servers.append(server)
         if self.options.http_address:
-            log.warning(
-                "HTTP: the HTTP API is not available yet; --http-address=%s is not served",
-                self.options.http_address,
-            )
+            self.http_address = await self.http.start(self.options.http_address)
+        GcPauses.install()
+        self._gc_timed = True
         self._scan_task = asyncio.create_task(self._scan_loop())
+        if self.options.statsd_address:
+            self._statsd_task = asyncio.create_task(statsd_loop(self))
+        # last, once every listener is bound: IDENTIFY announces the real ports
+        self.lookup.start()
 
     async def _scan_loop(self) -> None:
-        interval = self.options.queue_scan_interval
+        opts = self.options
+        interval = opts.queue_scan_interval
+        last_checkpoint = last_reclaim = time.monotonic()
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
@@ -181,14 +244,36 @@ class NSQD:
                 topic.trim()
             for client in list(self.clients):
                 client.tick(now)
+            for syncer in self.syncers.values():
+                if syncer.due(opts.sync_every, opts.sync_timeout, now):
+                    syncer.request()
+            if now - last_checkpoint >= CHECKPOINT_INTERVAL:
+                last_checkpoint = now
+                self.checkpointer.run_round()
+            if now - last_reclaim >= RECLAIM_INTERVAL:
+                last_reclaim = now
+                for topic in list(self.topics.values()):
+                    topic.reclaim()
+
+    def sync_topics(self, names: set[str]) -> asyncio.Future[list[None]]:
+        """A future done once every write so far to these topics is fsynced."""
+        futures = [self.syncers[n].request() for n in names if n in self.syncers]
+        return asyncio.gather(*futures)
 
     async def close(self) -> None:
         """Stop listening, close every client, stop the timers."""
         if self._exiting:
             return
         self._exiting = True
+        await self.lookup.close()
         for server in self._servers:
             server.close()
+        await self.http.close()
+        if self._statsd_task is not None:
+            self._statsd_task.cancel()
+        if self._gc_timed:
+            GcPauses.uninstall()
+            self._gc_timed = False
         for client in list(self.clients):
             client.close()
         if self._scan_task is not None:
@@ -199,6 +284,11 @@ class NSQD:
             self.persist_metadata()
         except OSError:
             log.exception("failed to persist metadata")
+        for topic in list(self.topics.values()):
+            try:
+                topic.close()  # cursors checkpointed, logs fsynced
+            except OSError:
+                log.exception("TOPIC(%s): failed to close cleanly", topic.name)
         self._lock.release()
         if self.options.tcp_address and "/" in self.options.tcp_address:
             try:

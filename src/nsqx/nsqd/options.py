@@ -43,6 +43,10 @@ class NsqdOptions:
     max_bytes_per_file: int = 100 * 1024 * 1024
     sync_every: int = 2500
     sync_timeout: float = 2.0
+    #: nsqx: fsync (group-committed) before answering PUB/MPUB/DPUB
+    sync_before_ack: bool = False
+    #: nsqx: keep consumed log segments this long (seconds) before deleting them
+    retention: float = 0.0
     queue_scan_interval: float = 0.1
     queue_scan_worker_pool_max: int = 4
     queue_scan_selection_count: int = 20

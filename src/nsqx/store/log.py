@@ -2,7 +2,27 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Protocol
+
+_I32 = struct.Struct(">i")
+
+
+def split_chunks(chunks: list[bytes]) -> list[bytes]:
+    """One frame per element, from chunks of consecutive frames (see MessageLog.read)."""
+    out: list[bytes] = []
+    unpack = _I32.unpack_from
+    for chunk in chunks:
+        pos = 0
+        n = len(chunk)
+        if n and 4 + unpack(chunk, 0)[0] == n:
+            out.append(chunk)
+            continue
+        while pos < n:
+            end = pos + 4 + unpack(chunk, pos)[0]
+            out.append(chunk[pos:end])
+            pos = end
+    return out
 
 
 class MessageLog(Protocol):
@@ -29,7 +49,9 @@ class MessageLog(Protocol):
         ...
 
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
-        """Frames and ids of up to ``limit`` records from ``seq`` (clamped to ``start``)."""
+        """Up to ``limit`` records from ``seq`` (clamped to ``start``): their frames, as
+        chunks that may each hold several consecutive frames (so a read from disk can
+        hand a whole batch over as one buffer), and one id per record."""
         ...
 
     def get(self, seq: int) -> bytes | None:

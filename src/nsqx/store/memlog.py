@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from nsqx.store.deferred import DeferredIndex
 
 # Trimming deletes from the front of a list (a memmove), so do it in big steps.
 _TRIM_MIN = 4096
@@ -11,19 +11,17 @@ _TRIM_MIN = 4096
 class MemoryLog:
     """An in-memory :class:`~nsqx.store.log.MessageLog`.
 
-    Records live in two parallel lists (frames, ids). Deferred records (DPUB) are the
-    exception, so they are kept aside in a sorted list of sequences plus a dict of
-    due times, and a read range is checked with one bisect.
+    Records live in two parallel lists (frames, ids); deferred ones (DPUB) are also
+    listed in a :class:`DeferredIndex`.
     """
 
-    __slots__ = ("_base", "_deferred_at", "_deferred_seqs", "_frames", "_ids", "total_bytes")
+    __slots__ = ("_base", "_deferred", "_frames", "_ids", "total_bytes")
 
     def __init__(self, start: int = 0) -> None:
         self._base = start
         self._frames: list[bytes] = []
         self._ids: list[bytes] = []
-        self._deferred_seqs: list[int] = []
-        self._deferred_at: dict[int, int] = {}
+        self._deferred = DeferredIndex()
         #: Frame bytes currently held.
         self.total_bytes = 0
 
@@ -44,9 +42,7 @@ class MemoryLog:
         self._ids.extend(ids)
         self.total_bytes += sum(map(len, frames))
         if deliver_at_ns:
-            seqs = range(first, first + len(frames))
-            self._deferred_seqs.extend(seqs)
-            self._deferred_at.update(dict.fromkeys(seqs, deliver_at_ns))
+            self._deferred.add(first, len(frames), deliver_at_ns)
         return first
 
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
@@ -61,13 +57,7 @@ class MemoryLog:
         return None
 
     def deferred_between(self, lo: int, hi: int) -> list[tuple[int, int]]:
-        seqs = self._deferred_seqs
-        if not seqs or seqs[-1] < lo:
-            return []
-        i = bisect_left(seqs, lo)
-        j = bisect_left(seqs, hi, i)
-        at = self._deferred_at
-        return [(s, at[s]) for s in seqs[i:j]]
+        return self._deferred.between(lo, hi)
 
     def trim(self, before: int) -> None:
         n = min(before - self._base, len(self._frames))
@@ -89,7 +79,4 @@ class MemoryLog:
         del self._frames[:n]
         del self._ids[:n]
         self._base += n
-        k = bisect_left(self._deferred_seqs, self._base)
-        for s in self._deferred_seqs[:k]:
-            del self._deferred_at[s]
-        del self._deferred_seqs[:k]
+        self._deferred.forget_below(self._base)

@@ -1,0 +1,210 @@
+"""Spark benchmark: rows/s of the "nsq" data source beside a raw consumer on the same data.
+
+Starts PARTITIONS nsqd processes (one topic partition each), publishes MESSAGES messages
+of SIZE bytes spread over them, then measures, on the same data:
+
+- raw:    consuming every message with FINs over plain asyncio connections (one per nsqd,
+          RDY 2500, FINs of one read in one write): what a fast client does;
+- batch:  ``spark.read.format("nsq")...write.format("noop")`` (one Spark partition per nsqd);
+- stream: ``spark.readStream.format("nsq")`` with ``trigger(availableNow=True)`` into a
+          noop sink (or --sink parquet).
+
+    python bench/spark_bench.py --messages 1000000 --partitions 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+from nsqx.wire import FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, MAGIC_V2, FrameDecoder
+from nsqx.wire import commands as cmd
+
+
+def start_nsqd(data: str) -> tuple[subprocess.Popen[str], int, int]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nsqx",
+            "nsqd",
+            "--tcp-address=127.0.0.1:0",
+            "--http-address=127.0.0.1:0",
+            f"--data-path={data}",
+            # range reads are stateless: keep what the raw consumer finishes readable
+            "--retention=1h",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    tcp = http = 0
+    for line in proc.stderr:
+        m = re.search(r"(TCP|HTTP): listening on [\d.]+:(\d+)", line)
+        if m:
+            if m.group(1) == "TCP":
+                tcp = int(m.group(2))
+            else:
+                http = int(m.group(2))
+        if tcp and http:
+            return proc, tcp, http
+    raise RuntimeError("nsqd did not start")
+
+
+def publish(http: int, topic: str, n: int, size: int) -> None:
+    body_one = struct.pack(">i", size) + b"x" * size
+    batch = 1000
+    for i in range(0, n, batch):
+        k = min(batch, n - i)
+        data = struct.pack(">i", k) + body_one * k
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{http}/mpub?topic={topic}&binary=true", data=data
+        )
+        with urllib.request.urlopen(req) as resp:
+            assert resp.read() == b"OK"
+
+
+class _Consumer(asyncio.Protocol):
+    def __init__(self, topic: str, want: int, done: asyncio.Future[None]) -> None:
+        self.topic, self.want, self.done = topic, want, done
+        self.got = 0
+        self.decoder = FrameDecoder()
+
+    def connection_made(self, transport: Any) -> None:
+        self.t = transport
+        transport.write(MAGIC_V2 + cmd.sub(self.topic, "raw") + cmd.rdy(2500))
+
+    def data_received(self, data: bytes) -> None:
+        fins = []
+        for ftype, payload in self.decoder.feed(data):
+            if ftype == FRAME_MESSAGE:
+                fins.append(payload[10:26])
+            elif ftype == FRAME_RESPONSE and payload == HEARTBEAT:
+                self.t.write(cmd.nop())
+        if fins:
+            self.got += len(fins)
+            self.t.write(cmd.fin_many(fins))
+        if self.got >= self.want and not self.done.done():
+            self.done.set_result(None)
+
+
+async def raw_consume(tcp_ports: list[int], topic: str, per_partition: int) -> float:
+    loop = asyncio.get_running_loop()
+    futures = []
+    t0 = time.perf_counter()
+    for port in tcp_ports:
+        fut: asyncio.Future[None] = loop.create_future()
+        await loop.create_connection(
+            lambda f=fut: _Consumer(topic, per_partition, f), "127.0.0.1", port
+        )
+        futures.append(fut)
+    await asyncio.gather(*futures)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=1_000_000)
+    ap.add_argument("--size", type=int, default=200)
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--sink", choices=["noop", "parquet"], default="noop")
+    args = ap.parse_args()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    tmp = tempfile.mkdtemp(prefix="nsqx-sparkbench-")
+    procs = []
+    try:
+        nodes = [start_nsqd(os.path.join(tmp, f"n{i}")) for i in range(args.partitions)]
+        procs = [p for p, _, _ in nodes]
+        per = args.messages // args.partitions
+        t0 = time.perf_counter()
+        for _, _, http in nodes:
+            publish(http, "bench", per, args.size)
+        total = per * args.partitions
+        print(
+            f"published {total:,} messages of {args.size} B over {args.partitions} nsqd "
+            f"in {time.perf_counter() - t0:.1f}s"
+        )
+
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            pass
+        raw_s = asyncio.run(raw_consume([t for _, t, _ in nodes], "bench", per))
+        raw = total / raw_s
+        print(f"raw     : {raw:>11,.0f} msgs/s  ({raw_s:.2f}s, consume + FIN)")
+
+        from pyspark.sql import SparkSession
+
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        addrs = ",".join(f"127.0.0.1:{h}" for _, _, h in nodes)
+        reader = (
+            spark.read.format("nsq").option("topic", "bench").option("nsqdHttpAddresses", addrs)
+        )
+        reader.load().limit(10).collect()  # warm the JVM and the Python workers
+        t0 = time.perf_counter()
+        out = os.path.join(tmp, "out")
+        df = reader.load()
+        if args.sink == "noop":
+            df.write.format("noop").mode("overwrite").save()
+        else:
+            df.write.mode("overwrite").parquet(out + "-batch")
+        batch_s = time.perf_counter() - t0
+        print(
+            f"batch   : {total / batch_s:>11,.0f} rows/s  ({batch_s:.2f}s, {args.sink}) "
+            f"= {total / batch_s / raw:.0%} of raw"
+        )
+
+        t0 = time.perf_counter()
+        stream = (
+            spark.readStream.format("nsq")
+            .option("topic", "bench")
+            .option("nsqdHttpAddresses", addrs)
+            .load()
+            .writeStream.option("checkpointLocation", os.path.join(tmp, "ckpt"))
+            .trigger(availableNow=True)
+        )
+        q = (
+            stream.format("noop")
+            if args.sink == "noop"
+            else stream.format("parquet").option("path", out + "-stream")
+        ).start()
+        q.awaitTermination()
+        stream_s = time.perf_counter() - t0
+        rows = sum(p["numInputRows"] for p in q.recentProgress)
+        if os.environ.get("NSQX_BENCH_DEBUG"):
+            print([(p["batchId"], p["numInputRows"]) for p in q.recentProgress])
+        print(
+            f"stream  : {rows / stream_s:>11,.0f} rows/s  ({stream_s:.2f}s, {rows:,} rows, "
+            f"{args.sink}) = {rows / stream_s / raw:.0%} of raw"
+        )
+        spark.stop()
+        return 0
+    finally:
+        for p in procs:
+            p.terminate()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""NSQLookupd: the discovery daemon: the registry, its TCP listener and its HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from nsqx.lookupd.http import LookupdHTTP
+from nsqx.lookupd.lookup_protocol_v1 import LookupProtocolV1
+from nsqx.lookupd.options import LookupdOptions
+from nsqx.lookupd.registration_db import RegistrationDB
+
+log = logging.getLogger("nsqx.lookupd")
+
+#: How long shutdown waits for in-flight HTTP requests.
+HTTP_SHUTDOWN_TIMEOUT = 2.0
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) -> (host, port); an empty host means all."""
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise ValueError(f"address {address!r} is not host:port")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class NSQLookupd:
+    """nsqlookupd: nsqd nodes register their topics and channels over TCP (protocol V1);
+    consumers and operators ask over HTTP where topics are."""
+
+    def __init__(self, options: LookupdOptions) -> None:
+        self.options = options
+        self.db = RegistrationDB()
+        #: Open TCP connections (closed on shutdown).
+        self.clients: set[LookupProtocolV1] = set()
+        #: Bound addresses, known after start().
+        self.tcp_address: tuple[str, int] | None = None
+        self.http_address: tuple[str, int] | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._runner: web.AppRunner | None = None
+        self._closed = False
+
+    @property
+    def tcp_port(self) -> int:
+        return self.tcp_address[1] if self.tcp_address else 0
+
+    @property
+    def http_port(self) -> int:
+        return self.http_address[1] if self.http_address else 0
+
+    async def start(self) -> None:
+        """Bind the TCP and HTTP listeners (port 0 picks a free port)."""
+        loop = asyncio.get_running_loop()
+        host, port = split_address(self.options.tcp_address)
+        self._server = await loop.create_server(
+            lambda: LookupProtocolV1(self), host, port, reuse_address=True
+        )
+        sockname = self._server.sockets[0].getsockname()
+        self.tcp_address = (sockname[0], sockname[1])
+        log.info("TCP: listening on %s:%d", sockname[0], sockname[1])
+        try:
+            host, port = split_address(self.options.http_address)
+            runner = web.AppRunner(
+                LookupdHTTP(self).app(), access_log=None, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT
+            )
+            await runner.setup()
+            self._runner = runner
+            site = web.TCPSite(runner, host, port, reuse_address=True)
+            await site.start()
+        except BaseException:
+            await self.close()
+            raise
+        bound = runner.addresses[0]
+        self.http_address = (bound[0], bound[1])
+        log.info("HTTP: listening on %s:%d", bound[0], bound[1])
+
+    async def close(self) -> None:
+        """Stop listening and close every connection."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        for client in list(self.clients):
+            client.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._server is not None:
+            await self._server.wait_closed()

@@ -1,0 +1,40 @@
+"""nsqlookupd's options: NSQ 1.3's flags and defaults (durations in seconds)."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LookupdOptions:
+    """Every nsqlookupd option, with NSQ 1.3's defaults.
+
+    Attribute names are the config-file names (flag names with ``_``).
+    """
+
+    tcp_address: str = "0.0.0.0:4160"
+    http_address: str = "0.0.0.0:4161"
+    broadcast_address: str = field(default_factory=socket.gethostname)
+    #: A producer whose last PING (or IDENTIFY) is older than this is left out of
+    #: /lookup and /nodes.
+    inactive_producer_timeout: float = 300.0
+    #: A producer tombstoned for a topic is left out of that topic's /lookup this long.
+    tombstone_lifetime: float = 45.0
+    log_level: str = "info"
+    log_prefix: str = "[nsqlookupd] "
+
+    def validate(self) -> None:
+        """Refuse values nsqlookupd cannot run with; raises ValueError naming the flag."""
+        if not self.tcp_address:
+            raise ValueError("--tcp-address must not be empty")
+        if not self.http_address:
+            raise ValueError("--http-address must not be empty")
+        if self.inactive_producer_timeout < 0:
+            raise ValueError("--inactive-producer-timeout must not be negative")
+        if self.tombstone_lifetime < 0:
+            raise ValueError("--tombstone-lifetime must not be negative")
+        if self.log_level not in ("debug", "info", "warn", "error", "fatal"):
+            raise ValueError(
+                f"--log-level must be debug|info|warn|error|fatal, got {self.log_level}"
+            )

@@ -1,0 +1,658 @@
+"""nsqd's HTTP API (NSQ 1.3): publish, administer topics and channels, stats, config.
+
+A thin aiohttp shell over the same NSQD objects the TCP protocol uses: /pub and /mpub
+publish through :meth:`Topic.publish`, exactly as PUB and MPUB do. Routing is one dict
+lookup so that paths, methods and errors behave as NSQ's router does: 404 NOT_FOUND for
+an unknown path, 405 METHOD_NOT_ALLOWED (with ``Allow``) for a known path and another
+method. Every response carries ``X-NSQ-Content-Type: nsq; version=1.0``; errors are
+``{"message":"CODE"}``; the 0.x response envelope is gone and the Accept header is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import socket
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote_plus
+
+from aiohttp import web
+
+from nsqx import NSQ_VERSION
+from nsqx.nsqd import stats as st
+from nsqx.nsqd.metrics import Metrics
+from nsqx.store.disklog import DiskLog
+from nsqx.wire.commands import parse_mpub_body
+from nsqx.wire.errors import ProtocolError
+from nsqx.wire.names import is_valid_name
+from nsqx.wire.range import encode_range
+
+if TYPE_CHECKING:
+    import ssl
+
+    from nsqx.nsqd.nsqd import NSQD
+
+log = logging.getLogger("nsqx.nsqd")
+
+NSQ_HEADERS = {"X-NSQ-Content-Type": "nsq; version=1.0"}
+_TEXT = "text/plain; charset=utf-8"
+_JSON = "application/json; charset=utf-8"
+
+#: Options of NsqdOptions that are durations (seconds here, nanoseconds in /config).
+DURATION_OPTIONS = frozenset(
+    {
+        "http_client_connect_timeout",
+        "http_client_request_timeout",
+        "sync_timeout",
+        "msg_timeout",
+        "max_msg_timeout",
+        "max_req_timeout",
+        "max_heartbeat_interval",
+        "max_output_buffer_timeout",
+        "min_output_buffer_timeout",
+        "output_buffer_timeout",
+        "statsd_interval",
+        "e2e_processing_latency_window_time",
+    }
+)
+#: NsqdOptions attributes that are no flag in NSQ, so /config does not know them.
+_HIDDEN_OPTIONS = frozenset({"queue_scan_interval", "client_timeout", "node_id"})
+#: config names that differ from the attribute name
+_CONFIG_ALIASES = {"id": "node_id"}
+#: NSQ's LogLevel values (lg.DEBUG=1 ... lg.FATAL=5): /config shows the number
+_LOG_LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
+
+#: options that are Go integer enums in NSQ, shown as NSQ shows them
+_GO_ENUMS: dict[str, dict[Any, Any]] = {
+    "tls_required": {"false": 0, "tcp-https": 1, "true": 2},
+    "tls_min_version": {"tls1.0": 0x0301, "tls1.1": 0x0302, "tls1.2": 0x0303, "tls1.3": 0x0304},
+}
+
+#: How long the body of a refused request is read and discarded before closing.
+LINGER_SECONDS = 0.5
+
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
+class HTTPError(Exception):
+    """An API error: the status and NSQ's message code."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _respond(status: int, body: bytes, content_type: str | None) -> web.Response:
+    headers = dict(NSQ_HEADERS)
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    return web.Response(status=status, body=body, headers=headers)
+
+
+def ok_text(text: str | bytes = b"OK") -> web.Response:
+    """A 200 plain-text answer (``OK``, the text /stats)."""
+    return _respond(200, text.encode() if isinstance(text, str) else text, _TEXT)
+
+
+def ok_json(data: Any) -> web.Response:
+    """A 200 JSON answer, compact as Go's encoding/json writes it."""
+    return _respond(200, json.dumps(data, separators=(",", ":")).encode(), _JSON)
+
+
+def ok_empty() -> web.Response:
+    """NSQ's answer to a successful action: 200 and no body."""
+    return _respond(200, b"", None)
+
+
+def error_response(status: int, message: str) -> web.Response:
+    body = json.dumps({"message": message}, separators=(",", ":")).encode()
+    return _respond(status, body, _JSON)
+
+
+def parse_query(raw: str) -> dict[str, list[str]]:
+    """Go's url.ParseQuery: bad %-escapes and ``;`` are errors (400 INVALID_REQUEST)."""
+    params: dict[str, list[str]] = {}
+    if not raw:
+        return params
+    if "%" not in raw and "+" not in raw and ";" not in raw:
+        # the usual query (?topic=name): nothing to decode
+        for part in raw.split("&"):
+            if part:
+                key, _, value = part.partition("=")
+                params.setdefault(key, []).append(value)
+        return params
+    if ";" in raw or _BAD_ESCAPE.search(raw):
+        raise HTTPError(400, "INVALID_REQUEST")
+    for part in raw.split("&"):
+        if not part:
+            continue
+        key, _, value = part.partition("=")
+        try:
+            k = unquote_plus(key, errors="strict")
+            v = unquote_plus(value, errors="strict")
+        except UnicodeDecodeError:
+            raise HTTPError(400, "INVALID_REQUEST") from None
+        params.setdefault(k, []).append(v)
+    return params
+
+
+async def read_limited(request: web.BaseRequest, limit: int) -> bytes | None:
+    """The request body, or None as soon as it proves longer than ``limit`` bytes.
+
+    Reads chunk by chunk, so an oversized body is refused without being held whole.
+    """
+    content = request.content
+    length = request.content_length
+    if length == 0:
+        return b""
+    if length is not None and length <= limit:
+        # the usual case: the length is known and allowed, read it in one call
+        try:
+            return await content.readexactly(length)
+        except asyncio.IncompleteReadError:
+            raise HTTPError(400, "INVALID_REQUEST") from None
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await content.readany()
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+
+
+def _too_big(message: str) -> web.Response:
+    resp = error_response(413, message)
+    # the rest of the body was not read: do not reuse the connection
+    resp.force_close()
+    return resp
+
+
+Handler = Callable[["HTTPServer", web.BaseRequest, dict[str, list[str]]], Awaitable[web.Response]]
+
+
+class HTTPServer:
+    """The HTTP API of one NSQD; :meth:`start` binds it, :meth:`close` stops it.
+
+    The same instance can serve several sites (HTTP and, given an SSL context, HTTPS).
+    """
+
+    def __init__(self, nsqd: NSQD) -> None:
+        self.nsqd = nsqd
+        self._runner: web.ServerRunner | None = None
+        self._sites: list[web.BaseSite] = []
+        self._unix_paths: list[str] = []
+        self._metrics: Metrics | None = None  # made on the first scrape
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(
+        self, address: str, ssl_context: ssl.SSLContext | None = None
+    ) -> tuple[str, int] | None:
+        """Listen on ``host:port`` (port 0: any free one) or a unix socket path.
+
+        Returns the bound (host, port), or None for a unix socket.
+        """
+        if self._runner is None:
+            # An unread body (a request refused early) is drained for at most
+            # LINGER_SECONDS so the client can read the answer; a 413 then closes.
+            server = web.Server(self._handle, access_log=None, lingering_time=LINGER_SECONDS)
+            self._runner = web.ServerRunner(server, shutdown_timeout=1.0)
+            await self._runner.setup()
+        scheme = "HTTPS" if ssl_context is not None else "HTTP"
+        if "/" in address:
+            site: web.BaseSite = web.UnixSite(self._runner, address, ssl_context=ssl_context)
+            await site.start()
+            self._sites.append(site)
+            self._unix_paths.append(address)
+            log.info("%s: listening on %s", scheme, address)
+            return None
+        from nsqx.nsqd.nsqd import split_address
+
+        host, port = split_address(address)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        bound = sock.getsockname()
+        site = web.SockSite(self._runner, sock, ssl_context=ssl_context, backlog=1024)
+        await site.start()
+        self._sites.append(site)
+        log.info("%s: listening on %s:%d", scheme, bound[0], bound[1])
+        return (bound[0], bound[1])
+
+    async def close(self) -> None:
+        """Stop listening and close connections (in-flight requests get a second)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self._sites.clear()
+        for path in self._unix_paths:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        self._unix_paths.clear()
+
+    # -- dispatch ---------------------------------------------------------------------
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        methods = ROUTES.get(path)
+        if methods is None and path.startswith("/config/"):
+            opt = path[len("/config/") :]
+            if opt and "/" not in opt:
+                methods = _CONFIG_ROUTE
+        if methods is None:
+            return error_response(404, "NOT_FOUND")
+        handler = methods.get(request.method)
+        if handler is None:
+            allow = ", ".join(sorted({*methods, "OPTIONS"}))
+            if request.method == "OPTIONS":
+                resp = ok_empty()
+                resp.headers["Allow"] = allow
+                return resp
+            resp = error_response(405, "METHOD_NOT_ALLOWED")
+            resp.headers["Allow"] = allow
+            return resp
+        try:
+            params = parse_query(request.query_string)
+            return await handler(self, request, params)
+        except HTTPError as err:
+            if err.status == 413:
+                return _too_big(err.message)
+            return error_response(err.status, err.message)
+        except Exception:
+            log.exception("HTTP: %s %s failed", request.method, path)
+            return error_response(500, "INTERNAL_ERROR")
+
+    # -- helpers ----------------------------------------------------------------------
+
+    @staticmethod
+    def _get(params: dict[str, list[str]], key: str, missing: str) -> str:
+        values = params.get(key)
+        if not values:
+            raise HTTPError(400, missing)
+        return values[0]
+
+    def _topic_name(self, params: dict[str, list[str]]) -> str:
+        name = self._get(params, "topic", "MISSING_ARG_TOPIC")
+        if not is_valid_name(name):
+            raise HTTPError(400, "INVALID_TOPIC")
+        return name
+
+    def _topic_and_channel(self, params: dict[str, list[str]]) -> tuple[str, str]:
+        # NSQ's GetTopicChannelArgs: note the *_ARG_* codes here
+        topic = self._get(params, "topic", "MISSING_ARG_TOPIC")
+        if not is_valid_name(topic):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        channel = self._get(params, "channel", "MISSING_ARG_CHANNEL")
+        if not is_valid_name(channel):
+            raise HTTPError(400, "INVALID_ARG_CHANNEL")
+        if topic not in self.nsqd.topics:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        return topic, channel
+
+    def _check_publishable(self) -> None:
+        if self.nsqd.exiting:
+            raise HTTPError(503, "EXITING")
+
+    # -- handlers ---------------------------------------------------------------------
+
+    async def ping(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
+        health = self.nsqd.health()
+        if health != "OK":
+            return _respond(500, health.encode(), _TEXT)
+        return ok_text()
+
+    async def info(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
+        o = self.nsqd.options
+        return ok_json(
+            {
+                "version": NSQ_VERSION,
+                "broadcast_address": o.broadcast_address,
+                "hostname": socket.gethostname(),
+                "http_port": self.nsqd.http_address[1] if self.nsqd.http_address else -1,
+                "tcp_port": self.nsqd.tcp_address[1] if self.nsqd.tcp_address else -1,
+                "start_time": int(self.nsqd.start_time),
+                "max_heartbeat_interval": _ns(o.max_heartbeat_interval),
+                "max_output_buffer_size": o.max_output_buffer_size,
+                "max_output_buffer_timeout": _ns(o.max_output_buffer_timeout),
+                "max_deflate_level": o.max_deflate_level,
+            }
+        )
+
+    async def pub(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
+        limit = self.nsqd.options.max_msg_size
+        if (request.content_length or 0) > limit:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        body = await read_limited(request, limit)
+        if body is None:
+            raise HTTPError(413, "MSG_TOO_BIG")
+        if not body:
+            raise HTTPError(400, "MSG_EMPTY")
+        name = self._topic_name(params)
+        defer_ms = 0
+        if "defer" in params:
+            text = params["defer"][0]
+            if not _INT.fullmatch(text):
+                raise HTTPError(400, "INVALID_DEFER")
+            defer_ms = int(text)
+            if not 0 <= defer_ms <= self.nsqd.options.max_req_timeout * 1000:
+                raise HTTPError(400, "INVALID_DEFER")
+        self._check_publishable()
+        await self._publish(name, [body], defer_ms)
+        return ok_text()
+
+    async def _publish(self, name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+        """Publish as TCP does: written before the answer; fsynced too with
+        --sync-before-ack."""
+        topic = self.nsqd.get_topic(name)
+        try:
+            topic.publish(bodies, defer_ms)
+        except OSError as err:
+            log.error("TOPIC(%s): write failed: %s", name, err)
+            raise HTTPError(500, "PUB_FAILED") from None
+        if self.nsqd.options.sync_before_ack and topic.durable:
+            await self.nsqd.sync_topics({name})
+
+    async def mpub(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
+        o = self.nsqd.options
+        if (request.content_length or 0) > o.max_body_size:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        name = self._topic_name(params)
+        body = await read_limited(request, o.max_body_size)
+        if body is None:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        if "binary" in params:  # as NSQ: present at all means binary, whatever its value
+            try:
+                bodies = parse_mpub_body(body, o.max_msg_size)
+            except ProtocolError as err:
+                # NSQ answers 413 with the TCP error code minus "E_"
+                raise HTTPError(413, err.code[2:]) from None
+        else:
+            # newline-separated; empty lines are dropped
+            bodies = [line for line in body.split(b"\n") if line]
+            if any(len(b) > o.max_msg_size for b in bodies):
+                raise HTTPError(413, "MSG_TOO_BIG")
+        self._check_publishable()
+        if bodies:
+            await self._publish(name, bodies)
+        else:
+            self.nsqd.get_topic(name)
+        return ok_text()
+
+    # range reads (nsqx): stateless reads of a partition by sequence, for Spark
+
+    async def range_read(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """GET /range: records of a topic partition, by sequence, offset or time."""
+        name = self._topic_name(params)
+        topic = self.nsqd.topics.get(name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        log_ = topic.log
+        if not isinstance(log_, DiskLog):
+            raise HTTPError(400, "TOPIC_NOT_DURABLE")
+        if _int_param(params, "partition", 0) != 0:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        if "start_offset" in params:
+            start = log_.seek_offset(_int_param(params, "start_offset", 0))
+        elif "start_time" in params:
+            start = log_.seek_time(_int_param(params, "start_time", 0))
+        else:
+            start = _int_param(params, "start", 0)
+        start = max(start, log_.start)
+        end = _int_param(params, "end", log_.end) if "end" in params else None
+        max_messages = min(_int_param(params, "max_messages", 10_000), MAX_RANGE_MESSAGES)
+        max_bytes = min(_int_param(params, "max_bytes", 8 << 20), MAX_RANGE_BYTES)
+        records = log_.read_range(start, max_messages, max_bytes, end) if max_messages else []
+        body = encode_range(log_.end, log_.end_offset, start, records)
+        return web.Response(
+            body=body, headers={"Content-Type": "application/octet-stream", **NSQ_HEADERS}
+        )
+
+    async def channel_setoffset(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """POST /channel/setoffset: move a channel's cursor forward to ``sequence`` (a range
+        consumer such as Spark reports what it consumed, so lag shows in /stats)."""
+        topic, channel = self._topic_and_channel(params)
+        if _int_param(params, "partition", 0) != 0:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        seq = _int_param(params, "sequence", -1)
+        if seq < 0:
+            raise HTTPError(400, "MISSING_ARG_SEQUENCE")
+        t = self.nsqd.topics[topic]
+        t.get_channel(channel).advance_to(min(seq, t.log.end))
+        return ok_empty()
+
+    async def stats(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
+        def first(key: str) -> str:
+            values = params.get(key)
+            return values[0] if values else ""
+
+        include_clients = _BOOL_PARAMS.get(first("include_clients"), True)
+        include_mem = _BOOL_PARAMS.get(first("include_mem"), True)
+        snapshot = st.get_stats(self.nsqd, first("topic"), first("channel"), include_clients)
+        mem = st.mem_stats() if include_mem else None
+        health = self.nsqd.health()
+        start = float(self.nsqd.start_time)
+        if first("format") == "json":
+            return ok_json(st.stats_json(snapshot, mem, health, start))
+        return ok_text(st.format_text(snapshot, mem, health, start))
+
+    async def metrics(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
+        if self._metrics is None:
+            self._metrics = Metrics(self.nsqd)
+        body, content_type = self._metrics.render()
+        return _respond(200, body, content_type)
+
+    # topics
+
+    async def topic_create(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        self.nsqd.get_topic(self._topic_name(params))
+        return ok_empty()
+
+    async def topic_delete(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        name = self._get(params, "topic", "MISSING_ARG_TOPIC")
+        if name not in self.nsqd.topics:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        self.nsqd.delete_topic(name)
+        return ok_empty()
+
+    async def topic_empty(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        topic = self.nsqd.topics.get(self._topic_name(params))
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        topic.empty()
+        return ok_empty()
+
+    async def topic_pause(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        name = self._get(params, "topic", "MISSING_ARG_TOPIC")
+        topic = self.nsqd.topics.get(name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        if request.path.endswith("unpause"):
+            topic.unpause()
+        else:
+            topic.pause()
+        # persisted at once, so that a crash cannot silently undo it
+        self._persist()
+        return ok_empty()
+
+    # channels
+
+    async def channel_create(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        topic, channel = self._topic_and_channel(params)
+        self.nsqd.topics[topic].get_channel(channel)
+        return ok_empty()
+
+    async def channel_delete(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        topic, channel = self._topic_and_channel(params)
+        t = self.nsqd.topics[topic]
+        if channel not in t.channels:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        t.delete_channel(channel)
+        return ok_empty()
+
+    async def channel_empty(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        topic, channel = self._topic_and_channel(params)
+        ch = self.nsqd.topics[topic].channels.get(channel)
+        if ch is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        ch.empty()
+        return ok_empty()
+
+    async def channel_pause(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        topic, channel = self._topic_and_channel(params)
+        ch = self.nsqd.topics[topic].channels.get(channel)
+        if ch is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        if request.path.endswith("unpause"):
+            ch.unpause()
+        else:
+            ch.pause()
+        self._persist()
+        return ok_empty()
+
+    def _persist(self) -> None:
+        try:
+            self.nsqd.persist_metadata()
+        except OSError:
+            log.exception("failed to persist metadata")
+            raise HTTPError(500, "INTERNAL_ERROR") from None
+
+    # config
+
+    async def config(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
+        opt = request.path[len("/config/") :]
+        if request.method == "PUT":
+            limit = self.nsqd.options.max_msg_size
+            body = await read_limited(request, limit)
+            if not body:  # too big or empty: NSQ says 413 INVALID_VALUE to both
+                raise HTTPError(413, "INVALID_VALUE")
+            self._put_config(opt, body)
+        found, value = get_option(self.nsqd, opt)
+        if not found:
+            raise HTTPError(400, "INVALID_OPTION")
+        return ok_json(value)
+
+    def _put_config(self, opt: str, body: bytes) -> None:
+        options = self.nsqd.options
+        if opt == "nsqlookupd_tcp_addresses":
+            try:
+                value = json.loads(body)
+            except ValueError:
+                raise HTTPError(400, "INVALID_VALUE") from None
+            if value is None:
+                value = []
+            if not isinstance(value, list) or not all(isinstance(a, str) for a in value):
+                raise HTTPError(400, "INVALID_VALUE")
+            options.nsqlookupd_tcp_addresses = list(value)
+            self.nsqd.lookupd_addresses_changed()
+        elif opt == "log_level":
+            level = body.decode("latin-1").strip().lower()
+            if level not in _LOG_LEVELS:
+                raise HTTPError(400, "INVALID_VALUE")
+            options.log_level = level
+            self.nsqd.set_log_level(level)
+        else:
+            raise HTTPError(400, "INVALID_OPTION")
+
+
+_BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1_000_000_000)
+
+
+def get_option(nsqd: NSQD, name: str) -> tuple[bool, Any]:
+    """An option by its config name as NSQ's /config shows it (durations in ns)."""
+    attr = _CONFIG_ALIASES.get(name, name)
+    if attr in _HIDDEN_OPTIONS and name not in _CONFIG_ALIASES:
+        return False, None
+    if attr.startswith("_") or not hasattr(nsqd.options, attr):
+        return False, None
+    value = getattr(nsqd.options, attr)
+    if callable(value):
+        return False, None
+    if attr in DURATION_OPTIONS:
+        return True, _ns(value)
+    if attr == "log_level":
+        return True, _LOG_LEVELS.get(value, value)
+    if attr in _GO_ENUMS:
+        return True, _GO_ENUMS[attr].get(value, value)
+    if isinstance(value, list):
+        return True, list(value)
+    return True, value
+
+
+_R = HTTPServer
+ROUTES: dict[str, dict[str, Handler]] = {
+    "/ping": {"GET": _R.ping},
+    "/info": {"GET": _R.info},
+    "/pub": {"POST": _R.pub},
+    "/mpub": {"POST": _R.mpub},
+    "/stats": {"GET": _R.stats},
+    "/metrics": {"GET": _R.metrics},
+    "/topic/create": {"POST": _R.topic_create},
+    "/topic/delete": {"POST": _R.topic_delete},
+    "/topic/empty": {"POST": _R.topic_empty},
+    "/topic/pause": {"POST": _R.topic_pause},
+    "/topic/unpause": {"POST": _R.topic_pause},
+    "/channel/create": {"POST": _R.channel_create},
+    "/channel/delete": {"POST": _R.channel_delete},
+    "/channel/empty": {"POST": _R.channel_empty},
+    "/channel/pause": {"POST": _R.channel_pause},
+    "/channel/unpause": {"POST": _R.channel_pause},
+    "/channel/setoffset": {"POST": _R.channel_setoffset},
+    "/range": {"GET": _R.range_read},
+}
+
+#: bounds of one range read (a reader asks again for more)
+MAX_RANGE_MESSAGES = 100_000
+MAX_RANGE_BYTES = 64 * 1024 * 1024
+
+
+def _int_param(params: dict[str, list[str]], key: str, default: int) -> int:
+    values = params.get(key)
+    if not values:
+        return default
+    text = values[0]
+    if not _INT.fullmatch(text):
+        raise HTTPError(400, f"INVALID_{key.upper()}")
+    return int(text)
+
+
+_CONFIG_ROUTE: dict[str, Handler] = {"GET": _R.config, "PUT": _R.config}

@@ -1,0 +1,451 @@
+"""Registration with nsqlookupd: nsqd tells every configured lookupd what it has.
+
+For each ``--lookupd-tcp-address`` a :class:`LookupPeer` keeps one connection (protocol
+V1, codec in :mod:`nsqx.wire.lookupd`): it sends IDENTIFY, then REGISTER for every
+channel (a bare topic REGISTER for a topic without channels), then follows nsqd's
+topology events (REGISTER on create, UNREGISTER on delete) and PINGs every 15 s. When
+the connection drops (a lookupd restart), it reconnects with backoff and registers
+everything again; commands for a disconnected lookupd are not queued, because the full
+registration sent on reconnect already includes their effect.
+
+:class:`LookupManager` owns the peers, follows ``nsqd.watchers`` and, like NSQ, asks the
+lookupds for the channels of each new topic (``GET /channels``) so that those channels
+exist, and receive messages, before any consumer subscribes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from nsqx import NSQ_VERSION
+from nsqx.nsqd.events import TopologyEvent
+from nsqx.wire.errors import ProtocolError
+from nsqx.wire.lookupd import (
+    MAGIC_V1,
+    LookupdInfo,
+    PeerInfo,
+    ReplyDecoder,
+    encode_identify,
+    encode_ping,
+    encode_register,
+    encode_unregister,
+    is_error_reply,
+    parse_identify_reply,
+)
+from nsqx.wire.names import is_ephemeral
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.nsqd import NSQD
+    from nsqx.nsqd.topic import Topic
+
+log = logging.getLogger("nsqx.nsqd")
+
+#: nsqd heartbeats every lookupd this often (NSQ's fixed 15 s).
+PING_INTERVAL = 15.0
+#: Go nsqd dials lookupd with a 1 s timeout.
+CONNECT_TIMEOUT = 1.0
+#: A lookupd that leaves a command unanswered this long is treated as gone.
+REPLY_TIMEOUT = 5.0
+#: Reconnection backoff: doubles from MIN to MAX (MAX: NSQ's retry cadence, one PING).
+BACKOFF_MIN = 0.1
+BACKOFF_MAX = PING_INTERVAL
+#: Used as the announced HTTP port when nsqd has none (lookupd refuses 0); NSQ's default.
+FALLBACK_HTTP_PORT = 4151
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise ValueError(f"lookupd address {address!r} is not host:port")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _port_of(address: object) -> int:
+    """The port of a bound ``(host, port)`` tuple, else 0."""
+    if isinstance(address, tuple) and len(address) >= 2 and isinstance(address[1], int):
+        return address[1]
+    return 0
+
+
+def _configured_port(address: str) -> int:
+    try:
+        return _split(address)[1] if address and "/" not in address else 0
+    except ValueError:
+        return 0
+
+
+class LookupPeer:
+    """One nsqlookupd: a task that connects, registers, follows and reconnects."""
+
+    def __init__(self, manager: LookupManager, address: str) -> None:
+        self.manager = manager
+        self.address = address
+        #: lookupd's answer to IDENTIFY, while connected.
+        self.info: LookupdInfo | None = None
+        # replies and EOF from the reader; commands from send() once identified
+        self._inbox: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
+        self._identified = False
+        self._closed = False
+        self._task = asyncio.create_task(self._run(), name=f"lookupd-peer {address}")
+
+    def __str__(self) -> str:
+        return self.address
+
+    @property
+    def connected(self) -> bool:
+        """True once IDENTIFY was answered on the current connection."""
+        return self._identified
+
+    def send(self, command: bytes) -> None:
+        """Send a command if connected; otherwise it is covered by the next registration."""
+        if self._identified:
+            self._inbox.put_nowait(("cmd", command))
+
+    async def close(self) -> None:
+        self._closed = True
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+    # -- the connection loop ------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_MIN
+        quiet = False  # after one logged failure, repeats are logged at debug level
+        while not self._closed:
+            writer: asyncio.StreamWriter | None = None
+            was_identified = False
+            try:
+                host, port = _split(self.address)
+                reader, conn = await asyncio.wait_for(
+                    asyncio.open_connection(host, port), CONNECT_TIMEOUT
+                )
+                writer = conn
+                await self._session(reader, conn)
+            except (OSError, TimeoutError, ProtocolError, ValueError, ConnectionError) as err:
+                level = logging.DEBUG if quiet else logging.ERROR
+                log.log(level, "LOOKUPD(%s): %s", self, err or type(err).__name__)
+                quiet = True
+            finally:
+                was_identified = self._identified
+                self._identified = False
+                self.info = None
+                self._inbox = asyncio.Queue()
+                if writer is not None:
+                    writer.close()
+            if was_identified:
+                backoff = BACKOFF_MIN
+                quiet = False
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        inbox = self._inbox
+        read_task = asyncio.create_task(self._read_loop(reader, inbox))
+        try:
+            writer.write(MAGIC_V1 + encode_identify(self.manager.peer_info()))
+            kind, reply = await asyncio.wait_for(inbox.get(), REPLY_TIMEOUT)
+            if kind != "reply":
+                raise ConnectionError("connection closed during IDENTIFY")
+            if is_error_reply(reply):
+                raise ConnectionError(f"IDENTIFY refused: {reply.decode(errors='replace')}")
+            self.info = parse_identify_reply(reply)
+            log.info("LOOKUPD(%s): peer info %s", self, self.info)
+            if not self.info.broadcast_address:
+                log.error("LOOKUPD(%s): no broadcast address", self)
+            # from here on topology events reach the inbox; the snapshot taken in the
+            # same step (no await in between) covers everything before
+            self._identified = True
+            await self._serve(writer, inbox, self.manager.registration_commands())
+        finally:
+            read_task.cancel()
+
+    async def _read_loop(
+        self, reader: asyncio.StreamReader, inbox: asyncio.Queue[tuple[str, bytes]]
+    ) -> None:
+        decoder = ReplyDecoder(self.manager.nsqd.options.max_body_size)
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for reply in decoder.feed(data):
+                    inbox.put_nowait(("reply", reply))
+        except (OSError, ProtocolError) as err:
+            log.debug("LOOKUPD(%s): read failed: %s", self, err)
+        inbox.put_nowait(("eof", b""))
+
+    async def _serve(
+        self,
+        writer: asyncio.StreamWriter,
+        inbox: asyncio.Queue[tuple[str, bytes]],
+        commands: list[bytes],
+    ) -> None:
+        """Write commands in batches, match replies to them in order, PING every 15 s."""
+        loop = asyncio.get_running_loop()
+        sent: deque[bytes] = deque()  # commands awaiting their reply, oldest first
+        next_ping = loop.time() + PING_INTERVAL
+        reply_deadline = 0.0
+        while True:
+            if commands:
+                for cmd in commands:
+                    log.debug("LOOKUPD(%s): %s", self, cmd.rstrip(b"\n").decode())
+                if not sent:
+                    reply_deadline = loop.time() + REPLY_TIMEOUT
+                writer.write(b"".join(commands))
+                sent.extend(commands)
+                commands = []
+                await writer.drain()
+            now = loop.time()
+            if now >= next_ping:
+                commands.append(encode_ping())
+                next_ping = now + PING_INTERVAL
+                continue
+            if sent and now >= reply_deadline:
+                raise TimeoutError(f"no reply to {sent[0]!r} within {REPLY_TIMEOUT}s")
+            timeout = min(next_ping, reply_deadline) - now if sent else next_ping - now
+            try:
+                item = await asyncio.wait_for(inbox.get(), timeout)
+            except TimeoutError:
+                continue
+            items = [item]
+            while not inbox.empty():
+                items.append(inbox.get_nowait())
+            for kind, data in items:
+                if kind == "eof":
+                    raise ConnectionError("connection closed by lookupd")
+                if kind == "cmd":
+                    commands.append(data)
+                    continue
+                cmd = sent.popleft() if sent else b"?"
+                reply_deadline = loop.time() + REPLY_TIMEOUT
+                if is_error_reply(data):
+                    log.error(
+                        "LOOKUPD(%s): %s - %s",
+                        self,
+                        cmd.rstrip(b"\n").decode(errors="replace"),
+                        data.decode(errors="replace"),
+                    )
+
+
+class LookupManager:
+    """Registers this nsqd with every configured nsqlookupd and keeps it registered."""
+
+    def __init__(self, nsqd: NSQD) -> None:
+        self.nsqd = nsqd
+        self.peers: dict[str, LookupPeer] = {}
+        #: What lookupds were told: topic -> its channels (to unregister them with it).
+        self._registered: dict[str, dict[str, None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._http: Any = None  # aiohttp.ClientSession, created on first use
+        self._started = False
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Follow topology events and connect to the configured lookupds."""
+        if self._started:
+            return
+        self._started = True
+        self._registered = {
+            name: dict.fromkeys(topic.channels) for name, topic in self.nsqd.topics.items()
+        }
+        self.nsqd.watchers.append(self._on_topology)
+        # PUT /config/nsqlookupd_tcp_addresses announces new lists through this hook
+        # list when the HTTP API provides it; calling set_lookupd_addresses works too
+        hooks = getattr(self.nsqd, "on_lookupd_addresses_changed", None)
+        if isinstance(hooks, list) and self.set_lookupd_addresses not in hooks:
+            hooks.append(self.set_lookupd_addresses)
+        self.set_lookupd_addresses(list(self.nsqd.options.nsqlookupd_tcp_addresses))
+
+    async def close(self) -> None:
+        """Disconnect from every lookupd (which then drops this node's registrations)."""
+        if self._on_topology in self.nsqd.watchers:
+            self.nsqd.watchers.remove(self._on_topology)
+        hooks = getattr(self.nsqd, "on_lookupd_addresses_changed", None)
+        if isinstance(hooks, list) and self.set_lookupd_addresses in hooks:
+            hooks.remove(self.set_lookupd_addresses)
+        peers = list(self.peers.values())
+        self.peers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*(p.close() for p in peers), *self._tasks, return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def set_lookupd_addresses(self, addresses: list[str]) -> None:
+        """Register with exactly these lookupds (TCP ``host:port``) from now on.
+
+        New addresses are connected; peers no longer listed are closed (and so drop
+        this node's registrations). For ``PUT /config/nsqlookupd_tcp_addresses``.
+        """
+        self.nsqd.options.nsqlookupd_tcp_addresses = list(addresses)
+        if not self._started:
+            return
+        for address in list(self.peers):
+            if address not in addresses:
+                log.info("LOOKUP(%s): removing peer", address)
+                peer = self.peers.pop(address)
+                self._spawn(peer.close())
+        for address in addresses:
+            if address not in self.peers:
+                log.info("LOOKUP(%s): adding peer", address)
+                self.peers[address] = LookupPeer(self, address)
+
+    def lookupd_http_addresses(self) -> list[str]:
+        """``host:port`` of the connected lookupds' HTTP APIs (from their IDENTIFY)."""
+        out = []
+        for peer in self.peers.values():
+            info = peer.info
+            if info is not None and info.broadcast_address:
+                host = info.broadcast_address
+                if ":" in host:
+                    host = f"[{host}]"
+                out.append(f"{host}:{info.http_port}")
+        return out
+
+    # -- what peers send --------------------------------------------------------------
+
+    def peer_info(self) -> PeerInfo:
+        """This node's IDENTIFY: broadcast address, the real ports, version, hostname."""
+        opts = self.nsqd.options
+        tcp_port = (
+            opts.broadcast_tcp_port
+            or _port_of(self.nsqd.tcp_address)
+            or _configured_port(opts.tcp_address)
+        )
+        # the HTTP API's bound address, once nsqd serves HTTP (an attribute set by it)
+        http_port = (
+            opts.broadcast_http_port
+            or _port_of(getattr(self.nsqd, "http_address", None))
+            or _configured_port(opts.http_address)
+            or FALLBACK_HTTP_PORT
+        )
+        return PeerInfo(
+            broadcast_address=opts.broadcast_address,
+            tcp_port=tcp_port,
+            http_port=http_port,
+            version=NSQ_VERSION,
+            hostname=socket.gethostname(),
+        )
+
+    def registration_commands(self) -> list[bytes]:
+        """REGISTER for each channel, or for the topic when it has none (NSQ's order)."""
+        commands: list[bytes] = []
+        for name, topic in self.nsqd.topics.items():
+            if topic.channels:
+                commands.extend(encode_register(name, ch) for ch in topic.channels)
+            else:
+                commands.append(encode_register(name))
+        return commands
+
+    def _broadcast(self, command: bytes) -> None:
+        for peer in self.peers.values():
+            peer.send(command)
+
+    # -- topology events --------------------------------------------------------------
+
+    def _on_topology(self, event: TopologyEvent) -> None:
+        topic, channel = event.topic, event.channel
+        if event.kind == "create":
+            channels = self._registered.setdefault(topic, {})
+            if channel is None:
+                self._broadcast(encode_register(topic))
+                self._precreate_channels(topic)
+            else:
+                channels[channel] = None
+                self._broadcast(encode_register(topic, channel))
+            return
+        if channel is not None:
+            self._registered.get(topic, {}).pop(channel, None)
+            self._broadcast(encode_unregister(topic, channel))
+            return
+        # NSQ's order: the topic, then each of its channels (which lets lookupd drop
+        # ephemeral channel keys)
+        channels = self._registered.pop(topic, {})
+        self._broadcast(encode_unregister(topic))
+        for ch in channels:
+            self._broadcast(encode_unregister(topic, ch))
+
+    # -- pre-creating channels ----------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _precreate_channels(self, name: str) -> None:
+        """Create the channels lookupd knows for a new topic (as NSQ's GetTopic does).
+
+        NSQ blocks topic creation on this query; here it runs in the background, and the
+        channels start at the topic's first message, so they get what was published in
+        the meantime (unless a subscriber already consumed it and the log was trimmed).
+        """
+        topic = self.nsqd.topics.get(name)
+        if topic is None or topic.ephemeral or not self.nsqd.options.nsqlookupd_tcp_addresses:
+            return
+        addresses = self.lookupd_http_addresses()
+        if not addresses:
+            log.error(
+                "no available nsqlookupd to query for channels to pre-create for topic %s", name
+            )
+            return
+        self._spawn(self._fetch_and_create(topic, topic.log.end, addresses))
+
+    async def _fetch_and_create(self, topic: Topic, start: int, addresses: list[str]) -> None:
+        channels = await self._lookupd_channels(topic.name, addresses)
+        if topic.deleted or self.nsqd.topics.get(topic.name) is not topic:
+            return
+        for name in channels:
+            if is_ephemeral(name):
+                continue  # an ephemeral channel without a consumer would be deleted anyway
+            topic.get_channel(name, start=max(start, topic.log.start))
+
+    async def _lookupd_channels(self, topic: str, addresses: list[str]) -> list[str]:
+        import aiohttp
+
+        opts = self.nsqd.options
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(
+                    total=opts.http_client_request_timeout,
+                    connect=opts.http_client_connect_timeout,
+                )
+            )
+        session: aiohttp.ClientSession = self._http
+
+        async def query(address: str) -> list[str]:
+            url = f"http://{address}/channels"
+            async with session.get(
+                url,
+                params={"topic": topic},
+                headers={"Accept": "application/vnd.nsq; version=1.0"},
+            ) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"{url}: HTTP {resp.status}")
+                data = await resp.json(content_type=None)
+            channels = data.get("channels") if isinstance(data, dict) else None
+            if channels is None and isinstance(data, dict) and "data" in data:
+                channels = (data["data"] or {}).get("channels")  # pre-1.0 envelope
+            return [c for c in channels or [] if isinstance(c, str)]
+
+        results = await asyncio.gather(*(query(a) for a in addresses), return_exceptions=True)
+        found: dict[str, None] = {}
+        for address, result in zip(addresses, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning(
+                    "failed to query nsqlookupd %s for channels to pre-create for topic %s - %s",
+                    address,
+                    topic,
+                    result,
+                )
+                continue
+            found.update(dict.fromkeys(result))
+        return list(found)

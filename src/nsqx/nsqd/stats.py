@@ -1,0 +1,454 @@
+"""Stats: what /stats, statsd and /metrics report, read from the live objects on demand.
+
+Nothing here is updated per message: topics, channels and clients keep their counters
+and this module reads them when asked. The shapes are NSQ 1.3's (``nsqd/stats.go``):
+JSON field names, ``null`` for absent lists, Go's client states, and the text format.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nsqx import NSQ_VERSION
+from nsqx.nsqd.client_v2 import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED
+from nsqx.nsqd.e2e import E2eResult
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.channel import Channel
+    from nsqx.nsqd.client_v2 import ClientV2
+    from nsqx.nsqd.nsqd import NSQD
+    from nsqx.nsqd.topic import Topic
+
+#: our client states -> Go's (stateInit, stateDisconnected, stateConnected,
+#: stateSubscribed, stateClosing = 0..4), which clients of the stats API know
+GO_STATE = {STATE_INIT: 0, STATE_SUBSCRIBED: 3, STATE_CLOSING: 4}
+
+
+@dataclass
+class ClientStats:
+    """One client connection, as NSQ's ClientV2Stats."""
+
+    client_id: str
+    hostname: str
+    version: str
+    remote_address: str
+    state: int
+    ready_count: int
+    in_flight_count: int
+    message_count: int
+    finish_count: int
+    requeue_count: int
+    connect_ts: int
+    sample_rate: int
+    deflate: bool
+    snappy: bool
+    user_agent: str
+    tls: bool
+    tls_cipher_suite: str
+    tls_version: str
+    tls_negotiated_protocol: str
+    tls_negotiated_protocol_is_mutual: bool
+    pub_counts: list[tuple[str, int]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "client_id": self.client_id,
+            "hostname": self.hostname,
+            "version": self.version,
+            "remote_address": self.remote_address,
+            "state": self.state,
+            "ready_count": self.ready_count,
+            "in_flight_count": self.in_flight_count,
+            "message_count": self.message_count,
+            "finish_count": self.finish_count,
+            "requeue_count": self.requeue_count,
+            "connect_ts": self.connect_ts,
+            "sample_rate": self.sample_rate,
+            "deflate": self.deflate,
+            "snappy": self.snappy,
+            "user_agent": self.user_agent,
+        }
+        if self.pub_counts:  # omitempty in NSQ
+            d["pub_counts"] = [{"topic": t, "count": n} for t, n in self.pub_counts]
+        d.update(
+            tls=self.tls,
+            tls_cipher_suite=self.tls_cipher_suite,
+            tls_version=self.tls_version,
+            tls_negotiated_protocol=self.tls_negotiated_protocol,
+            tls_negotiated_protocol_is_mutual=self.tls_negotiated_protocol_is_mutual,
+        )
+        return d
+
+    def __str__(self) -> str:
+        connected = go_duration(max(int(time.time()) - self.connect_ts, 0))
+        port = self.remote_address.rpartition(":")[2]
+        ident = f"{self.hostname}:{port} {self.user_agent}"
+        if self.pub_counts:
+            total = sum(n for _, n in self.pub_counts)
+            topics = ",".join(f"{t}={n}" for t, n in self.pub_counts)
+            return (
+                f"[{self.version} {ident:<21}] msgs: {total:<8} topics: {topics} "
+                f"connected: {connected}"
+            )
+        return (
+            f"[{self.version} {ident:<21}] state: {self.state} inflt: {self.in_flight_count:<4} "
+            f"rdy: {self.ready_count:<4} fin: {self.finish_count:<8} "
+            f"re-q: {self.requeue_count:<8} msgs: {self.message_count:<8} "
+            f"connected: {connected}"
+        )
+
+
+@dataclass
+class ChannelStats:
+    """One channel, as NSQ's ChannelStats."""
+
+    channel_name: str
+    depth: int
+    backend_depth: int
+    in_flight_count: int
+    deferred_count: int
+    message_count: int
+    requeue_count: int
+    timeout_count: int
+    client_count: int
+    clients: list[ClientStats] | None
+    paused: bool
+    ephemeral: bool
+    e2e: E2eResult
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "channel_name": self.channel_name,
+            "depth": self.depth,
+            "backend_depth": self.backend_depth,
+            "in_flight_count": self.in_flight_count,
+            "deferred_count": self.deferred_count,
+            "message_count": self.message_count,
+            "requeue_count": self.requeue_count,
+            "timeout_count": self.timeout_count,
+            "client_count": self.client_count,
+            "clients": None if self.clients is None else [c.to_json() for c in self.clients],
+            "paused": self.paused,
+            "e2e_processing_latency": self.e2e.to_json(),
+        }
+
+
+@dataclass
+class TopicStats:
+    """One topic, as NSQ's TopicStats."""
+
+    topic_name: str
+    channels: list[ChannelStats]
+    depth: int
+    backend_depth: int
+    message_count: int
+    message_bytes: int
+    paused: bool
+    ephemeral: bool
+    e2e: E2eResult
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topic_name": self.topic_name,
+            "channels": [c.to_json() for c in self.channels],
+            "depth": self.depth,
+            "backend_depth": self.backend_depth,
+            "message_count": self.message_count,
+            "message_bytes": self.message_bytes,
+            "paused": self.paused,
+            "e2e_processing_latency": self.e2e.to_json(),
+        }
+
+
+@dataclass
+class Stats:
+    """A snapshot: topics (None when a topic filter matched nothing) and producers."""
+
+    topics: list[TopicStats] | None
+    producers: list[ClientStats] | None
+
+
+def client_stats(client: ClientV2, topic: str = "") -> ClientStats:
+    """A client's stats; ``pub_counts`` limited to ``topic`` when one is given."""
+    s = client.settings
+    tls_version = cipher = ""
+    tls = False
+    transport = client._transport  # TLS, when the connection was upgraded
+    ssl_obj = transport.get_extra_info("ssl_object") if transport is not None else None
+    if ssl_obj is not None:
+        tls = True
+        c = ssl_obj.cipher()
+        if c:
+            cipher = c[0]
+            tls_version = str(c[1]).replace("TLSv", "TLS")
+    return ClientStats(
+        client_id=s.client_id,
+        hostname=s.hostname,
+        version="V2",
+        remote_address=client.remote_address,
+        state=GO_STATE.get(client.state, client.state),
+        ready_count=client.rdy,
+        in_flight_count=len(client.inflight) + len(client.irregular),
+        message_count=client.message_count,
+        finish_count=client.finish_count,
+        requeue_count=client.requeue_count,
+        connect_ts=client.connect_ts,
+        sample_rate=s.sample_rate,
+        deflate=s.deflate,
+        snappy=s.snappy,
+        user_agent=s.user_agent,
+        tls=tls,
+        tls_cipher_suite=cipher,
+        tls_version=tls_version,
+        tls_negotiated_protocol="",
+        tls_negotiated_protocol_is_mutual=False,
+        pub_counts=[(t, n) for t, n in client.pub_counts.items() if not topic or t == topic],
+    )
+
+
+_NO_E2E = E2eResult(0, None)
+
+
+def _not_yet_due(ch: Channel) -> int:
+    """Deferred (DPUB) records the channel's cursor has not reached and that are not due.
+
+    NSQ puts a deferred message in the channel's deferred queue as soon as it is
+    published; here it waits in the log until the cursor reaches it. Counting it as
+    deferred rather than queued keeps depth and deferred_count as NSQ reports them.
+    """
+    end = ch.topic.visible_end
+    if ch.cursor >= end:
+        return 0
+    now = time.time_ns()
+    return sum(1 for _, due in ch.log.deferred_between(ch.cursor, end) if due > now)
+
+
+def channel_stats(ch: Channel, include_clients: bool = True) -> ChannelStats:
+    pending = _not_yet_due(ch)
+    return ChannelStats(
+        channel_name=ch.name,
+        depth=ch.depth - pending,
+        backend_depth=0,
+        in_flight_count=ch.in_flight_count,
+        deferred_count=ch.deferred_count + pending,
+        message_count=ch.message_count,
+        requeue_count=ch.requeue_count,
+        timeout_count=ch.timeout_count,
+        client_count=len(ch.clients),
+        clients=[client_stats(c, ch.topic.name) for c in ch.clients] if include_clients else None,
+        paused=ch.paused,
+        ephemeral=ch.ephemeral,
+        e2e=_NO_E2E if ch.e2e is None else E2eResult.merge([ch.e2e]),
+    )
+
+
+def topic_stats(t: Topic, channels: list[ChannelStats]) -> TopicStats:
+    windows = [ch.e2e for ch in t.channels.values() if ch.e2e is not None]
+    return TopicStats(
+        topic_name=t.name,
+        channels=channels,
+        depth=t.depth,
+        backend_depth=0,
+        message_count=t.message_count,
+        message_bytes=t.message_bytes,
+        paused=t.paused,
+        ephemeral=t.ephemeral,
+        e2e=E2eResult.merge(windows) if windows else _NO_E2E,
+    )
+
+
+def get_stats(
+    nsqd: NSQD, topic: str = "", channel: str = "", include_clients: bool = True
+) -> Stats:
+    """NSQ's GetStats: topics and channels sorted by name, optionally filtered."""
+    if topic:
+        t = nsqd.topics.get(topic)
+        if t is None:
+            return Stats(None, None)
+        topics = [t]
+    else:
+        topics = sorted(nsqd.topics.values(), key=lambda t: t.name)
+    out: list[TopicStats] = []
+    for t in topics:
+        if channel:
+            ch = t.channels.get(channel)
+            if ch is None:
+                continue
+            chans = [ch]
+        else:
+            chans = sorted(t.channels.values(), key=lambda c: c.name)
+        out.append(topic_stats(t, [channel_stats(c, include_clients) for c in chans]))
+    producers: list[ClientStats] | None = None
+    if include_clients:
+        found = [client_stats(c, topic) for c in nsqd.clients if c.pub_counts]
+        producers = found or None
+    return Stats(out, producers)
+
+
+# -- memory ----------------------------------------------------------------------------
+
+
+class GcPauses:
+    """Times garbage collections (gc.callbacks) to report pauses as NSQ reports Go's.
+
+    Installed once per process while any nsqd runs; each collection costs two clock
+    reads. Like Go's MemStats.PauseNs, only the last 256 pauses are kept.
+    """
+
+    _users = 0
+    _started = 0
+    pauses: deque[int] = deque(maxlen=256)
+    runs = 0
+
+    @classmethod
+    def _callback(cls, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            cls._started = time.perf_counter_ns()
+        elif cls._started:
+            cls.pauses.append(time.perf_counter_ns() - cls._started)
+            cls.runs += 1
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._users == 0:
+            gc.callbacks.append(cls._callback)
+        cls._users += 1
+
+    @classmethod
+    def uninstall(cls) -> None:
+        cls._users = max(cls._users - 1, 0)
+        if cls._users == 0 and cls._callback in gc.callbacks:
+            gc.callbacks.remove(cls._callback)
+
+
+def _percentile(perc: float, values: list[int]) -> int:
+    # NSQ's statsd percentile(): index floor(perc/100 * n + 0.5), clamped
+    if not values:
+        return 0
+    i = min(int(perc / 100.0 * len(values) + 0.5), len(values) - 1)
+    return values[i]
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def mem_stats() -> dict[str, int]:
+    """NSQ's memStats, mapped onto CPython: see docs/metrics.md for what each means here."""
+    pauses = sorted(GcPauses.pauses)
+    threshold = gc.get_threshold()[0]
+    return {
+        "heap_objects": sys.getallocatedblocks(),
+        "heap_idle_bytes": 0,
+        "heap_in_use_bytes": _rss_bytes(),
+        "heap_released_bytes": 0,
+        "gc_pause_usec_100": _percentile(100.0, pauses) // 1000,
+        "gc_pause_usec_99": _percentile(99.0, pauses) // 1000,
+        "gc_pause_usec_95": _percentile(95.0, pauses) // 1000,
+        "next_gc_bytes": max(threshold - gc.get_count()[0], 0),
+        "gc_total_runs": GcPauses.runs,
+    }
+
+
+# -- text format -----------------------------------------------------------------------
+
+
+def go_duration(seconds: float) -> str:
+    """A duration as Go's time.Duration.String() writes it (1h2m3.5s, 250ms)."""
+    ns = round(seconds * 1e9)
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns < 1000:
+        return f"{sign}{ns}ns"
+    if ns < 1_000_000:
+        return f"{sign}{_trim(ns / 1e3)}µs"
+    if ns < 1_000_000_000:
+        return f"{sign}{_trim(ns / 1e6)}ms"
+    h, rem = divmod(ns, 3600 * 10**9)
+    m, rem = divmod(rem, 60 * 10**9)
+    s = _trim(rem / 1e9)
+    if h:
+        return f"{sign}{h}h{m}m{s}s"
+    if m:
+        return f"{sign}{m}m{s}s"
+    return f"{sign}{s}s"
+
+
+def _trim(v: float) -> str:
+    text = f"{v:.9f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def rfc3339(ts: float) -> str:
+    text = datetime.datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+    return text.replace("+00:00", "Z")
+
+
+def version_string(app: str = "nsqd") -> str:
+    v = sys.version_info
+    return f"{app} v{NSQ_VERSION} (built w/python{v.major}.{v.minor}.{v.micro})"
+
+
+def format_text(stats: Stats, mem: dict[str, int] | None, health: str, start_time: float) -> str:
+    """The text /stats, line for line as NSQ's printStats."""
+    out = [
+        f"{version_string()}\n",
+        f"start_time {rfc3339(start_time)}\n",
+        f"uptime {go_duration(time.time() - start_time)}\n",
+        f"\nHealth: {health}\n",
+    ]
+    if mem is not None:
+        out.append("\nMemory:\n")
+        out.extend(f"   {k:<25}\t{v}\n" for k, v in mem.items())
+    topics = stats.topics or []
+    out.append("\nTopics: None\n" if not topics else "\nTopics:")
+    for t in topics:
+        prefix = "*P " if t.paused else "   "
+        out.append(
+            f"\n{prefix}[{t.topic_name:<15}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
+            f"msgs: {t.message_count:<8} e2e%: {t.e2e}\n"
+        )
+        for c in t.channels:
+            prefix = "   *P " if c.paused else "      "
+            out.append(
+                f"{prefix}[{c.channel_name:<25}] depth: {c.depth:<5} "
+                f"be-depth: {c.backend_depth:<5} inflt: {c.in_flight_count:<4} "
+                f"def: {c.deferred_count:<4} re-q: {c.requeue_count:<5} "
+                f"timeout: {c.timeout_count:<5} msgs: {c.message_count:<8} e2e%: {c.e2e}\n"
+            )
+            out.extend(f"        {cl}\n" for cl in c.clients or ())
+    if not stats.producers:
+        out.append("\nProducers: None\n")
+    else:
+        out.append("\nProducers:\n")
+        out.extend(f"   {p}\n" for p in stats.producers)
+    return "".join(out)
+
+
+def stats_json(
+    stats: Stats, mem: dict[str, int] | None, health: str, start_time: float
+) -> dict[str, Any]:
+    """The JSON /stats (``format=json``)."""
+    d: dict[str, Any] = {
+        "version": NSQ_VERSION,
+        "health": health,
+        "start_time": int(start_time),
+        "topics": None if stats.topics is None else [t.to_json() for t in stats.topics],
+    }
+    if mem is not None:
+        d["memory"] = mem
+    d["producers"] = None if stats.producers is None else [p.to_json() for p in stats.producers]
+    return d

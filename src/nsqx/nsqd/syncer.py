@@ -1,0 +1,117 @@
+"""Syncer: fsyncs and checkpoints off the event loop, grouped."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from typing import TYPE_CHECKING
+
+from nsqx.store.cursor import CursorState, write_cursor
+from nsqx.store.disklog import DiskLog
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.channel import Channel
+    from nsqx.nsqd.nsqd import NSQD
+
+log = logging.getLogger("nsqx.nsqd")
+
+#: unfinished messages above which a channel's checkpoint is taken less often
+LARGE_CHECKPOINT = 50_000
+
+
+class LogSyncer:
+    """Runs one DiskLog's fsyncs in a thread, one at a time (fsync releases the GIL).
+
+    Whoever asks while an fsync runs is served by the next one, which covers every
+    write made before it started: a group commit. ``request()`` returns a future that
+    completes once the log's writes up to now are on the device.
+    """
+
+    def __init__(self, disklog: DiskLog) -> None:
+        self.log = disklog
+        self._waiters: list[asyncio.Future[None]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def request(self) -> asyncio.Future[None]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(fut)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run())
+        return fut
+
+    async def _run(self) -> None:
+        while self._waiters:
+            waiters, self._waiters = self._waiters, []
+            covered = self.log.unsynced
+            try:
+                await asyncio.to_thread(self.log.sync)
+            except Exception as err:  # pragma: no cover - disk failure
+                log.error("STORE: fsync of %s failed: %s", self.log.directory, err)
+                for w in waiters:
+                    if not w.done():
+                        w.set_exception(err)
+                continue
+            self.log.unsynced = max(0, self.log.unsynced - covered)
+            self.log.last_sync = time.monotonic()
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+    def due(self, sync_every: int, sync_timeout: float, now: float) -> bool:
+        """Whether --sync-every / --sync-timeout call for an fsync now."""
+        unsynced = self.log.unsynced
+        return unsynced > 0 and (unsynced >= sync_every or now - self.log.last_sync >= sync_timeout)
+
+
+class Checkpointer:
+    """Writes dirty channels' cursor files in a thread, one round at a time."""
+
+    def __init__(self, nsqd: NSQD) -> None:
+        self.nsqd = nsqd
+        self._task: asyncio.Task[None] | None = None
+        self._last_fsync = time.monotonic()
+
+    def run_round(self) -> None:
+        if self._task is not None and not self._task.done():
+            return  # the previous round is still writing
+        work = []
+        now = time.monotonic()
+        slow_every = self.nsqd.options.sync_timeout
+        for topic in self.nsqd.topics.values():
+            for ch in topic.channels.values():
+                if not ch.dirty or ch.cursor_path is None or ch.deleted:
+                    continue
+                # A snapshot costs O(unfinished messages): a channel holding very many
+                # (say a million deferred) is checkpointed every --sync-timeout only.
+                if ch.checkpoint_size > LARGE_CHECKPOINT and now - ch.checkpoint_at < slow_every:
+                    continue
+                ch.dirty = False
+                # the snapshot is taken here, on the loop; only the write is threaded
+                state = ch.cursor_state()
+                ch.checkpoint_size = len(state.pending) // 3
+                ch.checkpoint_at = now
+                work.append((ch, state))
+        if work:
+            # written each round (enough for a killed process); fsynced per --sync-timeout
+            now = time.monotonic()
+            fsync = now - self._last_fsync >= self.nsqd.options.sync_timeout
+            if fsync:
+                self._last_fsync = now
+            self._task = asyncio.get_running_loop().create_task(self._write(work, fsync))
+
+    async def _write(self, work: list[tuple[Channel, CursorState]], fsync: bool) -> None:
+        def write_all() -> None:
+            for ch, state in work:
+                path = ch.cursor_path
+                assert path is not None
+                try:
+                    write_cursor(path, state, fsync)
+                    if ch.deleted:  # deleted while we wrote: do not leave it behind
+                        os.remove(path)
+                except FileNotFoundError:
+                    pass  # the channel or topic was deleted meanwhile
+
+        await asyncio.to_thread(write_all)

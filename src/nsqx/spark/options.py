@@ -1,0 +1,190 @@
+"""The options of the "nsq" data source, checked when a query is built.
+
+Spark hands options over lower-cased; every error names the option as users write it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from nsqx.wire.names import is_valid_name
+
+
+class NsqOptionError(ValueError):
+    """A data source option is missing or malformed (the message names it)."""
+
+
+#: user-facing spelling of each option, by its lower-cased key
+OPTION_NAMES = {
+    n.lower(): n
+    for n in (
+        "topic",
+        "nsqdHttpAddresses",
+        "nsqdTcpAddresses",
+        "lookupdHttpAddresses",
+        "startingOffsets",
+        "endingOffsets",
+        "maxOffsetsPerTrigger",
+        "channel",
+        "mode",
+        "maxBatchMessages",
+        "topicColumn",
+        "bodyColumn",
+        "batchSize",
+        "readMessages",
+        "readBytes",
+        "failOnDataLoss",
+        "msgTimeout",
+    )
+}
+
+#: an offset spec: "earliest", "latest", {partition: sequence}, or epoch milliseconds
+OffsetSpec = str | dict[str, int] | int
+
+
+def _addresses(value: str | None, name: str) -> list[str]:
+    if not value:
+        return []
+    out = []
+    for a in value.split(","):
+        a = a.strip()
+        host, sep, port = a.rpartition(":")
+        if not a or not sep or not host or not port.isdigit():
+            raise NsqOptionError(f"option {name}: {a!r} is not host:port")
+        out.append(a)
+    return out
+
+
+def _offset_spec(value: str | None, name: str, default: str) -> OffsetSpec:
+    if value is None or value == "":
+        return default
+    v = value.strip()
+    if v in ("earliest", "latest"):
+        return v
+    if v.lstrip("-").isdigit():
+        ms = int(v)
+        if ms < 0:
+            raise NsqOptionError(f"option {name}: a timestamp must be >= 0 (epoch ms), got {v}")
+        return ms
+    try:
+        parsed = json.loads(v)
+    except ValueError:
+        raise NsqOptionError(
+            f"option {name}: expected earliest, latest, epoch milliseconds or JSON "
+            f'{{"host:httpport/partition": sequence}}, got {v!r}'
+        ) from None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(k, str) and isinstance(s, int) and not isinstance(s, bool) and s >= -2
+        for k, s in parsed.items()
+    ):
+        raise NsqOptionError(
+            f'option {name}: JSON must map "host:httpport/partition" to a sequence '
+            f"(-2 earliest, -1 latest), got {v!r}"
+        )
+    return parsed
+
+
+def _positive_int(value: str | None, name: str, default: int | None) -> int | None:
+    if value is None or value == "":
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        raise NsqOptionError(f"option {name}: expected a positive integer, got {value!r}") from None
+    if n <= 0:
+        raise NsqOptionError(f"option {name}: expected a positive integer, got {value!r}")
+    return n
+
+
+def _bool(value: str | None, name: str, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    v = value.strip().lower()
+    if v in ("true", "1", "yes"):
+        return True
+    if v in ("false", "0", "no"):
+        return False
+    raise NsqOptionError(f"option {name}: expected true or false, got {value!r}")
+
+
+@dataclass
+class NsqOptions:
+    """Validated options of the "nsq" source and sink."""
+
+    topic: str | None = None
+    nsqd_http: list[str] = field(default_factory=list)
+    nsqd_tcp: list[str] = field(default_factory=list)
+    lookupd_http: list[str] = field(default_factory=list)
+    starting: OffsetSpec = "earliest"
+    ending: OffsetSpec = "latest"
+    max_offsets_per_trigger: int | None = None
+    channel: str | None = None
+    mode: str = "range"
+    max_batch_messages: int = 10_000
+    topic_column: str | None = None
+    body_column: str = "body"
+    batch_size: int = 200
+    read_messages: int = 10_000
+    read_bytes: int = 8 * 1024 * 1024
+    fail_on_data_loss: bool = True
+    msg_timeout_ms: int = 60_000
+
+    @classmethod
+    def parse(cls, raw: Any, *, for_write: bool = False) -> NsqOptions:
+        """Check ``raw`` (Spark's options); raise NsqOptionError naming the bad one."""
+        opts = {str(k).lower(): (None if v is None else str(v)) for k, v in dict(raw).items()}
+        unknown = [k for k in opts if k not in OPTION_NAMES and k != "path"]
+        if unknown:
+            raise NsqOptionError(
+                f"unknown option(s) {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(sorted(OPTION_NAMES.values()))}"
+            )
+        o = cls()
+        o.topic = opts.get("topic") or None
+        o.topic_column = opts.get("topiccolumn") or None
+        if o.topic is not None and not is_valid_name(o.topic):
+            raise NsqOptionError(f"option topic: {o.topic!r} is not a valid NSQ topic name")
+        if not for_write and o.topic is None:
+            raise NsqOptionError("option topic is required")
+        if for_write and o.topic is None and o.topic_column is None:
+            raise NsqOptionError("option topic (or topicColumn) is required to write")
+        o.nsqd_http = _addresses(opts.get("nsqdhttpaddresses"), "nsqdHttpAddresses")
+        o.nsqd_tcp = _addresses(opts.get("nsqdtcpaddresses"), "nsqdTcpAddresses")
+        o.lookupd_http = _addresses(opts.get("lookupdhttpaddresses"), "lookupdHttpAddresses")
+        o.mode = (opts.get("mode") or "range").lower()
+        if o.mode not in ("range", "channel"):
+            raise NsqOptionError(f"option mode: expected range or channel, got {o.mode!r}")
+        o.channel = opts.get("channel") or None
+        if o.channel is not None and not is_valid_name(o.channel):
+            raise NsqOptionError(f"option channel: {o.channel!r} is not a valid NSQ channel name")
+        if for_write:
+            if not o.nsqd_tcp and not o.lookupd_http:
+                raise NsqOptionError(
+                    "option nsqdTcpAddresses (or lookupdHttpAddresses) is required to write"
+                )
+        elif o.mode == "channel":
+            if o.channel is None:
+                raise NsqOptionError("option channel is required with mode=channel")
+            if not o.nsqd_tcp and not o.lookupd_http:
+                raise NsqOptionError(
+                    "option nsqdTcpAddresses (or lookupdHttpAddresses) is required with mode=channel"
+                )
+        elif not o.nsqd_http and not o.lookupd_http:
+            raise NsqOptionError("option nsqdHttpAddresses (or lookupdHttpAddresses) is required")
+        o.starting = _offset_spec(opts.get("startingoffsets"), "startingOffsets", "earliest")
+        o.ending = _offset_spec(opts.get("endingoffsets"), "endingOffsets", "latest")
+        o.max_offsets_per_trigger = _positive_int(
+            opts.get("maxoffsetspertrigger"), "maxOffsetsPerTrigger", None
+        )
+        o.max_batch_messages = (
+            _positive_int(opts.get("maxbatchmessages"), "maxBatchMessages", 10_000) or 10_000
+        )
+        o.body_column = opts.get("bodycolumn") or "body"
+        o.batch_size = _positive_int(opts.get("batchsize"), "batchSize", 200) or 200
+        o.read_messages = _positive_int(opts.get("readmessages"), "readMessages", 10_000) or 10_000
+        o.read_bytes = _positive_int(opts.get("readbytes"), "readBytes", 8 << 20) or (8 << 20)
+        o.fail_on_data_loss = _bool(opts.get("failondataloss"), "failOnDataLoss", True)
+        o.msg_timeout_ms = _positive_int(opts.get("msgtimeout"), "msgTimeout", 60_000) or 60_000
+        return o

@@ -1,0 +1,121 @@
+"""Blocking HTTP calls to nsqd's range-read API and nsqlookupd, for Spark tasks.
+
+Plain ``http.client`` keeps this importable anywhere Spark runs Python (no event loop,
+nothing to install beyond nsqx). One keep-alive connection per nsqd per process.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from typing import Any
+from urllib.parse import urlencode
+
+from nsqx.wire.range import RangeColumns, decode_range_columns
+
+
+class NsqHttpError(Exception):
+    """nsqd or nsqlookupd answered with an error (or could not be reached)."""
+
+
+_local = threading.local()
+
+
+def _conn(address: str, timeout: float) -> http.client.HTTPConnection:
+    pool: dict[str, http.client.HTTPConnection] = getattr(_local, "pool", None) or {}
+    _local.pool = pool
+    conn = pool.get(address)
+    if conn is None:
+        host, _, port = address.rpartition(":")
+        conn = pool[address] = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    return conn
+
+
+def request(
+    address: str, method: str, path: str, params: dict[str, Any], timeout: float = 30.0
+) -> bytes:
+    """One HTTP request; retried once on a dropped keep-alive connection."""
+    url = f"{path}?{urlencode(params)}" if params else path
+    for attempt in (1, 2):
+        conn = _conn(address, timeout)
+        try:
+            conn.request(method, url)
+            resp = conn.getresponse()
+            body = resp.read()
+        except (OSError, http.client.HTTPException) as err:
+            conn.close()
+            _local.pool.pop(address, None)
+            if attempt == 2:
+                raise NsqHttpError(f"{method} http://{address}{path}: {err}") from err
+            continue
+        if resp.status != 200:
+            try:
+                message = json.loads(body).get("message", body.decode(errors="replace"))
+            except ValueError:
+                message = body.decode(errors="replace")
+            raise NsqHttpError(f"{method} http://{address}{path}: {resp.status} {message}")
+        return body
+    raise AssertionError("unreachable")
+
+
+def fetch_range(
+    address: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int | None = None,
+    max_messages: int = 10_000,
+    max_bytes: int = 8 * 1024 * 1024,
+) -> RangeColumns:
+    """Records of ``topic``/``partition`` on the nsqd at ``address`` from sequence
+    ``start`` (below ``end``), by column, and the partition's current end."""
+    params: dict[str, Any] = {
+        "topic": topic,
+        "partition": partition,
+        "start": start,
+        "max_messages": max_messages,
+        "max_bytes": max_bytes,
+    }
+    if end is not None:
+        params["end"] = end
+    return decode_range_columns(request(address, "GET", "/range", params))
+
+
+def bounds(address: str, topic: str, partition: int) -> tuple[int, int]:
+    """(earliest, end) sequences of a partition."""
+    res = fetch_range(address, topic, partition, 0, max_messages=0)
+    return res.start_sequence, res.end_sequence
+
+
+def sequence_at_time(address: str, topic: str, partition: int, ms: int) -> int:
+    """The first sequence published at or after ``ms`` (epoch milliseconds)."""
+    params = {
+        "topic": topic,
+        "partition": partition,
+        "start_time": ms * 1_000_000,
+        "max_messages": 0,
+    }
+    return decode_range_columns(request(address, "GET", "/range", params)).start_sequence
+
+
+def set_channel_offset(address: str, topic: str, channel: str, partition: int, seq: int) -> None:
+    """Advance ``channel`` so that everything below ``seq`` counts as consumed."""
+    request(
+        address,
+        "POST",
+        "/channel/setoffset",
+        {"topic": topic, "channel": channel, "partition": partition, "sequence": seq},
+    )
+
+
+def lookup(lookupd: str, topic: str) -> list[dict[str, Any]]:
+    """Producers of ``topic`` according to one nsqlookupd (empty if it has none)."""
+    try:
+        body = request(lookupd, "GET", "/lookup", {"topic": topic})
+    except NsqHttpError as err:
+        if "404" in str(err):
+            return []
+        raise
+    producers = json.loads(body).get("producers") or []
+    return list(producers)

@@ -1,0 +1,363 @@
+"""The PySpark data source "nsq": batch and Structured Streaming, read and write.
+
+Reading (mode "range", the default) is by offset ranges: the driver plans, for each
+(nsqd, topic partition), a range of message sequences, and executors fetch exactly that
+range with nsqd's stateless range reads (GET /range). A streaming query's offset is
+``{"host:httpport/partition": sequence}``; it lives in Spark's checkpoint, so a query
+restarted from its checkpoint resumes with no gap and no repeat. Writing publishes each
+task's rows with MPUB batches (at-least-once: a retried task publishes again).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from nsqx.spark import rangeclient
+from nsqx.spark.options import NsqOptionError, NsqOptions
+from nsqx.spark.publisher import BlockingPublisher
+
+log = logging.getLogger("nsqx.spark")
+
+#: Columns of the rows this source reads (``nsqd`` names the server a row came from).
+SCHEMA = (
+    "topic STRING, nsqd STRING, partition INT, offset BIGINT, id STRING, trace_id BIGINT, "
+    "timestamp TIMESTAMP, attempts INT, body BINARY, ext STRING"
+)
+
+
+SCHEMA_NAMES = [c.split()[0] for c in SCHEMA.split(", ")]
+
+
+@dataclass(frozen=True)
+class RangePartition(InputPartition):
+    """One executor task: sequences [start, end) of one nsqd's topic partition."""
+
+    key: str
+    address: str
+    partition: int
+    start: int
+    end: int
+
+
+def partition_key(address: str, partition: int) -> str:
+    return f"{address}/{partition}"
+
+
+def split_key(key: str) -> tuple[str, int]:
+    address, _, part = key.rpartition("/")
+    return address, int(part)
+
+
+def nsqd_http_addresses(opts: NsqOptions) -> list[str]:
+    """The nsqd to read from: the configured ones plus those nsqlookupd knows for the topic."""
+    found = list(opts.nsqd_http)
+    assert opts.topic is not None
+    for lookupd in opts.lookupd_http:
+        for p in rangeclient.lookup(lookupd, opts.topic):
+            addr = f"{p['broadcast_address']}:{p['http_port']}"
+            if addr not in found:
+                found.append(addr)
+    return found
+
+
+def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int) -> int:
+    """A sequence for ``key`` from an offsets spec, clamped to [lo, hi]."""
+    if spec == "earliest":
+        return lo
+    if spec == "latest":
+        return hi
+    if isinstance(spec, int):
+        address, part = split_key(key)
+        assert opts.topic is not None
+        return max(lo, min(hi, rangeclient.sequence_at_time(address, opts.topic, part, spec)))
+    assert isinstance(spec, dict)
+    if key not in spec:
+        return lo
+    seq = int(spec[key])
+    if seq == -2:
+        return lo
+    if seq == -1:
+        return hi
+    if seq < lo and not opts.fail_on_data_loss:
+        return lo
+    # below lo with failOnDataLoss: the read reports the loss
+    return min(seq, hi)
+
+
+def _bounds(opts: NsqOptions) -> dict[str, tuple[int, int]]:
+    assert opts.topic is not None
+    out = {}
+    for address in nsqd_http_addresses(opts):
+        key = partition_key(address, 0)
+        try:
+            out[key] = rangeclient.bounds(address, opts.topic, 0)
+        except rangeclient.NsqHttpError as err:
+            if "TOPIC_NOT_FOUND" in str(err):
+                continue  # this nsqd has no such topic (yet)
+            raise
+    return out
+
+
+def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
+    """Executor side: fetch [start, end) in chunks and yield Arrow record batches."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    _TS_TYPE = pa.timestamp("us", tz="UTC")  # what Spark expects for TIMESTAMP
+    assert opts.topic is not None
+    seq = part.start
+    while seq < part.end:
+        res = rangeclient.fetch_range(
+            part.address,
+            opts.topic,
+            part.partition,
+            seq,
+            part.end,
+            max_messages=min(opts.read_messages, part.end - seq),
+            max_bytes=opts.read_bytes,
+        )
+        if res.start_sequence > seq:
+            msg = (
+                f"nsq: {part.key} sequences {seq}..{res.start_sequence - 1} were deleted "
+                "before they were read (set failOnDataLoss=false to skip them)"
+            )
+            if opts.fail_on_data_loss:
+                raise RuntimeError(msg)
+            log.warning(msg)
+        n = len(res.sequences)
+        if not n:
+            if res.end_sequence <= seq:
+                raise RuntimeError(
+                    f"nsq: {part.key} ends at {res.end_sequence}, before the planned "
+                    f"end {part.end} (was the topic deleted or emptied?)"
+                )
+            break
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.repeat(pa.scalar(opts.topic, pa.string()), n),
+                pa.repeat(pa.scalar(part.address, pa.string()), n),
+                pa.repeat(pa.scalar(part.partition, pa.int32()), n),
+                pa.array(res.sequences, pa.int64()),
+                pa.array(res.ids, pa.binary(16)).cast(pa.string()),
+                pa.repeat(pa.scalar(0, pa.int64()), n),  # trace ids: none yet
+                pc.divide(pa.array(res.timestamps, pa.int64()), 1000).cast(_TS_TYPE),
+                pa.array(res.attempts, pa.int32()),
+                pa.array(res.bodies, pa.binary()),
+                pa.nulls(n, pa.string()),
+            ],
+            names=SCHEMA_NAMES,
+        )
+        seq = res.sequences[-1] + 1
+
+
+class NsqBatchReader(DataSourceReader):
+    """Batch read of [startingOffsets, endingOffsets) of every (nsqd, partition)."""
+
+    def __init__(self, opts: NsqOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[RangePartition]:
+        opts = self.opts
+        parts = []
+        for key, (lo, hi) in sorted(_bounds(opts).items()):
+            start = _resolve(opts, opts.starting, key, lo, hi)
+            end = _resolve(opts, opts.ending, key, lo, hi)
+            if end > start:
+                address, p = split_key(key)
+                parts.append(RangePartition(key, address, p, start, end))
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, RangePartition)
+        return read_range(self.opts, partition)
+
+
+class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of offset ranges; offsets are {"host:httpport/partition": sequence}."""
+
+    def __init__(self, opts: NsqOptions) -> None:
+        self.opts = opts
+        self._target: dict[str, int] | None = None
+
+    def initialOffset(self) -> dict[str, int]:
+        opts = self.opts
+        return {
+            key: _resolve(opts, opts.starting, key, lo, hi)
+            for key, (lo, hi) in sorted(_bounds(opts).items())
+        }
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        m = self.opts.max_offsets_per_trigger
+        return ReadMaxRows(m) if m else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {k: hi for k, (_, hi) in _bounds(self.opts).items()}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        bounds = _bounds(self.opts)
+        latest = {k: hi for k, (_, hi) in bounds.items()}
+        if self._target is not None:
+            latest = {k: min(v, self._target.get(k, v)) for k, v in latest.items()}
+        begin = {k: start.get(k, bounds[k][0]) for k in latest}
+        end = dict(start)
+        end.update(latest)
+        if isinstance(limit, ReadMaxRows):
+            budget = limit.max_rows
+            backlog = {k: max(latest[k] - begin[k], 0) for k in latest}
+            total = sum(backlog.values())
+            if total > budget:
+                # share the budget in proportion to each partition's backlog
+                for k, b in backlog.items():
+                    end[k] = begin[k] + (b * budget) // total
+        return end
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[RangePartition]:
+        parts = []
+        for key, hi in sorted(end.items()):
+            lo = start.get(key, 0)
+            if hi > lo:
+                address, p = split_key(key)
+                parts.append(RangePartition(key, address, p, lo, hi))
+        return parts
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        assert isinstance(partition, RangePartition)
+        return read_range(self.opts, partition)
+
+    def commit(self, end: dict[str, int]) -> None:
+        """Spark finished everything below ``end``: advance the named channel, if any,
+        so consumption shows in nsqd's /stats (lag = depth of that channel)."""
+        opts = self.opts
+        if opts.channel is None:
+            return
+        assert opts.topic is not None
+        for key, seq in end.items():
+            address, p = split_key(key)
+            try:
+                rangeclient.set_channel_offset(address, opts.topic, opts.channel, p, seq)
+            except rangeclient.NsqHttpError as err:
+                log.warning("nsq: could not advance channel %s on %s: %s", opts.channel, key, err)
+
+    def stop(self) -> None:
+        """Nothing to release: every call is a stateless HTTP request."""
+
+
+@dataclass(frozen=True)
+class PublishedCount(WriterCommitMessage):
+    messages: int
+    bytes: int
+
+
+def publish_rows(opts: NsqOptions, rows: Iterator[Any]) -> PublishedCount:
+    """Executor side of both writers: rows -> MPUB batches, every one acknowledged."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    index = ctx.partitionId() if ctx is not None else 0
+    addresses = opts.nsqd_tcp or [
+        f"{p['broadcast_address']}:{p['tcp_port']}"
+        for lookupd in opts.lookupd_http
+        for p in rangeclient.lookup(lookupd, opts.topic or "")
+    ]
+    if not addresses:
+        raise RuntimeError("nsq: no nsqd to publish to (nsqdTcpAddresses / lookupdHttpAddresses)")
+    pub = BlockingPublisher(addresses[index % len(addresses)])
+    by_topic: dict[str, list[bytes]] = {}
+    count = size = 0
+    try:
+        for row in rows:
+            body = row[opts.body_column]
+            if body is None:
+                raise ValueError(f"nsq: column {opts.body_column} is null; messages need a body")
+            if isinstance(body, str):
+                body = body.encode()
+            topic = str(row[opts.topic_column]) if opts.topic_column else opts.topic
+            assert topic is not None
+            batch = by_topic.setdefault(topic, [])
+            batch.append(bytes(body))
+            count += 1
+            size += len(body)
+            if len(batch) >= opts.batch_size:
+                pub.publish(topic, batch, opts.batch_size)
+                batch.clear()
+        for topic, batch in by_topic.items():
+            if batch:
+                pub.publish(topic, batch, opts.batch_size)
+    finally:
+        pub.close()
+    return PublishedCount(count, size)
+
+
+class NsqBatchWriter(DataSourceWriter):
+    def __init__(self, opts: NsqOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> PublishedCount:
+        return publish_rows(self.opts, iterator)
+
+
+class NsqStreamWriter(DataSourceStreamWriter):
+    def __init__(self, opts: NsqOptions) -> None:
+        self.opts = opts
+
+    def write(self, iterator: Iterator[Any]) -> PublishedCount:
+        return publish_rows(self.opts, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Each task's publishes were acknowledged before it returned: nothing to do."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Published messages cannot be taken back (at-least-once, documented)."""
+
+
+class NsqDataSource(DataSource):
+    """``spark.read.format("nsq")`` / ``readStream`` / ``write`` / ``writeStream``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "nsq"
+
+    def schema(self) -> str:
+        return SCHEMA
+
+    def _opts(self, for_write: bool = False) -> NsqOptions:
+        return NsqOptions.parse(self.options, for_write=for_write)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts = self._opts()
+        if opts.mode == "channel":
+            raise NsqOptionError("option mode=channel is for readStream (a batch read is by range)")
+        return NsqBatchReader(opts)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        opts = self._opts()
+        if opts.mode == "channel":
+            # raises PySparkNotImplementedError: Spark then asks simpleStreamReader
+            return super().streamReader(schema)
+        return NsqStreamReader(opts)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return NsqBatchWriter(self._opts(for_write=True))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return NsqStreamWriter(self._opts(for_write=True))
