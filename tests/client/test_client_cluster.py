@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from clienthelp import FakeLookupd, RdyWatcher
-from nsqdproc import start_nsqd as start_nsqd_process
 from nsqx.client import Consumer, Message, Producer
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
+
+from clienthelp import FakeLookupd, RdyWatcher
+from nsqdproc import start_nsqd as start_nsqd_process
 from rawnsq import run, start_nsqd, wait_for
 
 

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from clienthelp import RdyWatcher
 from nsqx.client import Config, Consumer, Message, Producer
 from nsqx.client.consumer import _Link
 from nsqx.nsqd.nsqd import NSQD
+
+from clienthelp import RdyWatcher
 from rawnsq import run, start_nsqd, wait_for
 
 

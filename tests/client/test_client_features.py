@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from clienthelp import NsqFront, ZlibCodec, make_cert
 from nsqx.client import (
     AuthError,
     ConnectionClosedError,
@@ -27,6 +26,8 @@ from nsqx.client import (
 )
 from nsqx.client.conn import Connection
 from nsqx.nsqd.nsqd import NSQD
+
+from clienthelp import NsqFront, ZlibCodec, make_cert
 from rawnsq import run, start_nsqd, wait_for
 
 

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from clienthelp import make_cert
 from nsqx.client import Consumer, Producer
 from nsqx.client.conn import Connection
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.wire import commands
 from nsqx.wire.frames import MAGIC_V2
+
+from clienthelp import make_cert
 from rawnsq import run, start_nsqd, wait_for
 
 

@@ -10,7 +10,6 @@ import tempfile
 import pytest
 from aiohttp import web
 
-from clienthelp import free_socket
 from nsqx.client import (
     ConnectionClosedError,
     Consumer,
@@ -20,6 +19,8 @@ from nsqx.client import (
 )
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
+
+from clienthelp import free_socket
 from rawnsq import run, start_nsqd, wait_for
 
 

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from nsqdproc import NsqdProcess
 from nsqx.client import BlockingConsumer, BlockingProducer, MessageRespondedError, PublishError
+
+from nsqdproc import NsqdProcess
 
 
 def address(nsqd: NsqdProcess) -> str:
