@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -47,7 +48,10 @@ def test_publish_from_threads_and_consume_blocking(nsqd: NsqdProcess) -> None:
     assert len(seen) == 103 and len(set(seen)) == 103
 
 
-def test_messages_not_taken_are_requeued_on_close(nsqd: NsqdProcess) -> None:
+def test_messages_not_taken_are_requeued_on_close(
+    nsqd: NsqdProcess, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="nsqx.client")
     with BlockingProducer(address(nsqd)) as producer:
         producer.multi_publish("t", [b"%d" % i for i in range(10)])
     consumer = BlockingConsumer("t", "c", nsqd_tcp_addresses=address(nsqd), max_in_flight=10)
@@ -56,7 +60,10 @@ def test_messages_not_taken_are_requeued_on_close(nsqd: NsqdProcess) -> None:
     first.finish()
     with pytest.raises(MessageRespondedError):
         first.requeue()
-    consumer.close()  # the other messages sit in the inbox: they go back to nsqd
+    # the other messages sit in the inbox, or are still on their way: back to nsqd, and
+    # the close does not wait for them (nothing left in flight to time out)
+    consumer.close(timeout=5)
+    assert not [r for r in caplog.records if "still in flight" in r.getMessage()]
     rest: list[bytes] = []
     with BlockingConsumer("t", "c", nsqd_tcp_addresses=address(nsqd), max_in_flight=10) as again:
         for msg in again.messages(timeout=2):

@@ -214,6 +214,8 @@ class BlockingConsumer:
         self._thread = LoopThread("nsqx-consumer")
         self._call = self._thread.call
         self._closed = False
+        #: set on the loop thread when close() begins
+        self._closing = False
         try:
             self._thread.run(self._consumer.start())
         except BaseException:
@@ -227,6 +229,10 @@ class BlockingConsumer:
 
     def _on_message(self, msg: Message) -> None:
         # on the loop thread: hand the message over, the thread answers later
+        if self._closing:
+            # nobody will take it any more: straight back to nsqd
+            msg.requeue(0, backoff=False)
+            return
         msg.enable_async()
         self._inbox.put(BlockingMessage(msg, self._call))
 
@@ -265,6 +271,7 @@ class BlockingConsumer:
         self._closed = True
 
         async def shutdown() -> None:
+            self._closing = True
             while True:
                 try:
                     m = self._inbox.get_nowait()
