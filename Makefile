@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install lint typecheck unit bench clean example-spark
+.PHONY: up test install lint typecheck unit bench bench-client clean example-spark
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(BIN)/python bench/server_bench.py
+
+# our client against pynsq, gnsq, ansq and nsq-py (each in a venv of its own)
+bench-client: $(STAMP)
+	$(BIN)/python bench/client_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
