@@ -22,6 +22,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
+    SimpleDataSourceStreamReader,
     WriterCommitMessage,
 )
 from pyspark.sql.streaming.datasource import (
@@ -355,6 +356,11 @@ class NsqDataSource(DataSource):
             # raises PySparkNotImplementedError: Spark then asks simpleStreamReader
             return super().streamReader(schema)
         return NsqStreamReader(opts)
+
+    def simpleStreamReader(self, schema: StructType) -> SimpleDataSourceStreamReader:
+        from nsqx.spark.channel_mode import NsqChannelStreamReader
+
+        return NsqChannelStreamReader(self._opts())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         return NsqBatchWriter(self._opts(for_write=True))
