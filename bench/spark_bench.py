@@ -98,6 +98,34 @@ class _Consumer(asyncio.Protocol):
             self.done.set_result(None)
 
 
+async def client_consume(tcp_ports: list[int], topic: str, total: int) -> float:
+    """nsqx.client's Consumer with a plain-function handler (FIN on return)."""
+    from nsqx.client import Consumer
+
+    done = asyncio.get_running_loop().create_future()
+    count = 0
+
+    def handle(msg: Any) -> None:
+        nonlocal count
+        count += 1
+        if count >= total and not done.done():
+            done.set_result(None)
+
+    consumer = Consumer(
+        topic,
+        "client",
+        handle,
+        nsqd_tcp_addresses=[f"127.0.0.1:{p}" for p in tcp_ports],
+        max_in_flight=2500 * len(tcp_ports),
+    )
+    t0 = time.perf_counter()
+    await consumer.start()
+    await done
+    elapsed = time.perf_counter() - t0
+    await consumer.close()
+    return elapsed
+
+
 async def raw_consume(tcp_ports: list[int], topic: str, per_partition: int) -> float:
     loop = asyncio.get_running_loop()
     futures = []
@@ -129,6 +157,16 @@ def main() -> int:
         per = args.messages // args.partitions
         t0 = time.perf_counter()
         for _, _, http in nodes:
+            # the consumers' channels exist before publishing: a later channel starts at
+            # the end of the topic and would see none of it
+            for path in (
+                "/topic/create?topic=bench",
+                "/channel/create?topic=bench&channel=raw",
+                "/channel/create?topic=bench&channel=client",
+            ):
+                urllib.request.urlopen(
+                    urllib.request.Request(f"http://127.0.0.1:{http}{path}", method="POST")
+                ).close()
             publish(http, "bench", per, args.size)
         total = per * args.partitions
         print(
@@ -144,7 +182,10 @@ def main() -> int:
             pass
         raw_s = asyncio.run(raw_consume([t for _, t, _ in nodes], "bench", per))
         raw = total / raw_s
-        print(f"raw     : {raw:>11,.0f} msgs/s  ({raw_s:.2f}s, consume + FIN)")
+        print(f"raw     : {raw:>11,.0f} msgs/s  ({raw_s:.2f}s, bare asyncio, consume + FIN)")
+        client_s = asyncio.run(client_consume([t for _, t, _ in nodes], "bench", total))
+        client = total / client_s
+        print(f"client  : {client:>11,.0f} msgs/s  ({client_s:.2f}s, nsqx.client Consumer)")
 
         from pyspark.sql import SparkSession
 

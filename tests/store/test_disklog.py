@@ -241,3 +241,44 @@ def test_failed_write_leaves_no_partial_record(
     assert read_all(log) == [b"before", b"after"]
     log.close()
     assert read_all(DiskLog(str(tmp_path))) == [b"before", b"after"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.binary(min_size=1, max_size=60), min_size=1, max_size=6),
+        min_size=1,
+        max_size=25,
+    ),
+    st.integers(0, 60),
+    st.integers(1, 80),
+    st.integers(1, 3000),
+)
+def test_read_columns_matches_read_range(
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[list[bytes]],
+    start: int,
+    limit: int,
+    max_bytes: int,
+) -> None:
+    from nsqx.wire.range import decode_range, encode_range, encode_range_columns
+
+    log = DiskLog(str(tmp_path_factory.mktemp("cols")), max_bytes_per_file=700, cache_size=2)
+    for i, batch in enumerate(batches):
+        put(log, batch if i % 2 else [b.ljust(60, b"=") for b in batch], ts=TS + i)
+    recs = log.read_range(start, limit, max_bytes)
+    cols = log.read_columns(start, limit, max_bytes)
+    a = decode_range(encode_range(log.end, log.end_offset, start, recs))
+    b = decode_range(
+        encode_range_columns(
+            log.end,
+            log.end_offset,
+            start,
+            cols.sequences,
+            cols.offsets,
+            cols.timestamps,
+            cols.ids,
+            cols.bodies,
+        )
+    )
+    assert a == b

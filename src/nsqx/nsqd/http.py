@@ -29,7 +29,7 @@ from nsqx.store.disklog import DiskLog
 from nsqx.wire.commands import parse_mpub_body
 from nsqx.wire.errors import ProtocolError
 from nsqx.wire.names import is_valid_name
-from nsqx.wire.range import encode_range
+from nsqx.wire.range import encode_range_columns
 
 if TYPE_CHECKING:
     import ssl
@@ -428,8 +428,17 @@ class HTTPServer:
         end = _int_param(params, "end", log_.end) if "end" in params else None
         max_messages = min(_int_param(params, "max_messages", 10_000), MAX_RANGE_MESSAGES)
         max_bytes = min(_int_param(params, "max_bytes", 8 << 20), MAX_RANGE_BYTES)
-        records = log_.read_range(start, max_messages, max_bytes, end) if max_messages else []
-        body = encode_range(log_.end, log_.end_offset, start, records)
+        cols = log_.read_columns(start, max_messages, max_bytes, end)
+        body = encode_range_columns(
+            log_.end,
+            log_.end_offset,
+            start,
+            cols.sequences,
+            cols.offsets,
+            cols.timestamps,
+            cols.ids,
+            cols.bodies,
+        )
         return web.Response(
             body=body, headers={"Content-Type": "application/octet-stream", **NSQ_HEADERS}
         )

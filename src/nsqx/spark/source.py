@@ -145,7 +145,7 @@ def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
             if opts.fail_on_data_loss:
                 raise RuntimeError(msg)
             log.warning(msg)
-        n = len(res.sequences)
+        n = res.size
         if not n:
             if res.end_sequence <= seq:
                 raise RuntimeError(
@@ -153,22 +153,33 @@ def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
                     f"end {part.end} (was the topic deleted or emptied?)"
                 )
             break
+
+        def col(arrow_type: Any, view: memoryview, n: int = n) -> Any:
+            # the body's column bytes become the Arrow buffer: no per-row Python
+            return pa.Array.from_buffers(arrow_type, n, [None, pa.py_buffer(view)])
+
+        bodies = pa.Array.from_buffers(
+            pa.binary(),
+            n,
+            [None, pa.py_buffer(res.body_offsets), pa.py_buffer(res.bodies)],
+        )
+        bodies.validate(full=True)  # offsets from the network: check before use
         yield pa.RecordBatch.from_arrays(
             [
                 pa.repeat(pa.scalar(opts.topic, pa.string()), n),
                 pa.repeat(pa.scalar(part.address, pa.string()), n),
                 pa.repeat(pa.scalar(part.partition, pa.int32()), n),
-                pa.array(res.sequences, pa.int64()),
-                pa.array(res.ids, pa.binary(16)).cast(pa.string()),
+                col(pa.int64(), res.sequences),
+                col(pa.binary(16), res.ids).cast(pa.binary()).cast(pa.string()),
                 pa.repeat(pa.scalar(0, pa.int64()), n),  # trace ids: none yet
-                pc.divide(pa.array(res.timestamps, pa.int64()), 1000).cast(_TS_TYPE),
-                pa.array(res.attempts, pa.int32()),
-                pa.array(res.bodies, pa.binary()),
+                pc.divide(col(pa.int64(), res.timestamps), 1000).cast(_TS_TYPE),
+                col(pa.int32(), res.attempts),
+                bodies,
                 pa.nulls(n, pa.string()),
             ],
             names=SCHEMA_NAMES,
         )
-        seq = res.sequences[-1] + 1
+        seq = res.next_sequence
 
 
 class NsqBatchReader(DataSourceReader):
