@@ -19,6 +19,7 @@ from nsqx.client import (
 )
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
+from nsqx.wire.frames import encode_response
 
 from clienthelp import free_socket
 from rawnsq import run, start_nsqd, wait_for
@@ -247,5 +248,43 @@ def test_http_producer_without_any_server() -> None:
             with pytest.raises(ConnectionClosedError, match="cannot connect"):
                 await p.publish("t", b"x")
         dead.close()
+
+    run(body())
+
+
+def test_pipelining_far_ahead_is_not_a_write_timeout(nsqd_factory: object) -> None:
+    """Tens of MB queued at once drain slowly: that is progress, not a dead peer."""
+    proc = nsqd_factory()  # type: ignore[operator]
+
+    async def body() -> None:
+        async with Producer(f"127.0.0.1:{proc.tcp_port}", write_timeout=0.1) as p:
+            batch = [b"x" * 1000] * 500
+            await asyncio.gather(*(p.multi_publish("t", batch) for _ in range(80)))
+
+    run(body())
+
+
+def test_a_peer_that_stops_reading_is_a_write_timeout() -> None:
+    async def body() -> None:
+        stop_reading = asyncio.Event()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readexactly(4 + len(b"IDENTIFY\n"))
+            size = struct.unpack(">i", await reader.readexactly(4))[0]
+            await reader.readexactly(size)
+            writer.write(encode_response(b"OK"))
+            await stop_reading.wait()  # and never read again
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        p = Producer(f"127.0.0.1:{port}", write_timeout=0.2)
+        await p.connect()
+        batch = [b"y" * 100_000] * 10
+        futs = [p.multi_publish("t", batch) for _ in range(100)]  # 100 MB: more than buffers
+        results = await asyncio.gather(*futs, return_exceptions=True)
+        assert all(isinstance(r, ConnectionClosedError) for r in results)
+        assert "write timeout" in str(results[0])
+        stop_reading.set()
+        server.close()
 
     run(body())

@@ -118,6 +118,8 @@ class Connection(asyncio.Protocol):
         self._read_timer: asyncio.TimerHandle | None = None
         self._reads_seen = 0
         self._write_timer: asyncio.TimerHandle | None = None
+        self._write_drained = 0
+        self._bytes_written = 0
 
     def __repr__(self) -> str:
         return f"<Connection {self.key}{' closed' if self.closed else ''}>"
@@ -350,18 +352,34 @@ class Connection(asyncio.Protocol):
             callback(self, self.error)
 
     def pause_writing(self) -> None:
-        # nsqd is not reading: give it write_timeout to catch up, then give up on it
+        # Our writes pile up: fine while nsqd keeps reading them (a pipelining producer
+        # can be far ahead), but a connection where nothing drains for write_timeout
+        # is dead (go-nsq's write deadline).
         if self._write_timer is None:
-            self._write_timer = self.loop.call_later(self.config.write_timeout, self._write_stuck)
+            self._arm_write_timer()
+
+    def _drained(self) -> int:
+        """Bytes the kernel has taken from us so far."""
+        assert self.transport is not None
+        return self._bytes_written - self.transport.get_write_buffer_size()
+
+    def _arm_write_timer(self) -> None:
+        self._write_drained = self._drained()
+        self._write_timer = self.loop.call_later(self.config.write_timeout, self._check_writes)
 
     def resume_writing(self) -> None:
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None
 
-    def _write_stuck(self) -> None:
+    def _check_writes(self) -> None:
         self._write_timer = None
-        log.error("%s: writes blocked for %.1fs, closing", self.key, self.config.write_timeout)
+        if self.closed or self.transport is None:
+            return
+        if self._drained() > self._write_drained:
+            self._arm_write_timer()  # draining, slowly: keep waiting
+            return
+        log.error("%s: no write drained for %.1fs, closing", self.key, self.config.write_timeout)
         self.abort(ConnectionClosedError(f"{self.key}: write timeout"))
 
     def _arm_read_timer(self) -> None:
@@ -421,6 +439,7 @@ class Connection(asyncio.Protocol):
             return
         if self._compress is not None:
             data = self._compress(data)
+        self._bytes_written += len(data)
         transport.write(data)
 
     def queue(self, data: bytes) -> None:
