@@ -63,6 +63,7 @@ class Topic:
 
         #: set by empty() while paused: what it dropped, for depth
         self._emptied_to = 0
+        self._ephemeral_channels = 0
 
     @property
     def durable(self) -> bool:
@@ -118,7 +119,7 @@ class Topic:
         self.visible_end = log_.end
         for ch in self.channels.values():
             ch.notify()
-        if self.ephemeral or self.ephemeral_channels:
+        if self.ephemeral or self.has_ephemeral_channels:
             self._bound_memory()
 
     def get_channel(self, name: str, start: int | None = None) -> Channel:
@@ -129,6 +130,7 @@ class Topic:
                 start = self.hold_from if not self.channels else self.visible_end
             ch = Channel(self, name, start)
             self.channels[name] = ch
+            self._ephemeral_channels += ch.ephemeral
             log.info("TOPIC(%s): created CHANNEL(%s)", self.name, name)
             self.nsqd.topology_changed(
                 TopologyEvent("create", self.name, name), persist=not ch.ephemeral
@@ -139,6 +141,7 @@ class Topic:
         ch = self.channels.pop(name, None)
         if ch is None:
             return
+        self._ephemeral_channels -= ch.ephemeral
         ch.close()
         log.info("TOPIC(%s): deleted CHANNEL(%s)", self.name, name)
         self.nsqd.topology_changed(
@@ -219,8 +222,9 @@ class Topic:
         return log_.reclaim(self.low_water(), self.nsqd.options.retention)
 
     @property
-    def ephemeral_channels(self) -> bool:
-        return any(ch.ephemeral for ch in self.channels.values())
+    def has_ephemeral_channels(self) -> bool:
+        # checked on every publish: kept up to date by get_channel/delete_channel
+        return self._ephemeral_channels > 0
 
     def _bound_memory(self) -> None:
         # Ephemeral topics and channels live in memory only: past mem-queue-size

@@ -15,15 +15,13 @@ class MemoryLog:
     listed in a :class:`DeferredIndex`.
     """
 
-    __slots__ = ("_base", "_deferred", "_frames", "_ids", "total_bytes")
+    __slots__ = ("_base", "_deferred", "_frames", "_ids")
 
     def __init__(self, start: int = 0) -> None:
         self._base = start
         self._frames: list[bytes] = []
         self._ids: list[bytes] = []
         self._deferred = DeferredIndex()
-        #: Frame bytes currently held.
-        self.total_bytes = 0
 
     @property
     def start(self) -> int:
@@ -40,7 +38,6 @@ class MemoryLog:
         first = self._base + len(self._frames)
         self._frames.extend(frames)
         self._ids.extend(ids)
-        self.total_bytes += sum(map(len, frames))
         if deliver_at_ns:
             self._deferred.add(first, len(frames), deliver_at_ns)
         return first
@@ -75,7 +72,6 @@ class MemoryLog:
         n = min(before - self._base, len(self._frames))
         if n <= 0:
             return
-        self.total_bytes -= sum(map(len, self._frames[:n]))
         del self._frames[:n]
         del self._ids[:n]
         self._base += n
