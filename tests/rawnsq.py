@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from nsqx.nsqd.nsqd import NSQD
@@ -163,6 +163,3 @@ class Raw:
             await self.writer.wait_closed()
         except OSError:
             pass
-
-
-Step = Callable[[], Awaitable[None]]
