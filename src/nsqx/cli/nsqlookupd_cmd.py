@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 
 from nsqx import NSQ_VERSION
+from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
 from nsqx.cli.goflags import FlagError
-from nsqx.cli.nsqd_cmd import install_event_loop_policy, setup_logging
 from nsqx.cli.nsqlookupd_flags import (
     nsqlookupd_usage,
     parse_nsqlookupd_args,
@@ -30,11 +29,7 @@ async def serve(options: LookupdOptions) -> int:
     except (OSError, ValueError) as err:
         log.critical("failed to start: %s", err)
         return 1
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_termination()
     log.info("LOOKUP: shutting down")
     await lookupd.close()
     return 0

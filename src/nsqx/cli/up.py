@@ -10,10 +10,9 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
 
-from nsqx.cli.nsqd_cmd import install_event_loop_policy, setup_logging
+from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
 from nsqx.lookupd.nsqlookupd import NSQLookupd
 from nsqx.lookupd.options import LookupdOptions
 from nsqx.nsqd.nsqd import NSQD
@@ -81,11 +80,7 @@ async def _run(args: argparse.Namespace) -> None:
     lines.append(f"  data             {os.path.abspath(args.data_dir)}")
     print("\n".join(lines), flush=True)
     print(_examples(nsqd_tcp, lookupd_http), flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_termination()
     print("stopping...", file=sys.stderr, flush=True)
     await nsqd.close()
     await lookupd.close()
