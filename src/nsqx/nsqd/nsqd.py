@@ -320,6 +320,7 @@ class NSQD:
             self.persist_metadata()
         except OSError:
             log.exception("failed to persist metadata")
+        await self.checkpointer.drain()
         for topic in list(self.topics.values()):
             try:
                 topic.close()  # cursors checkpointed, logs fsynced

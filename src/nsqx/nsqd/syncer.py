@@ -74,6 +74,15 @@ class Checkpointer:
         self._task: asyncio.Task[None] | None = None
         self._last_fsync = time.monotonic()
 
+    async def drain(self) -> None:
+        """Wait for the round being written (before a final, synchronous checkpoint, so
+        that an older snapshot cannot land after it)."""
+        if self._task is not None:
+            try:
+                await asyncio.shield(self._task)
+            except Exception:  # reported where it failed; the final checkpoint follows
+                log.exception("checkpoint round failed")
+
     def run_round(self) -> None:
         if self._task is not None and not self._task.done():
             return  # the previous round is still writing
@@ -113,5 +122,8 @@ class Checkpointer:
                         os.remove(path)
                 except FileNotFoundError:
                     pass  # the channel or topic was deleted meanwhile
+                except OSError as err:  # e.g. a full disk: keep the channel dirty, retry
+                    log.error("CHANNEL(%s): checkpoint failed: %s", ch.name, err)
+                    ch.dirty = True
 
         await asyncio.to_thread(write_all)
