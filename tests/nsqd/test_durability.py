@@ -273,3 +273,20 @@ def test_crash_loses_nothing_acknowledged(tmp_path: Path) -> None:
         kinds = Counter(b.split(b"-")[0] for b, n in dup.items() if n > 1)
         print("duplicated by kind", dict(kinds), "max copies", max(dup.values()))
     assert not lost, sorted(lost)[:10]
+
+
+def test_sync_before_ack_answers_then_reports_a_fatal_error(tmp_path: Path) -> None:
+    """With --sync-before-ack, a PUB followed by garbage in one read gets its OK (after
+    the fsync) and then the error frame, then the close."""
+
+    async def body() -> None:
+        nsqd = await start_inproc(data_path=str(tmp_path), sync_before_ack=True)
+        r = await Raw.connect(nsqd)
+        r.send(c.pub("t", b"kept") + b"GARBAGE\n")
+        assert await r.response() == b"OK"
+        assert (await r.error()).startswith(b"E_INVALID invalid command GARBAGE")
+        assert await r.closed()
+        assert nsqd.topics["t"].message_count == 1
+        await nsqd.close()
+
+    run(body())

@@ -103,6 +103,7 @@ class ClientV2(asyncio.Protocol):
         #: --sync-before-ack: topics written during this read, and whether output waits
         self._unsynced_topics: set[str] = set()
         self._hold_output = False
+        self._close_after_sync = False
         now = time.monotonic()
         self._last_read = now
         self._last_heartbeat = now
@@ -175,7 +176,11 @@ class ClientV2(asyncio.Protocol):
         if fut.cancelled() or fut.exception() is not None:
             log.error("[%s] - fsync failed; closing without acknowledging", self)
             self._out.clear()
+            self.closed = False
             self.close()
+            return
+        if self._close_after_sync:
+            self._flush_closing()  # the answers, then the fatal error that closed us
             return
         self.flush()
         self._resume_reading()
@@ -297,9 +302,20 @@ class ClientV2(asyncio.Protocol):
         """Flush what is buffered, then close."""
         if self.closed:
             return
-        self.flush()
+        if self._unsynced_topics:
+            self._ack_after_sync()  # publishes of this read are answered after their fsync
         self.closed = True
         self._halt = True
+        if self._hold_output:
+            # answers wait for an fsync (--sync-before-ack): close once they are out
+            self._close_after_sync = True
+            return
+        self._flush_closing()
+
+    def _flush_closing(self) -> None:
+        if self._out and self._transport is not None:
+            self._transport.write(b"".join(self._out))
+        self._out.clear()
         if self._transport is not None:
             self._transport.close()
 
