@@ -589,10 +589,11 @@ class Consumer:
             else:
                 msg.finish()
 
-    def _batch_workers(self, conn: _Link, frames: Frames) -> tuple[int, int]:
-        """A coroutine handler: messages queue for the worker pool."""
-        queue = self._queue
+    def _admit(self, conn: _Link, frames: Frames) -> tuple[list[Message], int]:
+        """The messages of a read within max_attempts (the others go to giving_up), and
+        how many messages the read held; control frames are handled on the way."""
         max_attempts = self.config.max_attempts or 65536
+        admitted: list[Message] = []
         n = 0
         for ftype, data in frames:
             if ftype != FRAME_MESSAGE:
@@ -603,30 +604,26 @@ class Consumer:
             if (data[8] << 8 | data[9]) > max_attempts:
                 self._give_up(msg)
                 continue
-            queue.append(msg)
-        if queue:
+            admitted.append(msg)
+        return admitted, n
+
+    def _batch_workers(self, conn: _Link, frames: Frames) -> tuple[int, int]:
+        """A coroutine handler: messages queue for the worker pool."""
+        admitted, n = self._admit(conn, frames)
+        self._queue.extend(admitted)
+        if self._queue:
             self._wake_workers()
         return n, 0
 
     def _batch_inbox(self, conn: _Link, frames: Frames) -> tuple[int, int]:
         """No handler: messages wait for ``async for``."""
-        inbox = self._inbox
-        max_attempts = self.config.max_attempts or 65536
-        n = 0
-        for ftype, data in frames:
-            if ftype != FRAME_MESSAGE:
-                self._control(conn, ftype, data)
-                continue
-            n += 1
-            msg = Message(data, conn)
-            if (data[8] << 8 | data[9]) > max_attempts:
-                self._give_up(msg)
-                continue
-            if self._closing:
+        admitted, n = self._admit(conn, frames)
+        if self._closing:
+            for msg in admitted:
                 msg.requeue(0, backoff=False)
-                continue
-            inbox.append(msg)
-        if inbox:
+            admitted = []
+        self._inbox.extend(admitted)
+        if self._inbox:
             self._wake_inbox()
         return n, 0
 

@@ -6,7 +6,7 @@ Every error is an :class:`NSQError`. Errors that nsqd sent in an error frame are
 
 from __future__ import annotations
 
-from nsqx.wire.errors import NON_FATAL
+from nsqx.wire.errors import ProtocolError
 
 
 class NSQError(Exception):
@@ -21,21 +21,9 @@ class ConnectionClosedError(NSQError, ConnectionError):
     """The connection closed (or could not be opened) before the command was answered."""
 
 
-class NSQServerError(NSQError):
-    """nsqd answered with an error frame: ``CODE description``."""
-
-    def __init__(self, code: str, description: str = "") -> None:
-        super().__init__(code, description)
-        self.code = code
-        self.description = description
-
-    @property
-    def fatal(self) -> bool:
-        """nsqd closes the connection after every error but E_FIN/REQ/TOUCH_FAILED."""
-        return self.code not in NON_FATAL
-
-    def __str__(self) -> str:
-        return f"{self.code} {self.description}" if self.description else self.code
+class NSQServerError(NSQError, ProtocolError):
+    """nsqd answered with an error frame: ``CODE description`` (``fatal``: nsqd closes
+    the connection after every error but E_FIN/REQ/TOUCH_FAILED)."""
 
     @classmethod
     def from_frame(cls, data: bytes) -> NSQServerError:

@@ -34,6 +34,7 @@ from nsqx.wire.range import encode_range_columns
 if TYPE_CHECKING:
     import ssl
 
+    from nsqx.nsqd.channel import Channel
     from nsqx.nsqd.nsqd import NSQD
 
 log = logging.getLogger("nsqx.nsqd")
@@ -314,6 +315,13 @@ class HTTPServer:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return topic, channel
 
+    def _existing_channel(self, params: dict[str, list[str]]) -> Channel:
+        topic, channel = self._topic_and_channel(params)
+        ch = self.nsqd.topics[topic].channels.get(channel)
+        if ch is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return ch
+
     def _check_publishable(self) -> None:
         if self.nsqd.exiting:
             raise HTTPError(503, "EXITING")
@@ -532,30 +540,20 @@ class HTTPServer:
     async def channel_delete(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
-        topic, channel = self._topic_and_channel(params)
-        t = self.nsqd.topics[topic]
-        if channel not in t.channels:
-            raise HTTPError(404, "CHANNEL_NOT_FOUND")
-        t.delete_channel(channel)
+        ch = self._existing_channel(params)
+        ch.topic.delete_channel(ch.name)
         return ok_empty()
 
     async def channel_empty(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
-        topic, channel = self._topic_and_channel(params)
-        ch = self.nsqd.topics[topic].channels.get(channel)
-        if ch is None:
-            raise HTTPError(404, "CHANNEL_NOT_FOUND")
-        ch.empty()
+        self._existing_channel(params).empty()
         return ok_empty()
 
     async def channel_pause(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
-        topic, channel = self._topic_and_channel(params)
-        ch = self.nsqd.topics[topic].channels.get(channel)
-        if ch is None:
-            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        ch = self._existing_channel(params)
         if request.path.endswith("unpause"):
             ch.unpause()
         else:
