@@ -13,14 +13,15 @@ from nsqx.nsqd.guid import make_ids
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
 from nsqx.store.disklog import SEG_HEAD_SIZE, DiskLog
 from nsqx.store.log import split_chunks
-from nsqx.wire.frames import decode_message, encode_message_frames
+from nsqx.wire.frames import decode_message, encode_message_batch
 
 TS = 1_700_000_000_000_000_000
 
 
 def put(log: DiskLog, bodies: list[bytes], ts: int = TS, deliver_at: int = 0) -> int:
     ids = make_ids(log.end, len(bodies))
-    return log.append(encode_message_frames(ts, ids, bodies), ids, deliver_at)
+    chunk, stride = encode_message_batch(ts, ids, bodies)
+    return log.append(chunk, ids, deliver_at, stride)
 
 
 def bodies_of(frames: list[bytes]) -> list[bytes]:
@@ -241,6 +242,52 @@ def test_failed_write_leaves_no_partial_record(
     assert read_all(log) == [b"before", b"after"]
     log.close()
     assert read_all(DiskLog(str(tmp_path))) == [b"before", b"after"]
+
+
+def test_roll_leaves_fsyncs_to_the_next_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A roll does no fsync on the appending thread; the next sync() fsyncs the sealed
+    segments (then closes them), the directory and the active segment; a failed sync
+    leaves them for the next one."""
+    import nsqx.store.disklog as disklog
+
+    log = DiskLog(str(tmp_path), max_bytes_per_file=2048)
+    synced: list[str] = []
+    fail = [False]
+
+    def fake_fsync(fd: int) -> None:
+        if fail[0]:
+            raise OSError(5, "Input/output error")
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(disklog.os, "fsync", fake_fsync)
+    for i in range(40):
+        put(log, [b"x" * 100, b"y%d" % i])
+    sealed = [s.path for s in log.segments if s.sealed]
+    assert len(sealed) >= 3
+    assert synced == []  # nothing on the appending thread
+    fail[0] = True
+    with pytest.raises(OSError):
+        log.sync()
+    fail[0] = False
+    log.sync()
+    assert set(sealed) <= set(synced)
+    assert str(tmp_path) in synced and log.segments[-1].path in synced
+    open_files = set()
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            open_files.add(os.readlink(f"/proc/self/fd/{n}"))
+        except FileNotFoundError:  # listdir's own fd
+            pass
+    assert not set(sealed) & open_files  # closed once synced
+    synced.clear()
+    log.sync()
+    assert synced == [log.segments[-1].path]  # each sealed segment once
+    log.close()
+    assert read_all(DiskLog(str(tmp_path), max_bytes_per_file=2048)) == [
+        b for i in range(40) for b in (b"x" * 100, b"y%d" % i)
+    ]
 
 
 @settings(max_examples=30, deadline=None)

@@ -17,8 +17,8 @@ from nsqx.wire import (
     encode_error,
     encode_frame,
     encode_message,
+    encode_message_batch,
     encode_message_frame,
-    encode_message_frames,
     encode_response,
 )
 from nsqx.wire.frames import with_attempts
@@ -50,12 +50,21 @@ def test_message_round_trip(msg: Message) -> None:
 
 
 @given(st.lists(st.tuples(ids, st.binary(max_size=100)), max_size=20), st.integers(0, 2**62))
-def test_batch_frames_equal_single_frames(items: list[tuple[bytes, bytes]], ts: int) -> None:
+def test_batch_equals_single_frames(items: list[tuple[bytes, bytes]], ts: int) -> None:
     mids = [i for i, _ in items]
     bodies = [b for _, b in items]
-    assert encode_message_frames(ts, mids, bodies) == [
-        encode_message_frame(ts, 1, i, b) for i, b in items
-    ]
+    chunk, stride = encode_message_batch(ts, mids, bodies)
+    frames = [encode_message_frame(ts, 1, i, b) for i, b in items]
+    assert chunk == b"".join(frames)
+    if len({len(b) for b in bodies}) == 1:
+        assert stride == len(frames[0])
+    else:
+        assert stride == 0
+
+
+def test_batch_refuses_ids_and_bodies_of_different_lengths() -> None:
+    with pytest.raises(ValueError):
+        encode_message_batch(0, [b"0" * 16], [])
 
 
 @given(messages, st.integers(0, 2**16 - 1))

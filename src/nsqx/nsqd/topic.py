@@ -14,7 +14,7 @@ from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import make_ids
 from nsqx.store.disklog import DiskLog
 from nsqx.store.memlog import MemoryLog
-from nsqx.wire.frames import encode_message_frames
+from nsqx.wire.frames import encode_message_batch
 from nsqx.wire.names import is_ephemeral
 
 if TYPE_CHECKING:
@@ -107,11 +107,8 @@ class Topic:
         n = len(bodies)
         ids = make_ids(log_.end, n)
         ts = time.time_ns()
-        log_.append(
-            encode_message_frames(ts, ids, bodies),
-            ids,
-            ts + defer_ms * 1_000_000 if defer_ms else 0,
-        )
+        chunk, stride = encode_message_batch(ts, ids, bodies)
+        log_.append(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride)
         self.message_count += n
         self.message_bytes += sum(map(len, bodies))
         if self.paused:

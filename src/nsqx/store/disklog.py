@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import time
 import zlib
 from array import array
@@ -39,8 +40,8 @@ from dataclasses import dataclass, field
 
 import google_crc32c
 
+from nsqx.store.batchcache import BatchCache
 from nsqx.store.deferred import DeferredIndex
-from nsqx.store.memlog import MemoryLog
 
 log = logging.getLogger("nsqx.store")
 
@@ -177,7 +178,9 @@ class DiskLog:
     ``append`` writes each batch with one ``os.write`` before it returns, so an
     acknowledged message is in the file (the OS page cache) and survives the process
     being killed; :meth:`sync` makes it survive a power loss (nsqd calls it per
-    --sync-every / --sync-timeout, from a thread).
+    --sync-every / --sync-timeout, from a thread). A roll to a new segment does no
+    fsync on the caller's thread: the sealed segment, the new one and the directory
+    are fsynced by the next :meth:`sync` (a 100 MB segment's fsync takes tens of ms).
     """
 
     def __init__(
@@ -194,6 +197,11 @@ class DiskLog:
         self.segments: list[Segment] = []
         self._deferred = DeferredIndex()
         self._fd = -1  # the active segment, open for appending
+        # segments sealed by a roll but not yet fsynced (their fds), and whether the
+        # directory has entries not yet fsynced; :meth:`sync` takes both under the lock
+        self._sealed_fds: list[int] = []
+        self._dir_dirty = False
+        self._sync_lock = threading.Lock()
         self._read_fds: dict[str, int] = {}
         # the last chunk read from a file: (path, file position, bytes)
         self._chunk: tuple[str, int, bytes] = ("", 0, b"")
@@ -201,7 +209,7 @@ class DiskLog:
         self.last_sync = time.monotonic()
         os.makedirs(directory, exist_ok=True)
         self._open()
-        self.cache = MemoryLog(self.end)
+        self.cache = BatchCache(self.end)
 
     # -- opening and recovery ---------------------------------------------------------
 
@@ -325,13 +333,15 @@ class DiskLog:
         except OSError:
             pass
 
-    def _new_segment(self, base_seq: int, base_offset: int) -> Segment:
+    def _new_segment(self, base_seq: int, base_offset: int, *, fsync: bool = True) -> Segment:
         path = os.path.join(self.directory, _segment_name(base_seq))
         with open(path, "wb") as f:
             f.write(_SEG_HEAD.pack(SEGMENT_MAGIC, base_seq, base_offset))
-            f.flush()
-            os.fsync(f.fileno())
-        _fsync_dir(self.directory)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        if fsync:
+            _fsync_dir(self.directory)
         return Segment(path, base_seq, base_offset, end_seq=base_seq)
 
     # -- positions --------------------------------------------------------------------
@@ -359,17 +369,18 @@ class DiskLog:
 
     # -- writing ----------------------------------------------------------------------
 
-    def append(self, frames: list[bytes], ids: list[bytes], deliver_at_ns: int = 0) -> int:
+    def append(
+        self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
+    ) -> int:
         seg = self.segments[-1]
         first = seg.end_seq
-        count = len(frames)
-        payload = b"".join(frames)
+        count = len(ids)
         rest = _BATCH_HEAD.pack(0, 0, first, count, deliver_at_ns, 0)[8:]
-        crc = google_crc32c.extend(google_crc32c.value(rest), payload)
-        head = struct.pack(">II", len(payload), crc) + rest
+        crc = google_crc32c.extend(google_crc32c.value(rest), chunk)
+        head = struct.pack(">II", len(chunk), crc) + rest
         try:
-            written = os.writev(self._fd, (head, payload))
-            if written != len(head) + len(payload):
+            written = os.writev(self._fd, (head, chunk))
+            if written != len(head) + len(chunk):
                 raise OSError(f"short write to {seg.path}: {written} bytes (disk full?)")
         except OSError:
             # leave no partial record behind: later batches must follow a whole one
@@ -384,27 +395,31 @@ class DiskLog:
         if deliver_at_ns:
             self._deferred.add(first, count, deliver_at_ns)
         cache = self.cache
-        cache.append(frames, ids)
+        cache.append(chunk, ids, stride)
         if len(cache) > self.cache_size + self._cache_slack:
-            # trimming shifts the lists: do it every cache_size/4 appends, not each time
+            # trimming shifts the lists: do it every cache_size/4 records, not each time
             cache.trim_to(cache.end - self.cache_size)
         if seg.size >= self.max_bytes_per_file:
             self._roll()
         return first
 
     def _roll(self) -> None:
-        """Seal the active segment (fsync, index file) and start the next one."""
+        """Seal the active segment (index file) and start the next one; the fsyncs
+        are left to the next :meth:`sync` (``unsynced`` still counts the sealed
+        segment's messages, so --sync-every / --sync-timeout call for it)."""
         seg = self.segments[-1]
-        os.fsync(self._fd)
-        os.close(self._fd)
         self._write_index(seg)
         seg.sealed = True
         seg.last_write = time.time()  # retention counts from a segment's last write
-        nxt = self._new_segment(seg.end_seq, seg.base_offset + seg.size - SEG_HEAD_SIZE)
+        nxt = self._new_segment(
+            seg.end_seq, seg.base_offset + seg.size - SEG_HEAD_SIZE, fsync=False
+        )
+        fd = os.open(nxt.path, os.O_WRONLY | os.O_APPEND)
+        with self._sync_lock:
+            self._sealed_fds.append(self._fd)
+            self._dir_dirty = True
+            self._fd = fd
         self.segments.append(nxt)
-        self._fd = os.open(nxt.path, os.O_WRONLY | os.O_APPEND)
-        self.unsynced = 0
-        self.last_sync = time.monotonic()
 
     def _write_index(self, seg: Segment) -> None:
         idx = array("q", seg.index)
@@ -418,13 +433,33 @@ class DiskLog:
         os.replace(tmp, seg.idx_path)
 
     def sync(self) -> None:
-        """fsync the active segment (safe to call from a thread)."""
-        fd = self._fd
-        if fd >= 0:
-            try:
-                os.fsync(fd)
-            except OSError as err:  # closed under us by a roll: that roll synced it
-                log.debug("STORE: fsync skipped: %s", err)
+        """fsync everything appended so far: segments sealed since the last sync (then
+        closed), the directory entries of new segments, the active segment. Safe to
+        call from a thread; an OSError is raised to the caller (the data is not known
+        to be on disk)."""
+        with self._sync_lock:
+            sealed, self._sealed_fds = self._sealed_fds, []
+            dir_dirty, self._dir_dirty = self._dir_dirty, False
+            fd = self._fd
+        try:
+            while sealed:
+                os.fsync(sealed[0])
+                os.close(sealed.pop(0))
+            if fd >= 0:
+                try:
+                    os.fsync(fd)
+                except OSError as err:
+                    if fd == self._fd:
+                        raise
+                    # closed under us by close(), which synced it
+                    log.debug("STORE: fsync skipped: %s", err)
+            if dir_dirty:
+                _fsync_dir(self.directory)
+        except BaseException:
+            with self._sync_lock:  # not synced: the next sync tries again
+                self._sealed_fds[:0] = sealed
+                self._dir_dirty |= dir_dirty
+            raise
 
     # -- reading ----------------------------------------------------------------------
 
@@ -766,18 +801,22 @@ class DiskLog:
         if self._chunk[0] == path:
             self._chunk = ("", 0, b"")
 
-    def close(self) -> None:
-        """fsync and close (a clean shutdown)."""
-        if self._fd >= 0:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = -1
+    def close(self, *, sync: bool = True) -> None:
+        """fsync (unless ``sync`` is false) and close: a clean shutdown."""
+        if sync:
+            self.sync()
+        with self._sync_lock:
+            fds = [*self._sealed_fds, self._fd]
+            self._sealed_fds, self._fd = [], -1
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
         for path in list(self._read_fds):
             self._close_reader(path)
 
     def destroy(self) -> None:
-        """Close and delete every file (the topic was deleted)."""
-        self.close()
+        """Close and delete every file (the topic was deleted: nothing to fsync)."""
+        self.close(sync=False)
         for name in os.listdir(self.directory):
             os.remove(os.path.join(self.directory, name))
         os.rmdir(self.directory)

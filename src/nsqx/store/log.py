@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from array import array
 from typing import Protocol
 
 _I32 = struct.Struct(">i")
@@ -25,12 +26,40 @@ def split_chunks(chunks: list[bytes]) -> list[bytes]:
     return out
 
 
+def frame_starts(chunk: bytes, count: int) -> array[int]:
+    """Start positions of the ``count`` frames in ``chunk``, plus its length. Raises
+    ValueError unless the frames' size prefixes tile the chunk exactly."""
+    starts = array("q", [0]) * (count + 1)
+    unpack = _I32.unpack_from
+    total = len(chunk)
+    pos = 0
+    for k in range(count):
+        starts[k] = pos
+        if pos + 4 > total:
+            raise ValueError("chunk shorter than its frames")
+        pos += 4 + unpack(chunk, pos)[0]
+    if pos != total:
+        raise ValueError("chunk length does not match its frames")
+    starts[count] = pos
+    return starts
+
+
+def split_chunk(chunk: bytes, count: int, stride: int = 0) -> list[bytes]:
+    """The ``count`` frames of ``chunk`` (``stride`` bytes each, or 0 if they differ)."""
+    if stride:
+        if stride * count != len(chunk):
+            raise ValueError("chunk length does not match its frames")
+        return [chunk[o : o + stride] for o in range(0, len(chunk), stride)]
+    starts = frame_starts(chunk, count)
+    return [chunk[starts[k] : starts[k + 1]] for k in range(count)]
+
+
 class MessageLog(Protocol):
     """An append-only sequence of message records addressed by sequence number.
 
     A record is kept as the message frame nsqd sends for a first delivery (attempts=1),
-    plus its 16-byte hex id; both are built once at publish time and shared by every
-    channel. Sequence numbers only grow; ``start`` moves up as old records are trimmed.
+    plus its 16-byte hex id; both are built once at publish time, a batch's frames as
+    one bytes object, and shared by every channel. Sequence numbers only grow; ``start`` moves up as old records are trimmed.
     """
 
     @property
@@ -43,9 +72,13 @@ class MessageLog(Protocol):
         """Sequence the next appended record gets."""
         ...
 
-    def append(self, frames: list[bytes], ids: list[bytes], deliver_at_ns: int = 0) -> int:
-        """Append records; returns the first one's sequence. ``deliver_at_ns`` (wall
-        clock) marks them deferred until then (DPUB)."""
+    def append(
+        self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
+    ) -> int:
+        """Append a batch of records, given as their frames concatenated (``chunk``,
+        see wire.frames.encode_message_batch) and one id each; ``stride`` is the frames'
+        common size, or 0 if they differ. Returns the first one's sequence.
+        ``deliver_at_ns`` (wall clock) marks them deferred until then (DPUB)."""
         ...
 
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from nsqx.store.deferred import DeferredIndex
+from nsqx.store.log import split_chunk
 
 # Trimming deletes from the front of a list (a memmove), so do it in big steps.
 _TRIM_MIN = 4096
@@ -34,7 +35,11 @@ class MemoryLog:
     def __len__(self) -> int:
         return len(self._frames)
 
-    def append(self, frames: list[bytes], ids: list[bytes], deliver_at_ns: int = 0) -> int:
+    def append(
+        self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
+    ) -> int:
+        # held frame by frame: overflow (ephemeral topics) drops single records
+        frames = split_chunk(chunk, len(ids), stride)
         first = self._base + len(self._frames)
         self._frames.extend(frames)
         self._ids.extend(ids)

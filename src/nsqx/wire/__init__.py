@@ -47,8 +47,8 @@ from nsqx.wire.frames import (
     encode_error,
     encode_frame,
     encode_message,
+    encode_message_batch,
     encode_message_frame,
-    encode_message_frames,
     encode_response,
 )
 from nsqx.wire.identify import ClientSettings, ServerLimits, negotiate
@@ -96,8 +96,8 @@ __all__ = [
     "encode_error",
     "encode_frame",
     "encode_message",
+    "encode_message_batch",
     "encode_message_frame",
-    "encode_message_frames",
     "encode_response",
     "is_ephemeral",
     "is_valid_name",

