@@ -14,6 +14,7 @@ from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import make_ids
 from nsqx.store.disklog import DiskLog
 from nsqx.store.memlog import MemoryLog
+from nsqx.wire.frames import MESSAGE_FRAME_OVERHEAD as FRAME_OVERHEAD
 from nsqx.wire.frames import encode_message_batch
 from nsqx.wire.names import is_ephemeral
 
@@ -110,7 +111,7 @@ class Topic:
         chunk, stride = encode_message_batch(ts, ids, bodies)
         log_.append(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride)
         self.message_count += n
-        self.message_bytes += sum(map(len, bodies))
+        self.message_bytes += len(chunk) - n * FRAME_OVERHEAD  # the bodies' bytes
         if self.paused:
             return
         self.visible_end = log_.end

@@ -143,7 +143,7 @@ class CommandParser:
         self._dead = False
         # a body command whose size prefix was read, waiting for the body
         self._pending: tuple[bytes, list[bytes]] | None = None
-        self._chunks: list[bytes] = []
+        self._chunks: list[bytes | memoryview] = []
         self._have = 0
         self._need = 0
 
@@ -192,21 +192,27 @@ class CommandParser:
         self._have = 0
 
     def _feed(self, data: bytes, events: list[Event]) -> None:
+        pos = 0
         if self._pending is not None:
-            self._chunks.append(data)
-            self._have += len(data)
-            if self._have < self._need:
+            missing = self._need - self._have
+            if len(data) < missing:
+                self._chunks.append(data)
+                self._have += len(data)
                 return
-            joined = b"".join(self._chunks)
+            # the body is complete: one copy of it (views in, a join out) and none of
+            # what follows, which is parsed in place from ``pos``
+            chunks = self._chunks
+            chunks.append(memoryview(data)[:missing] if len(data) > missing else data)
+            body = b"".join(chunks)
             cmd, params = self._pending
             self._pending = None
             self._chunks = []
             self._have = 0
-            events.append(self._body_command(cmd, params, joined[: self._need]))
-            data = joined[self._need :]
+            events.append(self._body_command(cmd, params, body))
             if cmd == b"IDENTIFY":
-                self._buf = data
+                self._buf = data[missing:]
                 return
+            pos = missing
         elif self._buf:
             data = self._buf + data
             self._buf = b""
@@ -217,13 +223,13 @@ class CommandParser:
             if data[:4] != MAGIC_V2:
                 raise ProtocolError(E_BAD_PROTOCOL)
             self._need_magic = False
-            data = data[4:]
-        self._parse(data, events)
+            pos = 4
+        self._parse(data, events, pos)
 
-    def _parse(self, data: bytes, events: list[Event]) -> None:
+    def _parse(self, data: bytes, events: list[Event], pos: int) -> None:
+        """Parse ``data[pos:]``."""
         limits = self.limits
         max_line = limits.max_line
-        pos = 0
         n = len(data)
         while pos < n:
             nl = data.find(b"\n", pos)
@@ -261,7 +267,8 @@ class CommandParser:
             if n - start < size:
                 self._pending = (cmd, params)
                 self._need = size
-                self._chunks = [data[start:]]
+                # a view, not a copy: the body is joined once, when complete
+                self._chunks = [memoryview(data)[start:]]
                 self._have = n - start
                 return
             events.append(self._body_command(cmd, params, data[start : start + size]))
@@ -401,10 +408,10 @@ class TLSRequiredParser(CommandParser):
     ``E_INVALID cannot <CMD> in current state (TLS required)``.
     """
 
-    def _parse(self, data: bytes, events: list[Event]) -> None:
-        nl = data.find(b"\n")
+    def _parse(self, data: bytes, events: list[Event], pos: int) -> None:
+        nl = data.find(b"\n", pos)
         if nl >= 0:
-            line = data[:nl]
+            line = data[pos:nl]
             if line.endswith(b"\r"):
                 line = line[:-1]
             name = line.split(b" ", 1)[0]
@@ -412,7 +419,7 @@ class TLSRequiredParser(CommandParser):
                 raise ProtocolError(
                     E_INVALID, f"cannot {_text(name)} in current state (TLS required)"
                 )
-        super()._parse(data, events)
+        super()._parse(data, events, pos)
 
 
 def parse_mpub_body(body: bytes, max_msg_size: int) -> list[bytes]:

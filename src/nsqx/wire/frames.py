@@ -23,6 +23,8 @@ CLOSE_WAIT = b"CLOSE_WAIT"
 MSG_ID_LENGTH = 16
 #: timestamp (8) + attempts (2) + id (16)
 MESSAGE_HEADER_SIZE = 26
+#: a message frame's bytes besides the body: size (4) + type (4) + the message header
+MESSAGE_FRAME_OVERHEAD = 8 + MESSAGE_HEADER_SIZE
 
 _FRAME_HEAD = struct.Struct(">ii")
 # size, frame type, timestamp, attempts: everything before the id
@@ -74,7 +76,7 @@ def encode_message_batch(
         # the common case: equal sizes share one header
         size = sizes.pop()
         parts[0::3] = [pack(size + 30, FRAME_MESSAGE, timestamp_ns, 1)] * n
-        return b"".join(parts), size + 34
+        return b"".join(parts), size + MESSAGE_FRAME_OVERHEAD
     heads = {k: pack(k + 30, FRAME_MESSAGE, timestamp_ns, 1) for k in sizes}
     parts[0::3] = [heads[len(body)] for body in bodies]
     return b"".join(parts), 0
