@@ -447,3 +447,62 @@ def test_topic_empty_while_paused_drops_what_channels_did_not_see() -> None:
             assert (await sub.message()).body == b"after"
 
     run(body())
+
+
+def test_range_reads_and_setoffset() -> None:
+    """GET /range reads a partition by position without touching channels; bad requests
+    get NSQ-style errors; /channel/setoffset moves a channel's cursor (its depth shows)."""
+    from nsqx.wire.range import decode_range
+
+    async def body() -> None:
+        async with served(max_bytes_per_file=4096) as (nsqd, s, base):
+            for i in range(30):  # one MPUB of 5 per round, then a PUB of another size
+                data = struct.pack(">i", 5) + b"".join(
+                    struct.pack(">i", 6) + b"m%02d-%02d" % (i, k) for k in range(5)
+                )
+                assert (await call(s, "POST", f"{base}/mpub?topic=r&binary=true", data))[0] == 200
+                assert (await call(s, "POST", f"{base}/pub?topic=r", b"p%d" % i))[0] == 200
+            await call(s, "POST", f"{base}/channel/create?topic=r&channel=c")
+            status, raw, resp = await call(s, "GET", f"{base}/range?topic=r&start=0&end=180")
+            assert status == 200 and resp.headers["Content-Type"] == "application/octet-stream"
+            res = decode_range(raw)
+            assert res.end_sequence == 180 and res.next_sequence == 180
+            assert [r.sequence for r in res.records] == list(range(180))
+            assert res.records[6].body == b"m01-00" and res.records[5].body == b"p0"
+            # offsets lead back to the same records; budgets bound a read
+            mid = res.records[77]
+            at = decode_range(
+                (await call(s, "GET", f"{base}/range?topic=r&start_offset={mid.offset}"))[1]
+            )
+            assert at.records[0] == mid
+            few = decode_range(
+                (await call(s, "GET", f"{base}/range?topic=r&start=10&max_messages=4"))[1]
+            )
+            assert [r.sequence for r in few.records] == [10, 11, 12, 13]
+            one = decode_range(
+                (await call(s, "GET", f"{base}/range?topic=r&start=3&max_bytes=1"))[1]
+            )
+            assert [r.sequence for r in one.records] == [3]
+            assert nsqd.topics["r"].channels["c"].depth == 180  # a range read consumes nothing
+            status, _, _ = await call(
+                s, "POST", f"{base}/channel/setoffset?topic=r&channel=c&sequence=150"
+            )
+            assert status == 200 and nsqd.topics["r"].channels["c"].depth == 30
+            nsqd.get_topic("e#ephemeral")
+            for path, want in (
+                ("/range?topic=nope", (404, "TOPIC_NOT_FOUND")),
+                ("/range?topic=r&partition=1", (404, "PARTITION_NOT_FOUND")),
+                ("/range?topic=r&start=x", (400, "INVALID_START")),
+                ("/range?topic=r&max_messages=-1", (400, "INVALID_MAX_MESSAGES")),
+                ("/range?topic=e%23ephemeral", (400, "TOPIC_NOT_DURABLE")),
+            ):
+                status, text, _ = await call(s, "GET", base + path)
+                assert status == want[0] and json.loads(text or b"null") == {"message": want[1]}, (
+                    path,
+                    status,
+                    text,
+                )
+            status, text, _ = await call(s, "POST", f"{base}/channel/setoffset?topic=r&channel=c")
+            assert (status, json.loads(text)["message"]) == (400, "MISSING_ARG_SEQUENCE")
+
+    run(body())

@@ -301,31 +301,32 @@ def test_roll_leaves_fsyncs_to_the_next_sync(
     st.integers(1, 80),
     st.integers(1, 3000),
 )
-def test_read_columns_matches_read_range(
+def test_read_frames_matches_read_range(
     tmp_path_factory: pytest.TempPathFactory,
     batches: list[list[bytes]],
     start: int,
     limit: int,
     max_bytes: int,
 ) -> None:
-    from nsqx.wire.range import decode_range, encode_range, encode_range_columns
+    from nsqx.wire.range import decode_range, encode_range, encode_range_frames
 
     log = DiskLog(str(tmp_path_factory.mktemp("cols")), max_bytes_per_file=700, cache_size=2)
     for i, batch in enumerate(batches):
         put(log, batch if i % 2 else [b.ljust(60, b"=") for b in batch], ts=TS + i)
     recs = log.read_range(start, limit, max_bytes)
-    cols = log.read_columns(start, limit, max_bytes)
-    a = decode_range(encode_range(log.end, log.end_offset, start, recs))
+    found = log.read_frames(start, limit, max_bytes)
+    a = decode_range(encode_range(log.end, log.end_offset, max(start, log.start), recs))
     b = decode_range(
-        encode_range_columns(
+        encode_range_frames(
             log.end,
             log.end_offset,
-            start,
-            cols.sequences,
-            cols.offsets,
-            cols.timestamps,
-            cols.ids,
-            cols.bodies,
+            max(start, log.start),
+            found.run_lengths,
+            found.run_timestamps,
+            found.run_offsets,
+            found.sizes,
+            found.chunks,
         )
     )
     assert a == b
+    assert len(found.sizes) == found.count == sum(found.run_lengths)

@@ -29,7 +29,7 @@ from nsqx.store.disklog import DiskLog
 from nsqx.wire.commands import parse_mpub_body
 from nsqx.wire.errors import ProtocolError
 from nsqx.wire.names import is_valid_name
-from nsqx.wire.range import encode_range_columns
+from nsqx.wire.range import encode_range_frames
 
 if TYPE_CHECKING:
     import ssl
@@ -426,26 +426,36 @@ class HTTPServer:
             raise HTTPError(400, "TOPIC_NOT_DURABLE")
         if _int_param(params, "partition", 0) != 0:
             raise HTTPError(404, "PARTITION_NOT_FOUND")
+        # positions and budgets are counts: a negative one is refused, not clamped
+        ints = {
+            k: _int_param(params, k, 0)
+            for k in ("start", "start_offset", "start_time", "end", "max_messages", "max_bytes")
+        }
+        for k, v in ints.items():
+            if v < 0:
+                raise HTTPError(400, f"INVALID_{k.upper()}")
         if "start_offset" in params:
-            start = log_.seek_offset(_int_param(params, "start_offset", 0))
+            start = log_.seek_offset(ints["start_offset"])
         elif "start_time" in params:
-            start = log_.seek_time(_int_param(params, "start_time", 0))
+            start = log_.seek_time(ints["start_time"])
         else:
-            start = _int_param(params, "start", 0)
+            start = ints["start"]
         start = max(start, log_.start)
-        end = _int_param(params, "end", log_.end) if "end" in params else None
-        max_messages = min(_int_param(params, "max_messages", 10_000), MAX_RANGE_MESSAGES)
-        max_bytes = min(_int_param(params, "max_bytes", 8 << 20), MAX_RANGE_BYTES)
-        cols = log_.read_columns(start, max_messages, max_bytes, end)
-        body = encode_range_columns(
+        end = ints["end"] if "end" in params else None
+        max_messages = (
+            min(ints["max_messages"], MAX_RANGE_MESSAGES) if "max_messages" in params else 10_000
+        )
+        max_bytes = min(ints["max_bytes"], MAX_RANGE_BYTES) if "max_bytes" in params else 8 << 20
+        found = log_.read_frames(start, max_messages, max_bytes, end)
+        body = encode_range_frames(
             log_.end,
             log_.end_offset,
             start,
-            cols.sequences,
-            cols.offsets,
-            cols.timestamps,
-            cols.ids,
-            cols.bodies,
+            found.run_lengths,
+            found.run_timestamps,
+            found.run_offsets,
+            found.sizes,
+            found.chunks,
         )
         return web.Response(
             body=body, headers={"Content-Type": "application/octet-stream", **NSQ_HEADERS}

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 from urllib.parse import urlencode
 
-from nsqx.wire.range import RangeColumns, decode_range_columns
+from nsqx.wire.range import RangeFrames, decode_range_frames
 
 
 class NsqHttpError(Exception):
@@ -67,9 +67,9 @@ def fetch_range(
     end: int | None = None,
     max_messages: int = 10_000,
     max_bytes: int = 8 * 1024 * 1024,
-) -> RangeColumns:
+) -> RangeFrames:
     """Records of ``topic``/``partition`` on the nsqd at ``address`` from sequence
-    ``start`` (below ``end``), by column, and the partition's current end."""
+    ``start`` (below ``end``): their frames and tables, and the partition's current end."""
     params: dict[str, Any] = {
         "topic": topic,
         "partition": partition,
@@ -79,7 +79,7 @@ def fetch_range(
     }
     if end is not None:
         params["end"] = end
-    return decode_range_columns(request(address, "GET", "/range", params))
+    return decode_range_frames(request(address, "GET", "/range", params))
 
 
 def bounds(address: str, topic: str, partition: int) -> tuple[int, int]:
@@ -96,7 +96,7 @@ def sequence_at_time(address: str, topic: str, partition: int, ms: int) -> int:
         "start_time": ms * 1_000_000,
         "max_messages": 0,
     }
-    return decode_range_columns(request(address, "GET", "/range", params)).start_sequence
+    return decode_range_frames(request(address, "GET", "/range", params)).start_sequence
 
 
 def set_channel_offset(address: str, topic: str, channel: str, partition: int, seq: int) -> None:

@@ -60,31 +60,29 @@ _SCAN_CHUNK = 4 * 1024 * 1024
 _ID = slice(18, 34)
 
 
-class RangeColumnsOut:
-    """Columns of a range read (see DiskLog.read_columns)."""
+class RangeFramesOut:
+    """What a range read found (see DiskLog.read_frames): runs of frames from one stored
+    batch each (length, timestamp, virtual offset of the first), every frame's size,
+    and the frames themselves as chunks of consecutive frames."""
 
-    __slots__ = ("bodies", "ids", "offsets", "sequences", "timestamps")
+    __slots__ = ("chunks", "count", "run_lengths", "run_offsets", "run_timestamps", "sizes")
 
     def __init__(self) -> None:
-        self.sequences: array[int] = array("q")
-        self.offsets: array[int] = array("q")
-        self.timestamps: array[int] = array("q")
-        self.ids: list[bytes] = []
-        self.bodies: list[bytes] = []
+        self.run_lengths: array[int] = array("i")
+        self.run_timestamps: array[int] = array("q")
+        self.run_offsets: array[int] = array("q")
+        self.sizes: array[int] = array("i")
+        self.chunks: list[bytes] = []
+        self.count = 0
 
-    @property
-    def count(self) -> int:
-        return len(self.sequences)
-
-    def add_run(self, seq: int, n: int, offset: int, stride: int, ts: int) -> None:
-        self.sequences.extend(range(seq, seq + n))
-        self.offsets.extend(range(offset, offset + n * stride, stride))
-        self.timestamps.extend([ts] * n)
-
-    def add_one(self, seq: int, offset: int, ts: int) -> None:
-        self.sequences.append(seq)
-        self.offsets.append(offset)
-        self.timestamps.append(ts)
+    def add_run(self, chunk: bytes, n: int, size: int, offset: int, ts: int) -> None:
+        """``n`` frames of ``size`` bytes each."""
+        self.run_lengths.append(n)
+        self.run_timestamps.append(ts)
+        self.run_offsets.append(offset)
+        self.sizes += array("i", [size]) * n
+        self.chunks.append(chunk)
+        self.count += n
 
 
 class CorruptRecord(Exception):
@@ -631,13 +629,13 @@ class DiskLog:
                 break
         return out
 
-    def read_columns(
+    def read_frames(
         self, seq: int, max_messages: int, max_bytes: int = 1 << 62, end: int | None = None
-    ) -> RangeColumnsOut:
-        """:meth:`read_range` by column (sequences, virtual offsets, timestamps, ids,
-        bodies), built batch by batch: a run of equal-sized frames costs two slices a
-        message. What range readers such as Spark ask nsqd for."""
-        out = RangeColumnsOut()
+    ) -> RangeFramesOut:
+        """:meth:`read_range` for range readers such as Spark: the stored frames, cut
+        once per stored batch (a run of equal-sized frames) with no work per message;
+        a batch of unequal frames is cut frame by frame (one run each)."""
+        out = RangeFramesOut()
         seq = max(seq, self.start)
         stop = self.end if end is None else min(end, self.end)
         taken = 0
@@ -668,15 +666,11 @@ class DiskLog:
                 room = min(count - skip, stop - seq, max_messages - out.count)
                 size = 4 + _I32.unpack_from(buf, p0)[0]
                 if size * count == plen:
-                    # equal-sized frames: positions are arithmetic; two slices a message
                     take = min(room, max(1, (max_bytes - taken) // size))
                     a = p0 + skip * size
                     b = a + take * size
-                    positions = range(a, b, size)
                     ts = _TS.unpack_from(buf, a + 8)[0]  # one publish: one timestamp
-                    out.add_run(first + skip, take, vbase + a, size, ts)
-                    out.ids.extend([buf[o + 18 : o + 34] for o in positions])
-                    out.bodies.extend([buf[o + 34 : o + size] for o in positions])
+                    out.add_run(buf[a:b], take, size, vbase + a, ts)
                     taken += take * size
                 else:
                     frames = split_frames(memoryview(buf)[p0 : p0 + plen], count)
@@ -685,9 +679,7 @@ class DiskLog:
                     for f in frames[skip : skip + room]:
                         if take and taken >= max_bytes:
                             break
-                        out.add_one(first + skip + take, vbase + p, _TS.unpack_from(f, 8)[0])
-                        out.ids.append(f[_ID])
-                        out.bodies.append(f[34:])
+                        out.add_run(f, 1, len(f), vbase + p, _TS.unpack_from(f, 8)[0])
                         p += len(f)
                         taken += len(f)
                         take += 1

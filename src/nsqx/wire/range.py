@@ -1,20 +1,21 @@
 """Range reads: the body nsqd returns for a stateless read of a partition.
 
-Used by range consumers such as the Spark data source. The body is *columnar*, so that a
-reader can hand each column to Arrow without touching every record in Python::
+Used by range consumers such as the Spark data source. The body carries the message
+frames as they are stored, so nsqd builds it with one slice per stored batch and no
+work per message, plus small tables from which a reader derives every column with
+vectorised code (Arrow) instead of a Python loop per record::
 
     [u64 partition end sequence][u64 partition end virtual offset][u64 start sequence]
-    [u32 n]
-    sequences        n x i64
-    virtual offsets  n x i64
-    timestamps       n x i64 (ns)
-    attempts         n x i32
-    ids              n x 16 bytes (hex)
-    body offsets     (n + 1) x i32 (body i is bodies[offsets[i]:offsets[i+1]])
-    bodies
+    [u32 n records][u32 b runs]
+    run lengths      b x i32 (they add up to n)
+    run timestamps   b x i64 (ns; one publish, one timestamp)
+    run offsets      b x i64 (virtual offset of the run's first frame)
+    frame sizes      n x i32
+    frames           the n message frames, concatenated ([size][type][ts][attempts=1][id][body])
 
-The header is big-endian like the rest of NSQ's wire; the columns are little-endian
-(Arrow's layout). The trace id is 0 until tracing lands.
+Record i has sequence ``start + i``; within a run its virtual offset grows with the
+frames' sizes. The header is big-endian like the rest of NSQ's wire; the tables are
+little-endian (Arrow's layout). The trace id is 0 until tracing lands.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from __future__ import annotations
 import struct
 import sys
 from array import array
-from itertools import accumulate
 from typing import NamedTuple
 
 from nsqx.wire.errors import ProtocolError
 
-_HEAD = struct.Struct(">QQQI")
+_HEAD = struct.Struct(">QQQII")
 _LITTLE = sys.byteorder == "little"
+_I32 = struct.Struct(">i")
+_MSG = struct.Struct(">qH")  # timestamp, attempts (after the frame's size and type)
 
 
 class RangeRecord(NamedTuple):
@@ -55,30 +57,27 @@ class RangeResult(NamedTuple):
         return self.records[-1].sequence + 1 if self.records else self.start_sequence
 
 
-class RangeColumns(NamedTuple):
-    """A range body cut into its column buffers (views into the body, no copies)."""
+class RangeFrames(NamedTuple):
+    """A range body cut into its tables and frames (views into the body, no copies)."""
 
     end_sequence: int
     end_offset: int
     start_sequence: int
     size: int
-    sequences: memoryview
-    offsets: memoryview
-    timestamps: memoryview
-    attempts: memoryview
-    ids: memoryview
-    body_offsets: memoryview
-    bodies: memoryview
+    run_lengths: memoryview
+    run_timestamps: memoryview
+    run_offsets: memoryview
+    sizes: memoryview
+    frames: memoryview
 
     @property
     def next_sequence(self) -> int:
-        if not self.size:
-            return self.start_sequence
-        return _ints("q", self.sequences[-8:])[0] + 1
+        return self.start_sequence + self.size
 
 
 def _le(values: array[int]) -> bytes:
     if not _LITTLE:
+        values = array(values.typecode, values)
         values.byteswap()
     return values.tobytes()
 
@@ -91,33 +90,25 @@ def _ints(code: str, view: memoryview) -> array[int]:
     return a
 
 
-def encode_range_columns(
+def encode_range_frames(
     end_sequence: int,
     end_offset: int,
     start_sequence: int,
-    sequences: array[int],
-    offsets: array[int],
-    timestamps: array[int],
-    ids: list[bytes],
-    bodies: list[bytes],
-    attempts: array[int] | None = None,
+    run_lengths: array[int],
+    run_timestamps: array[int],
+    run_offsets: array[int],
+    sizes: array[int],
+    frames: list[bytes],
 ) -> bytes:
-    """Encode columns (attempts default to 1: a range read is not a delivery)."""
-    n = len(sequences)
-    if attempts is None:
-        attempts = array("i", [1]) * n
-    body_offsets = array("i", [0])
-    body_offsets.extend(accumulate(map(len, bodies)))
+    """Encode a range body (the frames as chunks of consecutive frames)."""
     return b"".join(
         (
-            _HEAD.pack(end_sequence, end_offset, start_sequence, n),
-            _le(array("q", sequences)),
-            _le(array("q", offsets)),
-            _le(array("q", timestamps)),
-            _le(array("i", attempts)),
-            b"".join(ids),
-            _le(body_offsets),
-            *bodies,
+            _HEAD.pack(end_sequence, end_offset, start_sequence, len(sizes), len(run_lengths)),
+            _le(run_lengths),
+            _le(run_timestamps),
+            _le(run_offsets),
+            _le(sizes),
+            *frames,
         )
     )
 
@@ -128,72 +119,67 @@ def encode_range(
     start_sequence: int,
     records: list[tuple[int, int, bytes]],
 ) -> bytes:
-    """Encode (sequence, virtual offset, message frame) records, column by column."""
+    """Encode (sequence, virtual offset, message frame) records, one run each (the
+    simple form, for tools and tests; nsqd encodes whole stored batches as runs)."""
+    if records and [r[0] for r in records] != list(
+        range(start_sequence, start_sequence + len(records))
+    ):
+        raise ValueError("range records must be consecutive from start_sequence")
     frames = [r[2] for r in records]
-    # fields of the frames ([size][type][ts][attempts][id][body]), big-endian there
-    ts = array("q")
-    ts.frombytes(b"".join([f[8:16] for f in frames]))
-    attempts16 = array("H")
-    attempts16.frombytes(b"".join([f[16:18] for f in frames]))
-    if _LITTLE:
-        ts.byteswap()
-        attempts16.byteswap()
-    return encode_range_columns(
+    return encode_range_frames(
         end_sequence,
         end_offset,
         start_sequence,
-        array("q", [r[0] for r in records]),
+        array("i", [1]) * len(records),
+        array("q", [_MSG.unpack_from(f, 8)[0] for f in frames]),
         array("q", [r[1] for r in records]),
-        ts,
-        [f[18:34] for f in frames],
-        [f[34:] for f in frames],
-        array("i", attempts16),
+        array("i", map(len, frames)),
+        frames,
     )
 
 
-def decode_range_columns(data: bytes) -> RangeColumns:
-    """Cut a range body into column views; a malformed one raises ProtocolError."""
+def decode_range_frames(data: bytes) -> RangeFrames:
+    """Cut a range body into its tables and frames; a malformed one raises
+    ProtocolError (the frames themselves are checked where they are cut)."""
     if len(data) < _HEAD.size:
         raise ProtocolError("E_BAD_RANGE", "range body too short")
-    end_seq, end_off, start_seq, n = _HEAD.unpack_from(data, 0)
+    end_seq, end_off, start_seq, n, runs = _HEAD.unpack_from(data, 0)
     view = memoryview(data)
     pos = _HEAD.size
     cols = []
-    for width in (8 * n, 8 * n, 8 * n, 4 * n, 16 * n, 4 * (n + 1)):
+    for width in (4 * runs, 8 * runs, 8 * runs, 4 * n):
         if pos + width > len(data):
             raise ProtocolError("E_BAD_RANGE", "range body truncated")
         cols.append(view[pos : pos + width])
         pos += width
-    body_offsets = cols[5]
-    first, last = _ints("i", body_offsets[:4])[0], _ints("i", body_offsets[-4:])[0]
-    if first != 0 or pos + last != len(data):
-        raise ProtocolError("E_BAD_RANGE", "range body sizes do not add up")
-    seqs, offs, tss, atts, ids, _ = cols
-    return RangeColumns(
-        end_seq, end_off, start_seq, n, seqs, offs, tss, atts, ids, body_offsets, view[pos:]
-    )
+    lengths, tss, offs, sizes = cols
+    if sum(_ints("i", lengths)) != n or min(_ints("i", lengths), default=1) <= 0:
+        raise ProtocolError("E_BAD_RANGE", "range runs do not add up")
+    return RangeFrames(end_seq, end_off, start_seq, n, lengths, tss, offs, sizes, view[pos:])
 
 
 def decode_range(data: bytes) -> RangeResult:
-    """Decode a range body into records (for tools and tests; readers use columns)."""
-    c = decode_range_columns(data)
-    seqs = _ints("q", c.sequences)
-    offs = _ints("q", c.offsets)
-    tss = _ints("q", c.timestamps)
-    atts = _ints("i", c.attempts)
-    bounds = _ints("i", c.body_offsets)
-    ids = bytes(c.ids)
-    bodies = bytes(c.bodies)
-    records = [
-        RangeRecord(
-            seqs[i],
-            offs[i],
-            tss[i],
-            atts[i],
-            ids[16 * i : 16 * i + 16],
-            0,
-            bodies[bounds[i] : bounds[i + 1]],
-        )
-        for i in range(c.size)
-    ]
-    return RangeResult(c.end_sequence, c.end_offset, c.start_sequence, records)
+    """Decode a range body into records (for tools and tests; readers use the tables)."""
+    r = decode_range_frames(data)
+    sizes = _ints("i", r.sizes)
+    frames = bytes(r.frames)
+    if sum(sizes) != len(frames):
+        raise ProtocolError("E_BAD_RANGE", "range frame sizes do not add up")
+    records: list[RangeRecord] = []
+    pos = 0
+    seq = r.start_sequence
+    for length, offset in zip(_ints("i", r.run_lengths), _ints("q", r.run_offsets), strict=True):
+        run_start = pos
+        for _ in range(length):
+            frame = frames[pos : pos + sizes[seq - r.start_sequence]]
+            if len(frame) < 34 or 4 + _I32.unpack_from(frame, 0)[0] != len(frame):
+                raise ProtocolError("E_BAD_RANGE", f"bad frame at sequence {seq}")
+            ts, attempts = _MSG.unpack_from(frame, 8)
+            records.append(
+                RangeRecord(
+                    seq, offset + pos - run_start, ts, attempts, frame[18:34], 0, frame[34:]
+                )
+            )
+            pos += len(frame)
+            seq += 1
+    return RangeResult(r.end_sequence, r.end_offset, r.start_sequence, records)

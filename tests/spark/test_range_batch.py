@@ -1,0 +1,83 @@
+"""Range bodies: the wire encoding, its refusals, and the Arrow batch built from it."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from nsqx.nsqd.guid import make_ids
+from nsqx.spark.source import SCHEMA_NAMES, frames_to_batch
+from nsqx.store.disklog import DiskLog
+from nsqx.wire.errors import ProtocolError
+from nsqx.wire.frames import encode_message_batch
+from nsqx.wire.range import decode_range, decode_range_frames, encode_range_frames
+
+TS = 1_700_000_000_123_456_789
+
+
+def _log_with_mixed_batches(path: Path) -> DiskLog:
+    log = DiskLog(str(path), max_bytes_per_file=900, cache_size=2)
+    for i in range(12):
+        # even batches: equal sizes (one run each); odd: unequal (one run per frame)
+        bodies = (
+            [b"e%02d-%d" % (i, k) for k in range(3)]
+            if i % 2 == 0
+            else [b"u" * (k + i) for k in range(1, 4)]
+        )
+        ids = make_ids(log.end, len(bodies))
+        chunk, stride = encode_message_batch(TS + i * 1000, ids, bodies)
+        log.append(chunk, ids, 0, stride)
+    return log
+
+
+def _body(log: DiskLog, start: int, limit: int) -> bytes:
+    found = log.read_frames(start, limit)
+    return encode_range_frames(
+        log.end,
+        log.end_offset,
+        start,
+        found.run_lengths,
+        found.run_timestamps,
+        found.run_offsets,
+        found.sizes,
+        found.chunks,
+    )
+
+
+def test_arrow_batch_matches_the_records(tmp_path: Path) -> None:
+    log = _log_with_mixed_batches(tmp_path)
+    body = _body(log, 4, 25)
+    records = decode_range(body).records
+    assert [r.sequence for r in records] == list(range(4, 29))
+    batch = frames_to_batch(decode_range_frames(body), "t", "h:1", 0)
+    assert batch.schema.names == SCHEMA_NAMES
+    cols = batch.to_pydict()
+    assert cols["offset"] == [r.sequence for r in records]
+    assert cols["body"] == [r.body for r in records]
+    assert cols["id"] == [r.id.decode() for r in records]
+    assert [int(t.timestamp() * 1_000_000) for t in cols["timestamp"]] == [
+        r.timestamp // 1000 for r in records
+    ]
+    assert set(cols["attempts"]) == {1} and set(cols["topic"]) == {"t"}
+    assert set(cols["ext"]) == {None} and set(cols["trace_id"]) == {0}
+
+
+def test_malformed_bodies_are_refused(tmp_path: Path) -> None:
+    log = _log_with_mixed_batches(tmp_path)
+    body = _body(log, 0, 10)
+    with pytest.raises(ProtocolError):
+        decode_range_frames(body[:20])  # shorter than the header
+    with pytest.raises(ProtocolError):
+        decode_range_frames(body[:40])  # tables cut off
+    # runs that do not add up to the record count
+    n, runs = struct.unpack_from(">II", body, 24)
+    bad = body[:24] + struct.pack(">II", n + 1, runs) + body[32:]
+    with pytest.raises(ProtocolError):
+        decode_range_frames(bad)
+    # frames shorter than their sizes say: refused when cut, not read past
+    with pytest.raises(ProtocolError):
+        decode_range(body[:-5])
+    with pytest.raises(RuntimeError, match="malformed frames"):
+        frames_to_batch(decode_range_frames(body[:-5]), "t", "h:1", 0)
