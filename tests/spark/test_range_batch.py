@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from nsqx.nsqd.guid import make_ids
+from nsqx.nsqd.http import range_body
 from nsqx.spark.source import SCHEMA_NAMES, frames_to_batch
 from nsqx.store.disklog import DiskLog
 from nsqx.wire.errors import ProtocolError
 from nsqx.wire.frames import encode_message_batch
-from nsqx.wire.range import decode_range, decode_range_frames, encode_range_frames
+from nsqx.wire.range import decode_range, decode_range_frames
 
 TS = 1_700_000_000_123_456_789
 
@@ -33,17 +34,7 @@ def _log_with_mixed_batches(path: Path) -> DiskLog:
 
 
 def _body(log: DiskLog, start: int, limit: int) -> bytes:
-    found = log.read_frames(start, limit)
-    return encode_range_frames(
-        log.end,
-        log.end_offset,
-        start,
-        found.run_lengths,
-        found.run_timestamps,
-        found.run_offsets,
-        found.sizes,
-        found.chunks,
-    )
+    return range_body(log, start, limit, 1 << 30)
 
 
 def test_arrow_batch_matches_the_records(tmp_path: Path) -> None:

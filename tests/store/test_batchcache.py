@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsqx.nsqd.guid import make_ids
-from nsqx.store.batchcache import BatchCache
+from nsqx.store.batchcache import BatchCache, CachedBatch
 from nsqx.store.log import split_chunk, split_chunks
 from nsqx.wire.frames import encode_message_batch
 
@@ -39,7 +39,7 @@ def test_cache_reads_what_a_list_would(
                 bodies = [b.ljust(4, b"x")[:4] for b in bodies]
             ids = make_ids(cache.end, len(bodies))
             chunk, stride = encode_message_batch(7, ids, bodies)
-            first = cache.append(chunk, ids, stride)
+            first = cache.append(CachedBatch(chunk, ids, stride))
             for k, frame in enumerate(split_chunk(chunk, len(ids), stride)):
                 frames[first + k] = frame
                 ids_of[first + k] = ids[k]
@@ -62,7 +62,7 @@ def test_whole_batches_are_handed_over_without_a_copy() -> None:
     cache = BatchCache()
     ids = make_ids(0, 3)
     chunk, stride = encode_message_batch(1, ids, [b"a", b"b", b"c"])
-    cache.append(chunk, ids, stride)
+    cache.append(CachedBatch(chunk, ids, stride))
     chunks, got = cache.read(0, 10)
     assert chunks[0] is chunk and got == ids
     got.append(b"x")  # the caller's list, not the cache's
@@ -73,4 +73,6 @@ def test_unequal_frames_that_do_not_tile_the_chunk_are_refused() -> None:
     ids = make_ids(0, 2)
     chunk, _ = encode_message_batch(1, ids, [b"a", b"bb"])
     with pytest.raises(ValueError):
-        BatchCache().append(chunk[:-1], ids, 0)
+        CachedBatch(chunk[:-1], ids, 0)
+    with pytest.raises(ValueError):
+        CachedBatch(chunk, ids, 5)  # a stride that does not fit

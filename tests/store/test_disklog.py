@@ -330,3 +330,18 @@ def test_read_frames_matches_read_range(
     )
     assert a == b
     assert len(found.sizes) == found.count == sum(found.run_lengths)
+
+
+def test_a_chunk_that_does_not_match_its_ids_is_refused_before_writing(tmp_path: Path) -> None:
+    log = DiskLog(str(tmp_path))
+    put(log, [b"before"])
+    size = log.segments[-1].size
+    ids = make_ids(log.end, 2)
+    chunk, _ = encode_message_batch(TS, ids, [b"a", b"bb"])
+    with pytest.raises(ValueError):
+        log.append(chunk[:-1], ids)  # frames do not tile the chunk
+    with pytest.raises(ValueError):
+        log.append(chunk, ids, 0, 7)  # a stride that does not fit
+    assert log.segments[-1].size == size and log.end == 1
+    put(log, [b"after"])
+    assert read_all(log) == [b"before", b"after"]

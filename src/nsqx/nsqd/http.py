@@ -446,17 +446,7 @@ class HTTPServer:
             min(ints["max_messages"], MAX_RANGE_MESSAGES) if "max_messages" in params else 10_000
         )
         max_bytes = min(ints["max_bytes"], MAX_RANGE_BYTES) if "max_bytes" in params else 8 << 20
-        found = log_.read_frames(start, max_messages, max_bytes, end)
-        body = encode_range_frames(
-            log_.end,
-            log_.end_offset,
-            start,
-            found.run_lengths,
-            found.run_timestamps,
-            found.run_offsets,
-            found.sizes,
-            found.chunks,
-        )
+        body = range_body(log_, start, max_messages, max_bytes, end)
         return web.Response(
             body=body, headers={"Content-Type": "application/octet-stream", **NSQ_HEADERS}
         )
@@ -665,6 +655,24 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/channel/setoffset": {"POST": _R.channel_setoffset},
     "/range": {"GET": _R.range_read},
 }
+
+
+def range_body(
+    log_: DiskLog, start: int, max_messages: int, max_bytes: int, end: int | None = None
+) -> bytes:
+    """The body of a range read of ``log_`` from ``start`` (see nsqx.wire.range)."""
+    found = log_.read_frames(start, max_messages, max_bytes, end)
+    return encode_range_frames(
+        log_.end,
+        log_.end_offset,
+        start,
+        found.run_lengths,
+        found.run_timestamps,
+        found.run_offsets,
+        found.sizes,
+        found.chunks,
+    )
+
 
 #: bounds of one range read (a reader asks again for more)
 MAX_RANGE_MESSAGES = 100_000

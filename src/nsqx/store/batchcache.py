@@ -18,10 +18,15 @@ from nsqx.store.log import frame_starts
 _TRIM_MIN = 4096
 
 
-class _Batch:
+class CachedBatch:
+    """One batch as the cache holds it. Made before the batch is written, so that a
+    chunk whose frames do not tile it (ValueError) is refused before anything changes."""
+
     __slots__ = ("chunk", "ids", "starts", "stride")
 
-    def __init__(self, chunk: bytes, ids: list[bytes], stride: int) -> None:
+    def __init__(self, chunk: bytes, ids: list[bytes], stride: int = 0) -> None:
+        if stride and stride * len(ids) != len(chunk):
+            raise ValueError("chunk length does not match its frames")
         self.chunk = chunk
         self.ids = ids
         self.stride = stride
@@ -48,7 +53,7 @@ class BatchCache:
         self._start = start
         self._end = start
         self._firsts: list[int] = []  # first sequence of each batch, ascending
-        self._batches: list[_Batch] = []
+        self._batches: list[CachedBatch] = []
 
     @property
     def start(self) -> int:
@@ -61,14 +66,13 @@ class BatchCache:
     def __len__(self) -> int:
         return self._end - self._start
 
-    def append(self, chunk: bytes, ids: list[bytes], stride: int = 0) -> int:
-        """Add a batch of ``len(ids)`` frames (``stride`` bytes each, or 0 if they
-        differ); returns its first sequence."""
+    def append(self, batch: CachedBatch) -> int:
+        """Add a batch; returns its first sequence."""
         first = self._end
-        if ids:
+        if batch.ids:
             self._firsts.append(first)
-            self._batches.append(_Batch(chunk, ids, stride))
-            self._end = first + len(ids)
+            self._batches.append(batch)
+            self._end = first + len(batch.ids)
         return first
 
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:

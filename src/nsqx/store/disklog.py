@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 import google_crc32c
 
-from nsqx.store.batchcache import BatchCache
+from nsqx.store.batchcache import BatchCache, CachedBatch
 from nsqx.store.deferred import DeferredIndex
 
 log = logging.getLogger("nsqx.store")
@@ -370,6 +370,7 @@ class DiskLog:
     def append(
         self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
     ) -> int:
+        cached = CachedBatch(chunk, ids, stride)  # checks the chunk before it is written
         seg = self.segments[-1]
         first = seg.end_seq
         count = len(ids)
@@ -393,7 +394,7 @@ class DiskLog:
         if deliver_at_ns:
             self._deferred.add(first, count, deliver_at_ns)
         cache = self.cache
-        cache.append(chunk, ids, stride)
+        cache.append(cached)
         if len(cache) > self.cache_size + self._cache_slack:
             # trimming shifts the lists: do it every cache_size/4 records, not each time
             cache.trim_to(cache.end - self.cache_size)
