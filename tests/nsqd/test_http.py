@@ -506,3 +506,39 @@ def test_range_reads_and_setoffset() -> None:
             assert (status, json.loads(text)["message"]) == (400, "MISSING_ARG_SEQUENCE")
 
     run(body())
+
+
+def test_ping_reports_failed_writes_and_fsyncs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/ping answers 500 NOK after a failed write until a write succeeds (as nsqd), and
+    for good after a failed fsync (a later one could succeed without the lost pages)."""
+    import nsqx.store.disklog as disklog
+
+    real_writev, real_fsync = os.writev, os.fsync
+
+    def disk_full(fd: int, buffers: list[bytes]) -> int:
+        raise OSError(28, "No space left on device")
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    async def body() -> None:
+        async with served() as (nsqd, s, base):
+            assert (await call(s, "POST", f"{base}/pub?topic=h", b"one"))[0] == 200
+            monkeypatch.setattr(disklog.os, "writev", disk_full)
+            status, text, _ = await call(s, "POST", f"{base}/pub?topic=h", b"two")
+            assert status == 500 and json.loads(text) == {"message": "PUB_FAILED"}
+            status, text, _ = await call(s, "GET", f"{base}/ping")
+            assert status == 500 and b"NOK - failed to write to topic h" in text
+            monkeypatch.setattr(disklog.os, "writev", real_writev)
+            assert (await call(s, "POST", f"{base}/pub?topic=h", b"three"))[0] == 200
+            assert (await call(s, "GET", f"{base}/ping"))[:2] == (200, b"OK")
+            monkeypatch.setattr(disklog.os, "fsync", broken)
+            with pytest.raises(OSError):
+                await nsqd.sync_topics({"h"})
+            monkeypatch.setattr(disklog.os, "fsync", real_fsync)
+            status, text, _ = await call(s, "GET", f"{base}/ping")
+            assert status == 500 and b"fsync of topic h failed" in text
+            assert (await call(s, "POST", f"{base}/pub?topic=h", b"four"))[0] == 200
+            assert (await call(s, "GET", f"{base}/ping"))[0] == 500  # still
+
+    run(body())

@@ -244,43 +244,37 @@ def test_failed_write_leaves_no_partial_record(
     assert read_all(DiskLog(str(tmp_path))) == [b"before", b"after"]
 
 
+def _open_files() -> set[str]:
+    files = set()
+    for n in os.listdir("/proc/self/fd"):
+        try:
+            files.add(os.readlink(f"/proc/self/fd/{n}"))
+        except FileNotFoundError:  # listdir's own fd
+            pass
+    return files
+
+
 def test_roll_leaves_fsyncs_to_the_next_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A roll does no fsync on the appending thread; the next sync() fsyncs the sealed
-    segments (then closes them), the directory and the active segment; a failed sync
-    leaves them for the next one."""
+    segments (then closes them), the directory and the active segment."""
     import nsqx.store.disklog as disklog
 
     log = DiskLog(str(tmp_path), max_bytes_per_file=2048)
     synced: list[str] = []
-    fail = [False]
-
-    def fake_fsync(fd: int) -> None:
-        if fail[0]:
-            raise OSError(5, "Input/output error")
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-
-    monkeypatch.setattr(disklog.os, "fsync", fake_fsync)
+    monkeypatch.setattr(
+        disklog.os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+    )
     for i in range(40):
         put(log, [b"x" * 100, b"y%d" % i])
     sealed = [s.path for s in log.segments if s.sealed]
-    assert len(sealed) >= 3
+    assert len(sealed) >= 3 and log.sync_pending
     assert synced == []  # nothing on the appending thread
-    fail[0] = True
-    with pytest.raises(OSError):
-        log.sync()
-    fail[0] = False
     log.sync()
-    assert set(sealed) <= set(synced)
+    assert set(sealed) <= set(synced) and not log.sync_pending
     assert str(tmp_path) in synced and log.segments[-1].path in synced
-    open_files = set()
-    for n in os.listdir("/proc/self/fd"):
-        try:
-            open_files.add(os.readlink(f"/proc/self/fd/{n}"))
-        except FileNotFoundError:  # listdir's own fd
-            pass
-    assert not set(sealed) & open_files  # closed once synced
+    assert not set(sealed) & _open_files()  # closed once synced
     synced.clear()
     log.sync()
     assert synced == [log.segments[-1].path]  # each sealed segment once
@@ -288,6 +282,45 @@ def test_roll_leaves_fsyncs_to_the_next_sync(
     assert read_all(DiskLog(str(tmp_path), max_bytes_per_file=2048)) == [
         b for i in range(40) for b in (b"x" * 100, b"y%d" % i)
     ]
+
+
+def test_a_failed_fsync_is_never_forgotten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a failed fsync the kernel may have dropped the pages, and a later fsync
+    would succeed without them: every later sync fails too, close() still closes."""
+    import nsqx.store.disklog as disklog
+
+    log = DiskLog(str(tmp_path), max_bytes_per_file=2048)
+    for i in range(20):
+        put(log, [b"x" * 100, b"y%d" % i])
+    sealed = [s.path for s in log.segments if s.sealed]
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(disklog.os, "fsync", failing)
+    with pytest.raises(OSError):
+        log.sync()
+    monkeypatch.undo()  # the device "works" again
+    with pytest.raises(OSError, match="Input/output"):
+        log.sync()
+    assert log.sync_error is not None
+    with pytest.raises(OSError):
+        log.close()
+    assert not set(sealed) & _open_files()
+
+
+def test_deleted_segments_waiting_for_fsync_are_closed(tmp_path: Path) -> None:
+    """Emptying a topic deletes its segments at once; one only sealed by that roll
+    must not stay open (its disk space would not come back)."""
+    log = DiskLog(str(tmp_path), max_bytes_per_file=1 << 20)
+    for i in range(20):
+        put(log, [b"x" * 100, b"y%d" % i])
+    log.sync()
+    path = log.segments[-1].path
+    log.drop_before(log.end)
+    assert not os.path.exists(path)
+    assert path not in _open_files() and path + " (deleted)" not in _open_files()
+    log.close()
 
 
 @settings(max_examples=30, deadline=None)

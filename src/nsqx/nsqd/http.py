@@ -665,7 +665,7 @@ def range_body(
     return encode_range_frames(
         log_.end,
         log_.end_offset,
-        start,
+        found.first,  # past start if the records there are gone
         found.run_lengths,
         found.run_timestamps,
         found.run_offsets,

@@ -130,7 +130,12 @@ class NSQD:
 
     def health(self) -> str:
         """``OK``, or ``NOK - <error>`` after a failed write (NSQ's GetHealth)."""
-        return "OK" if self.health_error is None else f"NOK - {self.health_error}"
+        if self.health_error is None:
+            for name, syncer in self.syncers.items():
+                if syncer.log.sync_error is not None:
+                    return f"NOK - fsync of topic {name} failed: {syncer.log.sync_error}"
+            return "OK"
+        return f"NOK - {self.health_error}"
 
     def lookupd_addresses_changed(self) -> None:
         """options.nsqlookupd_tcp_addresses was replaced: tell the subscribers."""

@@ -61,8 +61,13 @@ class LogSyncer:
                     w.set_result(None)
 
     def due(self, sync_every: int, sync_timeout: float, now: float) -> bool:
-        """Whether --sync-every / --sync-timeout call for an fsync now."""
+        """Whether --sync-every / --sync-timeout call for an fsync now, or a roll left
+        a sealed segment to fsync and close (even with nothing unsynced after it)."""
         unsynced = self.log.unsynced
+        if self.log.sync_error is not None:
+            return False  # it would fail again: health says so; acks that wait still fail
+        if self.log.sync_pending:
+            return True
         return unsynced > 0 and (unsynced >= sync_every or now - self.log.last_sync >= sync_timeout)
 
 

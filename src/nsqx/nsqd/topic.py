@@ -109,7 +109,14 @@ class Topic:
         ids = make_ids(log_.end, n)
         ts = time.time_ns()
         chunk, stride = encode_message_batch(ts, ids, bodies)
-        log_.append(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride)
+        try:
+            log_.append(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride)
+        except OSError as err:
+            # as nsqd: /ping answers NOK until a write succeeds again
+            self.nsqd.health_error = f"failed to write to topic {self.name}: {err}"
+            raise
+        if self.nsqd.health_error is not None:
+            self.nsqd.health_error = None
         self.message_count += n
         self.message_bytes += len(chunk) - n * FRAME_OVERHEAD  # the bodies' bytes
         if self.paused:

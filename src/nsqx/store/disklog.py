@@ -65,9 +65,19 @@ class RangeFramesOut:
     batch each (length, timestamp, virtual offset of the first), every frame's size,
     and the frames themselves as chunks of consecutive frames."""
 
-    __slots__ = ("chunks", "count", "run_lengths", "run_offsets", "run_timestamps", "sizes")
+    __slots__ = (
+        "chunks",
+        "count",
+        "first",
+        "run_lengths",
+        "run_offsets",
+        "run_timestamps",
+        "sizes",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, first: int) -> None:
+        #: the sequence of the first record (records are consecutive from it)
+        self.first = first
         self.run_lengths: array[int] = array("i")
         self.run_timestamps: array[int] = array("q")
         self.run_offsets: array[int] = array("q")
@@ -150,6 +160,20 @@ def check_batch(buf: bytes, pos: int, plen: int, crc: int) -> None:
         raise CorruptRecord(f"crc mismatch at {pos}")
 
 
+def _equal_frames(buf: bytes, p0: int, plen: int, count: int) -> int:
+    """The frames' common size if the ``count`` frames of the payload at ``buf[p0:]``
+    all have the first one's size prefix (checked with four strided slices, not a
+    loop), else 0. Sizes that merely add up (10, 5, 15) are not equal."""
+    size: int = 4 + _I32.unpack_from(buf, p0)[0]
+    if size * count != plen:
+        return 0
+    end = p0 + plen
+    prefix = buf[p0 : p0 + 4]
+    if all(buf[p0 + k : end : size] == prefix[k : k + 1] * count for k in range(4)):
+        return size
+    return 0
+
+
 def split_frames(payload: memoryview | bytes, count: int) -> list[bytes]:
     """Cut a batch payload into its ``count`` frames (checking their sizes add up)."""
     frames: list[bytes] = []
@@ -195,11 +219,18 @@ class DiskLog:
         self.segments: list[Segment] = []
         self._deferred = DeferredIndex()
         self._fd = -1  # the active segment, open for appending
-        # segments sealed by a roll but not yet fsynced (their fds), and whether the
-        # directory has entries not yet fsynced; :meth:`sync` takes both under the lock
-        self._sealed_fds: list[int] = []
+        # segments sealed by a roll but not yet fsynced (fd, path), and whether the
+        # directory has entries not yet fsynced; swapped under _sync_lock (held briefly,
+        # also by the loop), while _syncing is held for a whole sync or close so that no
+        # fd is closed under an fsync
+        self._sealed_fds: list[tuple[int, str]] = []
         self._dir_dirty = False
         self._sync_lock = threading.Lock()
+        self._syncing = threading.Lock()
+        self._closed = False
+        #: the first failed fsync, kept: after one, the kernel may have dropped the dirty
+        #: pages and a later fsync would succeed without them, so no sync succeeds again
+        self.sync_error: OSError | None = None
         self._read_fds: dict[str, int] = {}
         # the last chunk read from a file: (path, file position, bytes)
         self._chunk: tuple[str, int, bytes] = ("", 0, b"")
@@ -415,7 +446,7 @@ class DiskLog:
         )
         fd = os.open(nxt.path, os.O_WRONLY | os.O_APPEND)
         with self._sync_lock:
-            self._sealed_fds.append(self._fd)
+            self._sealed_fds.append((self._fd, seg.path))
             self._dir_dirty = True
             self._fd = fd
         self.segments.append(nxt)
@@ -431,33 +462,40 @@ class DiskLog:
             f.write(data)
         os.replace(tmp, seg.idx_path)
 
+    @property
+    def sync_pending(self) -> bool:
+        """Whether a roll left segments or directory entries to fsync."""
+        return bool(self._sealed_fds) or self._dir_dirty
+
     def sync(self) -> None:
         """fsync everything appended so far: segments sealed since the last sync (then
         closed), the directory entries of new segments, the active segment. Safe to
-        call from a thread; an OSError is raised to the caller (the data is not known
-        to be on disk)."""
+        call from a thread. An OSError is raised to the caller (the data is not known
+        to be on disk) and kept: every later sync raises it too (see ``sync_error``)."""
+        with self._syncing:
+            self._sync()
+
+    def _sync(self) -> None:
+        if self.sync_error is not None:
+            raise self.sync_error
+        if self._closed:
+            return
         with self._sync_lock:
             sealed, self._sealed_fds = self._sealed_fds, []
             dir_dirty, self._dir_dirty = self._dir_dirty, False
             fd = self._fd
         try:
             while sealed:
-                os.fsync(sealed[0])
-                os.close(sealed.pop(0))
+                os.fsync(sealed[0][0])
+                os.close(sealed.pop(0)[0])
             if fd >= 0:
-                try:
-                    os.fsync(fd)
-                except OSError as err:
-                    if fd == self._fd:
-                        raise
-                    # closed under us by close(), which synced it
-                    log.debug("STORE: fsync skipped: %s", err)
+                os.fsync(fd)
             if dir_dirty:
                 _fsync_dir(self.directory)
-        except BaseException:
-            with self._sync_lock:  # not synced: the next sync tries again
+        except OSError as err:
+            self.sync_error = err
+            with self._sync_lock:  # close() closes them
                 self._sealed_fds[:0] = sealed
-                self._dir_dirty |= dir_dirty
             raise
 
     # -- reading ----------------------------------------------------------------------
@@ -563,18 +601,15 @@ class DiskLog:
         ids: list[bytes],
     ) -> None:
         """Append frames ``skip .. skip+take`` of the batch payload at ``buf[p0:]``."""
-        size = 4 + _I32.unpack_from(buf, p0)[0]
         end = p0 + plen
-        if size * count == plen:
-            # Equal-sized frames (an MPUB's usual shape): verify every size prefix with
-            # four strided slices, then hand the run over as one chunk; only ids are cut.
-            prefix = buf[p0 : p0 + 4]
-            if all(buf[p0 + k : end : size] == prefix[k : k + 1] * count for k in range(4)):
-                a = p0 + skip * size
-                b = a + take * size
-                chunks.append(buf[a:b])
-                ids.extend([buf[o + 18 : o + 34] for o in range(a, b, size)])
-                return
+        size = _equal_frames(buf, p0, plen, count)
+        if size:
+            # equal-sized frames (an MPUB's usual shape): one chunk; only ids are cut
+            a = p0 + skip * size
+            b = a + take * size
+            chunks.append(buf[a:b])
+            ids.extend([buf[o + 18 : o + 34] for o in range(a, b, size)])
+            return
         frames = split_frames(memoryview(buf)[p0:end], count)[skip : skip + take]
         chunks.extend(frames)
         ids.extend([f[_ID] for f in frames])
@@ -635,16 +670,20 @@ class DiskLog:
     ) -> RangeFramesOut:
         """:meth:`read_range` for range readers such as Spark: the stored frames, cut
         once per stored batch (a run of equal-sized frames) with no work per message;
-        a batch of unequal frames is cut frame by frame (one run each)."""
-        out = RangeFramesOut()
+        a batch of unequal frames is cut frame by frame (one run each). The records are
+        consecutive from ``first``, which is past ``seq`` if the records there are gone
+        (a read stops at a gap left by a segment set aside, once it has records)."""
         seq = max(seq, self.start)
+        out = RangeFramesOut(seq)
         stop = self.end if end is None else min(end, self.end)
         taken = 0
         while seq < stop and out.count < max_messages and taken < max_bytes:
             seg = self._segment_for(seq)
-            if seg is None:
+            if seg is None or (out.count and seg.base_seq > seq):
                 break
             seq = max(seq, seg.base_seq)
+            if not out.count:
+                out.first = seq
             pos = seg.start_pos(seq)
             progressed = False
             while pos < seg.size and seq < stop and out.count < max_messages and taken < max_bytes:
@@ -665,8 +704,8 @@ class DiskLog:
                 vbase = seg.base_offset + base - SEG_HEAD_SIZE
                 skip = seq - first if seq > first else 0
                 room = min(count - skip, stop - seq, max_messages - out.count)
-                size = 4 + _I32.unpack_from(buf, p0)[0]
-                if size * count == plen:
+                size = _equal_frames(buf, p0, plen, count)
+                if size:
                     take = min(room, max(1, (max_bytes - taken) // size))
                     a = p0 + skip * size
                     b = a + take * size
@@ -769,6 +808,7 @@ class DiskLog:
                 break
             self.segments.pop(0)
             self._close_reader(seg.path)
+            self._forget_sealed(seg.path)
             for p in (seg.path, seg.idx_path):
                 try:
                     os.remove(p)
@@ -787,6 +827,15 @@ class DiskLog:
         self.cache.trim_to(min(seq, self.cache.end))
         self.reclaim(seq)
 
+    def _forget_sealed(self, path: str) -> None:
+        """A deleted segment needs no fsync: close its fd if a sync has not taken it yet
+        (one that has closes it when done), so its disk space comes back now."""
+        with self._sync_lock:
+            gone = [fd for fd, p in self._sealed_fds if p == path]
+            self._sealed_fds = [(fd, p) for fd, p in self._sealed_fds if p != path]
+        for fd in gone:
+            os.close(fd)
+
     def _close_reader(self, path: str) -> None:
         fd = self._read_fds.pop(path, None)
         if fd is not None:
@@ -795,17 +844,23 @@ class DiskLog:
             self._chunk = ("", 0, b"")
 
     def close(self, *, sync: bool = True) -> None:
-        """fsync (unless ``sync`` is false) and close: a clean shutdown."""
-        if sync:
-            self.sync()
-        with self._sync_lock:
-            fds = [*self._sealed_fds, self._fd]
-            self._sealed_fds, self._fd = [], -1
-        for fd in fds:
-            if fd >= 0:
-                os.close(fd)
-        for path in list(self._read_fds):
-            self._close_reader(path)
+        """fsync (unless ``sync`` is false) and close: a clean shutdown. Waits for a
+        sync running in another thread; a failed fsync is raised after the files are
+        closed."""
+        with self._syncing:
+            try:
+                if sync and not self._closed:
+                    self._sync()
+            finally:
+                with self._sync_lock:
+                    fds = [fd for fd, _ in self._sealed_fds] + [self._fd]
+                    self._sealed_fds, self._fd = [], -1
+                    self._closed = True
+                for fd in fds:
+                    if fd >= 0:
+                        os.close(fd)
+                for path in list(self._read_fds):
+                    self._close_reader(path)
 
     def destroy(self) -> None:
         """Close and delete every file (the topic was deleted: nothing to fsync)."""
