@@ -72,6 +72,11 @@ def test_malformed_bodies_are_refused(tmp_path: Path) -> None:
         decode_range(body[:-5])
     with pytest.raises(RuntimeError, match="malformed frames"):
         frames_to_batch(decode_range_frames(body[:-5]), "t", "h:1", 0)
+    # an id that is not text: Arrow's error, named as a bad range read from that nsqd
+    pos = body.index(b"%016x" % 0)
+    bad_id = body[:pos] + b"\xff" + body[pos + 1 :]
+    with pytest.raises(RuntimeError, match=r"from h:1 has malformed frames: Invalid UTF8"):
+        frames_to_batch(decode_range_frames(bad_id), "t", "h:1", 0)
 
 
 def test_sizes_that_add_up_are_not_taken_for_equal_ones(tmp_path: Path) -> None:

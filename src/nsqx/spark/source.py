@@ -125,7 +125,17 @@ def _bounds(opts: NsqOptions) -> dict[str, tuple[int, int]]:
 def frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int) -> Any:
     """An Arrow record batch of SCHEMA from a range read, built column by column with
     Arrow's kernels (no Python per record): ids and bodies are cut out of the frames,
-    timestamps expanded from the runs' table, offsets (sequences) counted from the start."""
+    timestamps expanded from the runs' table, offsets (sequences) counted from the start.
+    A malformed body raises RuntimeError naming the nsqd."""
+    import pyarrow as pa
+
+    try:
+        return _frames_to_batch(res, topic, address, partition)
+    except pa.ArrowException as err:  # e.g. sizes that overflow, ids that are not text
+        raise RuntimeError(f"nsq: a range read from {address} has malformed frames: {err}") from err
+
+
+def _frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int) -> Any:
     import pyarrow as pa
     import pyarrow.compute as pc
 
