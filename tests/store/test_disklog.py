@@ -197,6 +197,23 @@ def test_cursor_file_round_trip(tmp_path: Path) -> None:
         read_cursor(path)
 
 
+def reference_range(
+    log: DiskLog, start: int, limit: int, max_bytes: int
+) -> list[tuple[int, int, bytes]]:
+    """What a range read must return, record by record through get() and locate():
+    records while fewer than ``limit`` and fewer than ``max_bytes`` are taken."""
+    out: list[tuple[int, int, bytes]] = []
+    taken = 0
+    seq = max(start, log.start)
+    while seq < log.end and len(out) < limit and taken < max_bytes:
+        frame, at = log.get(seq), log.locate(seq)
+        assert frame is not None and at is not None
+        out.append((seq, at[0], frame))
+        taken += len(frame)
+        seq += 1
+    return out
+
+
 def test_read_range_is_stateless_and_bounded(tmp_path: Path) -> None:
     from nsqx.wire.range import decode_range, encode_range
 
@@ -213,6 +230,9 @@ def test_read_range_is_stateless_and_bounded(tmp_path: Path) -> None:
     assert [r[0] for r in log.read_range(10, 100, end=13)] == [10, 11, 12]
     one = log.read_range(10, 100, max_bytes=1)
     assert [r[0] for r in one] == [10]
+    # 39-byte frames: a 40-byte budget is not reached by one, so a second is taken
+    two = log.read_range(9, 100, max_bytes=40)
+    assert [r[0] for r in two] == [9, 10] and two == reference_range(log, 9, 100, 40)
     assert log.read_range(120, 10) == []
     body = encode_range(log.end, log.end_offset, 10, log.read_range(10, 5))
     res = decode_range(body)
@@ -347,6 +367,7 @@ def test_read_frames_matches_read_range(
     for i, batch in enumerate(batches):
         put(log, batch if i % 2 else [b.ljust(60, b"=") for b in batch], ts=TS + i)
     recs = log.read_range(start, limit, max_bytes)
+    assert recs == reference_range(log, start, limit, max_bytes)
     found = log.read_frames(start, limit, max_bytes)
     a = decode_range(encode_range(log.end, log.end_offset, max(start, log.start), recs))
     b = decode_range(

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from nsqx.store.disklog import fsync_dir
+
 METADATA_FILE = "nsqd.dat"
 LOCK_FILE = "nsqd.lock"
 
@@ -51,7 +53,7 @@ def write_metadata(data_path: str, topics: list[TopicMeta], version: str) -> Non
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(data_path)
+    fsync_dir(data_path)
 
 
 def read_metadata(data_path: str) -> list[TopicMeta]:
@@ -72,14 +74,6 @@ def read_metadata(data_path: str) -> list[TopicMeta]:
         ]
         topics.append(TopicMeta(str(t["name"]), bool(t.get("paused", False)), channels))
     return topics
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class DataDirLock:

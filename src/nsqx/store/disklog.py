@@ -42,6 +42,7 @@ import google_crc32c
 
 from nsqx.store.batchcache import BatchCache, CachedBatch
 from nsqx.store.deferred import DeferredIndex
+from nsqx.store.log import frame_starts
 
 log = logging.getLogger("nsqx.store")
 
@@ -176,22 +177,11 @@ def _equal_frames(buf: bytes, p0: int, plen: int, count: int) -> int:
 
 def split_frames(payload: memoryview | bytes, count: int) -> list[bytes]:
     """Cut a batch payload into its ``count`` frames (checking their sizes add up)."""
-    frames: list[bytes] = []
-    append = frames.append
-    unpack = _I32.unpack_from
-    pos = 0
-    total = len(payload)
-    for _ in range(count):
-        if pos + 4 > total:
-            raise CorruptRecord("payload shorter than its frames")
-        end = pos + 4 + unpack(payload, pos)[0]
-        if end > total:
-            raise CorruptRecord("frame runs past its payload")
-        append(bytes(payload[pos:end]))
-        pos = end
-    if pos != total:
-        raise CorruptRecord("payload longer than its frames")
-    return frames
+    try:
+        starts = frame_starts(payload, count)
+    except ValueError as err:
+        raise CorruptRecord(str(err)) from None
+    return [bytes(payload[starts[k] : starts[k + 1]]) for k in range(count)]
 
 
 class DiskLog:
@@ -370,7 +360,7 @@ class DiskLog:
                 f.flush()
                 os.fsync(f.fileno())
         if fsync:
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         return Segment(path, base_seq, base_offset, end_seq=base_seq)
 
     # -- positions --------------------------------------------------------------------
@@ -491,7 +481,7 @@ class DiskLog:
             if fd >= 0:
                 os.fsync(fd)
             if dir_dirty:
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
         except OSError as err:
             self.sync_error = err
             with self._sync_lock:  # close() closes them
@@ -617,60 +607,30 @@ class DiskLog:
     def read_range(
         self, seq: int, max_messages: int, max_bytes: int = 1 << 62, end: int | None = None
     ) -> list[tuple[int, int, bytes]]:
-        """A stateless read for range consumers (Spark): up to ``max_messages`` records
-        from ``seq`` (below ``end``), stopping once ``max_bytes`` of frames are taken (at
-        least one record is returned if there is one). Records are (sequence, virtual
-        offset, frame). Reads through the files (the page cache) and checks crcs like
-        any read; it touches no channel."""
+        """:meth:`read_frames` record by record, as (sequence, virtual offset, frame):
+        the simple form, for tools and tests."""
+        found = self.read_frames(seq, max_messages, max_bytes, end)
         out: list[tuple[int, int, bytes]] = []
-        seq = max(seq, self.start)
-        stop = self.end if end is None else min(end, self.end)
-        taken = 0
-        while seq < stop and len(out) < max_messages and taken < max_bytes:
-            seg = self._segment_for(seq)
-            if seg is None:
-                break
-            seq = max(seq, seg.base_seq)
-            pos = seg.start_pos(seq)
-            progressed = False
-            while pos < seg.size and seq < stop and len(out) < max_messages and taken < max_bytes:
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
-                off = pos - base
-                plen, crc, first, count, _d, _f = _BATCH_HEAD.unpack_from(buf, off)
-                if first + count <= seq:
-                    pos += BATCH_HEAD_SIZE + plen
-                    continue
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-                off = pos - base
-                if pos >= seg.verified_upto:
-                    check_batch(buf, off, plen, crc)
-                    if pos == seg.verified_upto:
-                        seg.verified_upto = pos + BATCH_HEAD_SIZE + plen
-                p = off + BATCH_HEAD_SIZE
-                # virtual offset of buf[0]
-                vbase = seg.base_offset + base - SEG_HEAD_SIZE
-                for k in range(count):
-                    end_p = p + 4 + _I32.unpack_from(buf, p)[0]
-                    s_k = first + k
-                    if s_k >= seq:
-                        if s_k >= stop or len(out) >= max_messages or taken >= max_bytes:
-                            break
-                        out.append((s_k, vbase + p, buf[p:end_p]))
-                        taken += end_p - p
-                    p = end_p
-                seq = out[-1][0] + 1 if out else seq
-                pos += BATCH_HEAD_SIZE + plen
-                progressed = True
-            if not progressed:
-                break
+        sizes = iter(found.sizes)
+        for chunk, length, offset in zip(
+            found.chunks, found.run_lengths, found.run_offsets, strict=True
+        ):
+            pos = 0
+            for _ in range(length):
+                size = next(sizes)
+                out.append((found.first + len(out), offset + pos, chunk[pos : pos + size]))
+                pos += size
         return out
 
     def read_frames(
         self, seq: int, max_messages: int, max_bytes: int = 1 << 62, end: int | None = None
     ) -> RangeFramesOut:
-        """:meth:`read_range` for range readers such as Spark: the stored frames, cut
-        once per stored batch (a run of equal-sized frames) with no work per message;
-        a batch of unequal frames is cut frame by frame (one run each). The records are
+        """A stateless read for range consumers (Spark): up to ``max_messages`` records
+        from ``seq`` (below ``end``), stopping once ``max_bytes`` of frames are taken (so
+        at least one record if there is one). Reads through the files (the page cache),
+        checks crcs like any read and touches no channel. The stored frames are cut once
+        per stored batch (a run of equal-sized frames), with no work per message; a batch
+        of unequal frames is cut frame by frame (one run each). The records are
         consecutive from ``first``, which is past ``seq`` if the records there are gone
         (a read stops at a gap left by a segment set aside, once it has records)."""
         seq = max(seq, self.start)
@@ -706,7 +666,8 @@ class DiskLog:
                 room = min(count - skip, stop - seq, max_messages - out.count)
                 size = _equal_frames(buf, p0, plen, count)
                 if size:
-                    take = min(room, max(1, (max_bytes - taken) // size))
+                    # frames while fewer than max_bytes are taken, as for unequal ones
+                    take = min(room, -(-(max_bytes - taken) // size))
                     a = p0 + skip * size
                     b = a + take * size
                     ts = _TS.unpack_from(buf, a + 8)[0]  # one publish: one timestamp
@@ -870,7 +831,8 @@ class DiskLog:
         os.rmdir(self.directory)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """fsync a directory (its entries: files created, renamed or removed)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -26,7 +26,7 @@ def split_chunks(chunks: list[bytes]) -> list[bytes]:
     return out
 
 
-def frame_starts(chunk: bytes, count: int) -> array[int]:
+def frame_starts(chunk: bytes | memoryview, count: int) -> array[int]:
     """Start positions of the ``count`` frames in ``chunk``, plus its length. Raises
     ValueError unless the frames' size prefixes tile the chunk exactly."""
     starts = array("q", [0]) * (count + 1)
@@ -37,7 +37,10 @@ def frame_starts(chunk: bytes, count: int) -> array[int]:
         starts[k] = pos
         if pos + 4 > total:
             raise ValueError("chunk shorter than its frames")
-        pos += 4 + unpack(chunk, pos)[0]
+        end = pos + 4 + unpack(chunk, pos)[0]
+        if not pos + 4 <= end <= total:
+            raise ValueError("frame runs past its chunk")
+        pos = end
     if pos != total:
         raise ValueError("chunk length does not match its frames")
     starts[count] = pos
