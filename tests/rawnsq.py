@@ -21,6 +21,7 @@ from nsqx.wire import (
     decode_message,
 )
 from nsqx.wire import commands as c
+from nsqx.wire.frames import YouzanMessage, decode_youzan_message
 
 T = TypeVar("T")
 
@@ -122,6 +123,14 @@ class Raw:
 
     async def messages(self, n: int, timeout: float = 10) -> list[Message]:
         return [await self.message(timeout) for _ in range(n)]
+
+    async def yz_message(
+        self, with_ext: bool = False, detail: bool = False, timeout: float = 10
+    ) -> YouzanMessage:
+        """A message as a Youzan-mode client gets it (binary id, trace id, ...)."""
+        ftype, data = await self.frame(timeout)
+        assert ftype == FRAME_MESSAGE, (ftype, data)
+        return decode_youzan_message(data, with_ext, detail)
 
     async def closed(self, timeout: float = 10) -> bool:
         """True once the server has closed the connection (frames still collected)."""

@@ -134,7 +134,13 @@ NSQ13_FLAG_NAMES = {
 
 
 #: flags nsqx adds to NSQ's (documented in docs/nsqd.md)
-NSQX_EXTRA_FLAGS = {"sync-before-ack", "retention"}
+NSQX_EXTRA_FLAGS = {
+    "sync-before-ack",
+    "retention",
+    # Youzan's nsqd options
+    "allow-ext-compatible",
+    "allow-sub-ext-compatible",
+}
 
 
 def test_table_has_exactly_nsq13s_flags_plus_nsqx_ones() -> None:

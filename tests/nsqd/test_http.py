@@ -502,8 +502,9 @@ def test_range_reads_and_setoffset() -> None:
                     status,
                     text,
                 )
+            # no sequence: Youzan's form, whose position is the body
             status, text, _ = await call(s, "POST", f"{base}/channel/setoffset?topic=r&channel=c")
-            assert (status, json.loads(text)["message"]) == (400, "MISSING_ARG_SEQUENCE")
+            assert (status, json.loads(text)["message"]) == (406, "MSG_EMPTY")
 
     run(body())
 
@@ -534,7 +535,7 @@ def test_ping_reports_failed_writes_and_fsyncs(monkeypatch: pytest.MonkeyPatch) 
             assert (await call(s, "GET", f"{base}/ping"))[:2] == (200, b"OK")
             monkeypatch.setattr(disklog.os, "fsync", broken)
             with pytest.raises(OSError):
-                await nsqd.sync_topics({"h"})
+                await nsqd.sync_partitions({("h", 0)})
             monkeypatch.setattr(disklog.os, "fsync", real_fsync)
             status, text, _ = await call(s, "GET", f"{base}/ping")
             assert status == 500 and b"fsync of topic h failed" in text

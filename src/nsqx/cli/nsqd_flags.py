@@ -320,6 +320,21 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         0,
         "most consumers per channel on this node (0: unlimited)",
     ),
+    # -- Youzan's extensions
+    FlagSpec(
+        "allow-ext-compatible",
+        _B,
+        "allow_ext_compatible",
+        False,
+        "accept ext headers with only ## keys on topics without ext support (dropping them)",
+    ),
+    FlagSpec(
+        "allow-sub-ext-compatible",
+        _B,
+        "allow_sub_ext_compatible",
+        False,
+        "let consumers without extend_support subscribe to ext topics (vanilla frames)",
+    ),
     # -- statsd
     FlagSpec(
         "statsd-address",

@@ -1,4 +1,4 @@
-"""Channel: a cursor over its topic's log that delivers to its subscribed clients."""
+"""Channel: a cursor over a topic partition's log that delivers to its subscribed clients."""
 
 from __future__ import annotations
 
@@ -11,15 +11,18 @@ from array import array
 from collections import deque
 from typing import TYPE_CHECKING
 
+from nsqx.nsqd import tracer as tr
 from nsqx.nsqd.e2e import new_window
 from nsqx.nsqd.guid import seq_of
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
 from nsqx.store.log import split_chunks
-from nsqx.wire.frames import with_attempts
+from nsqx.wire.ext import header_tag
+from nsqx.wire.frames import is_extended, record_parts, with_attempts
 from nsqx.wire.names import is_ephemeral
 
 if TYPE_CHECKING:
     from nsqx.nsqd.client_v2 import ClientV2
+    from nsqx.nsqd.partition import Partition
     from nsqx.nsqd.topic import Topic
 
 log = logging.getLogger("nsqx.nsqd")
@@ -38,13 +41,19 @@ class Channel:
     one write per client. In-flight messages live in their client's insertion-ordered
     dict (id -> deadline) so timeouts are found by scanning its head; messages that
     were delivered more than once are the only ones with an attempts entry here.
+
+    Two other dispatchers serve Youzan's extensions: an *ordered* channel (SUB_ORDERED,
+    or a topic created orderedmulti) has one message in flight across all its clients,
+    the lowest unfinished one, and sends the next after its FIN; a channel of an ext
+    topic whose clients asked for a dispatch tag or an ext filter routes each message
+    by its ext header.
     """
 
-    def __init__(self, topic: Topic, name: str, start: int) -> None:
-        self.topic = topic
+    def __init__(self, partition: Partition, name: str, start: int) -> None:
+        self.partition = partition
         self.name = name
-        self.ephemeral = is_ephemeral(name) or topic.ephemeral
-        self.log = topic.log
+        self.ephemeral = is_ephemeral(name) or partition.ephemeral
+        self.log = partition.log
         #: Next log sequence to deliver.
         self.cursor = start
         self.clients: list[ClientV2] = []
@@ -60,7 +69,18 @@ class Channel:
         self.requeue_count = 0
         self.timeout_count = 0
         #: publish-to-FIN latencies; None unless --e2e-processing-latency-percentile is set
-        self.e2e = new_window(topic.nsqd.options)
+        self.e2e = new_window(partition.nsqd.options)
+        #: SUB_ORDERED made this channel ordered (it sticks, as in Youzan's nsqd, until
+        #: /channel/setorder?order=false)
+        self.ordered_flag = False
+        #: /message/trace/enable for this channel
+        self.trace_enabled = False
+        #: trace ids of traced messages in flight (hex id -> trace id)
+        self.traced: dict[bytes, int] = {}
+        #: messages skipped by a client's ext filter (finished without being sent)
+        self.filtered_count = 0
+        #: an ext topic with clients that want tags or filters: route message by message
+        self._routed = False
         self._pump_scheduled = False
         self._rr = 0
         self._loop = asyncio.get_running_loop()
@@ -70,9 +90,25 @@ class Channel:
         self.checkpoint_size = 0
         self.checkpoint_at = 0.0
         self.cursor_path: str | None = None
-        if topic.durable and not self.ephemeral:
-            self.cursor_path = os.path.join(topic.channel_dir, f"{name}.cursor")
+        if partition.durable and not self.ephemeral:
+            self.cursor_path = os.path.join(partition.channel_dir, f"{name}.cursor")
             self._restore()
+
+    @property
+    def topic(self) -> Topic:
+        return self.partition.topic
+
+    @property
+    def ordered(self) -> bool:
+        """One message in flight at a time, in log order (SUB_ORDERED, orderedmulti)."""
+        return self.ordered_flag or self.partition.topic.meta.ordered
+
+    def set_ordered(self, ordered: bool) -> None:
+        """SUB_ORDERED (True) or /channel/setorder."""
+        if ordered != self.ordered_flag:
+            self.ordered_flag = ordered
+            log.info("CHANNEL(%s): ordered %s", self.name, ordered)
+            self.notify()
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -123,7 +159,7 @@ class Channel:
     @property
     def depth(self) -> int:
         """Messages waiting (not in flight, not deferred)."""
-        return len(self.requeued) + max(self.topic.visible_end - self.cursor, 0)
+        return len(self.requeued) + max(self.partition.visible_end - self.cursor, 0)
 
     @property
     def in_flight_count(self) -> int:
@@ -151,6 +187,7 @@ class Channel:
 
     def add_client(self, client: ClientV2) -> None:
         self.clients.append(client)
+        self._update_routing()
 
     def remove_client(self, client: ClientV2) -> None:
         """A client left: whatever it had in flight goes back to the front at once."""
@@ -159,16 +196,25 @@ class Channel:
         except ValueError:
             return
         self._requeue_all(client)
+        self._update_routing()
         if self.clients:
             self.notify()
         elif self.ephemeral and is_ephemeral(self.name):
-            self.topic.delete_channel(self.name)
+            self.partition.delete_channel(self.name)
+
+    def _update_routing(self) -> None:
+        self._routed = self.partition.topic.meta.ext and any(
+            c.settings.desired_tag or c.settings.ext_filter is not None for c in self.clients
+        )
 
     def _requeue_all(self, client: ClientV2) -> None:
         for table in (client.inflight, client.irregular):
             if table:
                 pop = self.attempts.pop
                 self.requeued.extend((seq_of(mid), pop(mid, 1)) for mid in table)
+                if self.traced:
+                    for mid in table:
+                        self._trace_end(tr.REQ, mid, client, {"reason": "client left"})
                 table.clear()
         client.touched.clear()
 
@@ -185,6 +231,7 @@ class Channel:
         self.requeued.clear()
         self.deferred.clear()
         self.attempts.clear()
+        self.traced.clear()
         if self.cursor_path is not None:
             try:
                 os.remove(self.cursor_path)
@@ -202,8 +249,19 @@ class Channel:
         """Drop every queued and deferred message (in-flight ones stay in flight)."""
         self.requeued.clear()
         self.deferred.clear()
-        self.cursor = max(self.cursor, self.topic.visible_end)
+        self.cursor = max(self.cursor, self.partition.visible_end)
         self.dirty = True
+
+    def reset_to(self, seq: int) -> None:
+        """Replay or skip: deliver from ``seq`` on (SUB_ADVANCED, /channel/setoffset).
+        Queued and deferred messages are forgotten (those from ``seq`` on come again
+        from the log); messages in flight stay in flight."""
+        self.cursor = min(max(seq, self.log.start), self.log.end)
+        self.requeued.clear()
+        self.deferred.clear()
+        self.dirty = True
+        log.info("CHANNEL(%s): reset to sequence %d", self.name, self.cursor)
+        self.notify()
 
     def advance_to(self, seq: int) -> None:
         """Count everything below ``seq`` as consumed (a range consumer, such as a Spark
@@ -239,10 +297,17 @@ class Channel:
         if len(ready) > 1:
             self._rr = (self._rr + 1) % len(ready)
             ready = ready[self._rr :] + ready[: self._rr]
+        if self.ordered:
+            self._pump_ordered(ready)
+            return
+        if self._routed:
+            self._pump_routed(ready)
+            return
         now = time.monotonic()
         left = len(ready)
+        tracing = self.partition.extended or self.trace_enabled or self.topic.trace_enabled
         for c, spare in ready:
-            avail = len(self.requeued) + self.topic.visible_end - self.cursor
+            avail = len(self.requeued) + self.partition.visible_end - self.cursor
             if avail <= 0:
                 break
             # an even share of what is there, so that one client cannot take it all
@@ -250,7 +315,156 @@ class Channel:
             left -= 1
             frames, ids = self._take(share)
             if frames:
+                if tracing:
+                    self._trace_start(frames, ids, c)
                 c.send_messages(frames, ids, now)
+
+    def _pump_ordered(self, ready: list[tuple[ClientV2, int]]) -> None:
+        """One message in flight for the whole channel: the lowest unfinished one, to
+        the next client with room; the next one only after its FIN (or REQ 0, or a
+        timeout, which send it again)."""
+        if self.in_flight_count:
+            return
+        client = ready[0][0]
+        ext_filter = client.settings.ext_filter if self.topic.meta.ext else None
+        for _ in range(1000):  # messages an ext filter skips: a bounded run per pump
+            frame, mid = self._take_ordered()
+            if frame is None:
+                return
+            if ext_filter is not None:
+                _trace_id, ver, ext, _ = record_parts(frame)
+                if not ext_filter.match(ver, ext):
+                    self._skip_filtered(mid)
+                    continue
+            if self.partition.extended or self.trace_enabled or self.topic.trace_enabled:
+                self._trace_start([frame], [mid], client)
+            client.send_messages([frame], [mid], time.monotonic())
+            return
+        self.notify()
+
+    def _take_ordered(self) -> tuple[bytes | None, bytes]:
+        """The lowest unfinished message (requeued ones come before the cursor's), its
+        deferral ignored: ordered channels never delay (as Youzan's)."""
+        requeued = self.requeued
+        while requeued:
+            k = min(range(len(requeued)), key=lambda i: requeued[i][0])
+            seq, attempts = requeued[k]
+            del requeued[k]
+            frame = self.log.get(seq)
+            if frame is None:
+                continue  # dropped (emptied, or an ephemeral overflow)
+            if attempts:
+                frame = with_attempts(frame, attempts + 1)
+                self.attempts[frame[_ID]] = attempts + 1
+            return frame, frame[_ID]
+        end = self.partition.visible_end
+        while self.cursor < end:
+            lo = self.cursor
+            f, i = self.log.read(lo, 1)
+            if not i:
+                self.cursor = max(lo, self.log.start)
+                if self.cursor == lo:
+                    break
+                continue
+            self.cursor = lo + 1
+            self.dirty = True
+            self.message_count += 1
+            if self.deferred and any(s == lo for _, s, _ in self.deferred):
+                continue  # also deferred from before the channel was ordered
+            frame = split_chunks(f)[0]
+            return frame, i[0]
+        return None, b""
+
+    def _pump_routed(self, ready: list[tuple[ClientV2, int]]) -> None:
+        """Route each message by its ext header: a message with a dispatch tag goes to a
+        client that asked for that tag if there is one, every other message to clients
+        without a tag; a client's ext filter finishes what it does not match unsent.
+        What no client can take now waits at the front of the queue."""
+        now = time.monotonic()
+        room = {c: spare for c, spare in ready}
+        by_tag: dict[str, list[ClientV2]] = {}
+        for c in self.clients:
+            by_tag.setdefault(c.settings.desired_tag, []).append(c)
+        frames, ids = self._take(sum(room.values()))
+        if not ids:
+            return
+        frames = split_chunks(frames)
+        out: dict[ClientV2, tuple[list[bytes], list[bytes]]] = {}
+        back: list[tuple[int, int]] = []
+        rr = self._rr
+        for frame, mid in zip(frames, ids, strict=True):
+            _, ver, ext, _ = record_parts(frame)
+            tag = header_tag(ver, ext) if ext else ""
+            group = by_tag.get(tag) if tag else None
+            if not group:
+                group = by_tag.get("", [])
+            takers = [c for c in group if room.get(c, 0) > 0]
+            if not takers:
+                back.append((seq_of(mid), int.from_bytes(frame[16:18], "big") - 1))
+                self.attempts.pop(mid, None)
+                continue
+            rr += 1
+            c = takers[rr % len(takers)]
+            flt = c.settings.ext_filter
+            if flt is not None and not flt.match(ver, ext):
+                self._skip_filtered(mid)
+                continue
+            room[c] -= 1
+            f_list, i_list = out.setdefault(c, ([], []))
+            f_list.append(frame)
+            i_list.append(mid)
+        self._rr = rr
+        if back:
+            self.requeued.extendleft(reversed(back))
+        for c, (f_list, i_list) in out.items():
+            self._trace_start(f_list, i_list, c)
+            c.send_messages(f_list, i_list, now)
+
+    def _skip_filtered(self, mid: bytes) -> None:
+        """A message a client's ext filter refused: finished for the channel, unsent."""
+        self.attempts.pop(mid, None)
+        self.filtered_count += 1
+        self.dirty = True
+        if self.trace_enabled or self.topic.trace_enabled:
+            self.partition.nsqd.tracer.record("FILTERED", self.partition, mid, 0, channel=self.name)
+
+    # -- tracing ----------------------------------------------------------------------
+
+    def _trace_start(self, frames: list[bytes], ids: list[bytes], client: ClientV2) -> None:
+        """START events for the traced messages among these (and remember them in
+        flight, for their FIN, REQ or TIMEOUT)."""
+        everything = self.trace_enabled or self.topic.trace_enabled
+        if not everything and not any(map(is_extended, frames)):
+            return
+        tracer = self.partition.nsqd.tracer
+        for frame, mid in zip(split_chunks(frames), ids, strict=True):
+            trace_id = record_parts(frame).trace_id
+            if trace_id or everything:
+                self.traced[mid] = trace_id
+                tracer.record(
+                    tr.START,
+                    self.partition,
+                    mid,
+                    trace_id,
+                    channel=self.name,
+                    client=client.remote_address,
+                    extra={"attempts": int.from_bytes(frame[16:18], "big")},
+                )
+
+    def _trace_end(
+        self, event: str, mid: bytes, client: ClientV2, extra: dict[str, object] | None = None
+    ) -> None:
+        trace_id = self.traced.pop(mid, None)
+        if trace_id is not None:
+            self.partition.nsqd.tracer.record(
+                event,
+                self.partition,
+                mid,
+                trace_id,
+                channel=self.name,
+                client=client.remote_address,
+                extra=extra,
+            )
 
     def _take(self, k: int) -> tuple[list[bytes], list[bytes]]:
         frames: list[bytes] = []
@@ -268,7 +482,7 @@ class Channel:
                     self.attempts[frame[_ID]] = attempts + 1
                 frames.append(frame)
                 ids.append(frame[_ID])
-        end = self.topic.visible_end
+        end = self.partition.visible_end
         while len(ids) < k and self.cursor < end:
             lo = self.cursor
             f, i = self.log.read(lo, min(k - len(ids), end - lo))
@@ -336,6 +550,10 @@ class Channel:
             touched_pop = client.touched.pop
             for mid in ids:
                 touched_pop(mid, None)
+        if self.traced:
+            for mid in ids:
+                if mid in self.traced and mid not in missing:
+                    self._trace_end(tr.FIN, mid, client)
         client.finish_count += len(ids) - len(missing)
         self.dirty = True
         if self.e2e is not None:
@@ -344,9 +562,18 @@ class Channel:
         return [(mid, self._not_in_flight(client, mid)) for mid in missing]
 
     def requeue(self, client: ClientV2, msg_id: bytes, timeout_ms: int) -> str | None:
-        """REQ: back to the queue now (0) or after ``timeout_ms``. Returns an error."""
+        """REQ: back to the queue now (0) or after ``timeout_ms``. Returns an error.
+
+        On an ordered channel a REQ with a delay is ignored (the message stays in flight
+        and times out), as Youzan's nsqd does: a delay would break the order."""
+        if self.ordered and timeout_ms > 0:
+            if msg_id in client.inflight or msg_id in client.irregular:
+                return None
+            return self._not_in_flight(client, msg_id)
         if self._pop_in_flight(client, msg_id) is None:
             return self._not_in_flight(client, msg_id)
+        if self.traced:
+            self._trace_end(tr.REQ, msg_id, client, {"delay_ms": timeout_ms})
         client.touched.pop(msg_id, None)
         attempts = self.attempts.pop(msg_id, 1)
         self.dirty = True
@@ -388,6 +615,9 @@ class Channel:
         for c in self.clients:
             expired = c.expired(now)
             if expired:
+                if self.traced:
+                    for mid in expired:
+                        self._trace_end(tr.TIMEOUT, mid, c)
                 pop = self.attempts.pop
                 self.requeued.extend((seq_of(mid), pop(mid, 1)) for mid in expired)
                 self.timeout_count += len(expired)

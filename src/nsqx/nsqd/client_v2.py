@@ -10,11 +10,14 @@ import asyncio
 import json
 import logging
 import random
+import struct
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
 from nsqx.nsqd.auth import AuthError, AuthState
+from nsqx.nsqd.guid import seq_of
 from nsqx.nsqd.upgrade import UpgradedStream
 from nsqx.store.log import split_chunks
 from nsqx.wire import commands as cmd
@@ -23,20 +26,45 @@ from nsqx.wire.errors import (
     E_AUTH_DISABLED,
     E_AUTH_FAILED,
     E_AUTH_FIRST,
+    E_BAD_PARTITION,
+    E_EXT_NOT_SUPPORT,
     E_FIN_FAILED,
     E_IDENTIFY_FAILED,
     E_INVALID,
     E_REQ_FAILED,
+    E_SUB_CHANNEL_NOT_REGISTERED,
+    E_SUB_EXTEND_FORBIDDON,
+    E_SUB_EXTEND_NEED,
+    E_SUB_ORDER_IS_MUST,
+    E_TOPIC_NOT_EXIST,
     E_TOUCH_FAILED,
     E_UNAUTHORIZED,
     ProtocolError,
 )
-from nsqx.wire.frames import CLOSE_WAIT, HEARTBEAT, OK, encode_error, encode_response
+from nsqx.wire.ext import (
+    JSON_HEADER_EXT_VER,
+    ExtError,
+    header_trace_id,
+    only_reserved_keys,
+    parse_header,
+)
+from nsqx.wire.frames import (
+    CLOSE_WAIT,
+    HEARTBEAT,
+    OK,
+    encode_error,
+    encode_response,
+    hex_id,
+    is_extended,
+    vanilla_frame,
+    youzan_frame,
+)
 from nsqx.wire.identify import ClientSettings, negotiate
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
     from nsqx.nsqd.nsqd import NSQD
+    from nsqx.nsqd.partition import Partition, Published
 
 log = logging.getLogger("nsqx.nsqd")
 
@@ -100,8 +128,13 @@ class ClientV2(asyncio.Protocol):
         self._out_size = 0
         self._flush_handle: asyncio.TimerHandle | None = None
         self._write_paused = False
-        #: --sync-before-ack: topics written during this read, and whether output waits
-        self._unsynced_topics: set[str] = set()
+        #: --sync-before-ack: partitions written during this read, and whether output waits
+        self._unsynced_topics: set[tuple[str, int]] = set()
+        #: Youzan's message layout for this client (see nsqx.wire.frames): binary ids,
+        #: the ext part (ext topic, extend_support), (offset, size) before the body
+        self.yz_ids = False
+        self.yz_ext = False
+        self.yz_detail = False
         self._hold_output = False
         self._close_after_sync = False
         now = time.monotonic()
@@ -168,7 +201,7 @@ class ClientV2(asyncio.Protocol):
         self._hold_output = True
         assert self._transport is not None
         self._transport.pause_reading()
-        done = self.nsqd.sync_topics(topics)
+        done = self.nsqd.sync_partitions(topics)
         done.add_done_callback(self._synced)
 
     def _synced(self, fut: asyncio.Future[list[None]]) -> None:
@@ -251,6 +284,10 @@ class ClientV2(asyncio.Protocol):
 
     def send_messages(self, frames: list[bytes], ids: list[bytes], now: float) -> None:
         """Put messages in flight and buffer their frames (output_buffer_size/timeout)."""
+        if self.yz_ids:
+            frames = self._youzan_frames(frames, ids)
+        elif self.channel is not None and self.channel.partition.extended:
+            frames = _vanilla_frames(frames)
         if self.sample_rate:
             # as nsqd: a message sampled out is consumed without being sent
             frames = split_chunks(frames)
@@ -281,6 +318,19 @@ class ClientV2(asyncio.Protocol):
         if self._flush_handle is None:
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(self.output_buffer_timeout, self.flush)
+
+    def _youzan_frames(self, frames: list[bytes], ids: list[bytes]) -> list[bytes]:
+        channel = self.channel
+        assert channel is not None
+        with_ext = self.yz_ext
+        frames = split_chunks(frames)
+        if not self.yz_detail:
+            return [youzan_frame(f, with_ext, None) for f in frames]
+        offset_of = channel.log.offset_of
+        return [
+            youzan_frame(f, with_ext, (offset_of(seq_of(mid)) or 0, len(f)))
+            for f, mid in zip(frames, ids, strict=True)
+        ]
 
     def _respond(self, frame: bytes) -> None:
         self._out.append(frame)
@@ -536,8 +586,19 @@ class ClientV2(asyncio.Protocol):
         if self.heartbeat_interval <= 0:
             self._error(ProtocolError(E_INVALID, "cannot SUB with heartbeats disabled"))
             return
-        topic = self.nsqd.get_topic(ev.topic)
-        channel = topic.get_channel(ev.channel)
+        part = self._sub_partition(ev)
+        if part is None:
+            return
+        channel = part.channels.get(ev.channel)
+        if channel is None:
+            if part.topic.meta.disable_channel_auto_create:
+                self._error(
+                    ProtocolError(
+                        E_SUB_CHANNEL_NOT_REGISTERED, "channel is not registered under topic."
+                    )
+                )
+                return
+            channel = part.get_channel(ev.channel)
         limit = self.nsqd.options.max_channel_consumers
         if limit and len(channel.clients) >= limit:
             self._error(
@@ -547,10 +608,76 @@ class ClientV2(asyncio.Protocol):
                 )
             )
             return
+        first = not channel.clients
         channel.add_client(self)
         self.channel = channel
         self.state = STATE_SUBSCRIBED
+        if ev.mode == cmd.SUB_ORDERED:
+            channel.set_ordered(True)
+        if ev.start is not None:
+            if first:  # only the channel's first client moves it, as in Youzan's nsqd
+                try:
+                    channel.reset_to(part.position(ev.start))
+                except ValueError as err:
+                    self._error(ProtocolError(E_INVALID, str(err)))
+                    return
+            else:
+                log.debug("[%s] %s ignored: not the channel's first client", self, ev.start)
+        if self.yz_ids:
+            self.parser.binary_ids = True
         self._respond(_OK_FRAME)
+
+    def _sub_partition(self, ev: cmd.Sub) -> Partition | None:
+        """The partition a SUB names, checked against its topic's settings as Youzan's
+        nsqd checks them (an error frame and None if refused)."""
+        nsqd = self.nsqd
+        if ev.partition < 0 and ev.topic not in nsqd.topics:
+            part: Partition | None = nsqd.get_topic(ev.topic).default_partition  # NSQ 1.3
+        else:
+            part = nsqd.find_partition(ev.topic, ev.partition)
+            if part is None and ev.partition < 0:
+                part = nsqd.get_topic(ev.topic).default_partition
+        if part is None:
+            self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
+            return None
+        meta = part.topic.meta
+        ordered = ev.mode == cmd.SUB_ORDERED
+        if meta.ordered and not ordered:
+            self._error(
+                ProtocolError(
+                    E_SUB_ORDER_IS_MUST, "this topic is configured only allow ordered sub"
+                )
+            )
+            return None
+        s = self.settings
+        if meta.ext:
+            if not s.extend_support and not self.nsqd.options.allow_sub_ext_compatible:
+                self._error(
+                    ProtocolError(
+                        E_SUB_EXTEND_NEED,
+                        "this topic is extended and should identify as extend support.",
+                    )
+                )
+                return None
+        elif s.extend_support:
+            self._error(
+                ProtocolError(
+                    E_SUB_EXTEND_FORBIDDON,
+                    "this topic is not extended and should not identify as extend support.",
+                )
+            )
+            return None
+        if ordered and self.sample_rate:
+            self._error(
+                ProtocolError(E_INVALID, "order consume is not allowed while sample rate is not 0")
+            )
+            return None
+        if not meta.ext and s.desired_tag:
+            self.settings = replace(s, desired_tag="")  # as Youzan: no tags on such a topic
+        self.yz_ids = s.youzan or ev.partition >= 0 or ev.mode != cmd.SUB_PLAIN
+        self.yz_ext = meta.ext and s.extend_support
+        self.yz_detail = ev.mode != cmd.SUB_PLAIN
+        return part
 
     def _on_rdy(self, ev: cmd.Rdy) -> None:
         if self.state == STATE_CLOSING:
@@ -572,14 +699,15 @@ class ClientV2(asyncio.Protocol):
         channel = self._subscribed_channel("FIN")
         if channel is None:
             return
-        for mid, reason in channel.finish(self, ev.ids):
+        ids = [hex_id(i) for i in ev.ids] if self.yz_ids else ev.ids
+        for mid, reason in channel.finish(self, ids):
             self._error(ProtocolError(E_FIN_FAILED, f"FIN {mid.decode('latin-1')} failed {reason}"))
 
     def _on_req(self, ev: cmd.Req) -> None:
         channel = self._subscribed_channel("REQ")
         if channel is None:
             return
-        reason = channel.requeue(self, ev.id, ev.timeout_ms)
+        reason = channel.requeue(self, hex_id(ev.id) if self.yz_ids else ev.id, ev.timeout_ms)
         if reason:
             self._error(
                 ProtocolError(E_REQ_FAILED, f"REQ {ev.id.decode('latin-1')} failed {reason}")
@@ -589,7 +717,8 @@ class ClientV2(asyncio.Protocol):
         channel = self._subscribed_channel("TOUCH")
         if channel is None:
             return
-        reason = channel.touch(self, ev.id, self.nsqd.options.max_msg_timeout)
+        mid = hex_id(ev.id) if self.yz_ids else ev.id
+        reason = channel.touch(self, mid, self.nsqd.options.max_msg_timeout)
         if reason:
             self._error(
                 ProtocolError(E_TOUCH_FAILED, f"TOUCH {ev.id.decode('latin-1')} failed {reason}")
@@ -605,28 +734,135 @@ class ClientV2(asyncio.Protocol):
     def _on_nop(self, ev: cmd.Nop) -> None:
         pass
 
-    def _publish(self, verb: str, topic_name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
-        topic = self.nsqd.get_topic(topic_name)
+    def _pub_partition(self, topic_name: str, pid: int) -> Partition | None:
+        """The partition a publish goes to (an error frame and None if refused). A topic
+        that does not exist is made as NSQ 1.3 makes it, unless a partition is named."""
+        nsqd = self.nsqd
+        topic = nsqd.topics.get(topic_name)
+        if topic is None or not topic.partitions:
+            if pid >= 0:
+                self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
+                return None
+            topic = nsqd.get_topic(topic_name)
+        part = topic.partition(pid)
+        if part is None:
+            self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
+            return None
+        if pid < 0 and topic.meta.ordered:
+            self._error(
+                ProtocolError(
+                    E_BAD_PARTITION, f"topic partition is not valid for multi partition: {pid}"
+                )
+            )
+            return None
+        return part
+
+    def _publish(
+        self,
+        verb: str,
+        topic_name: str,
+        bodies: list[bytes],
+        defer_ms: int = 0,
+        pid: int = cmd.DEFAULT_PARTITION,
+        trace_ids: list[int] | None = None,
+        exts: list[tuple[int, bytes]] | None = None,
+    ) -> Published | None:
+        part = self._pub_partition(topic_name, pid)
+        if part is None:
+            return None
         try:
-            topic.publish(bodies, defer_ms)
+            published = part.publish(bodies, defer_ms, trace_ids, exts)
         except OSError as err:
             # nothing acknowledged: E_PUB_FAILED / E_MPUB_FAILED / E_DPUB_FAILED, then close
             log.error("TOPIC(%s): write failed: %s", topic_name, err)
             self._error(ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {err}"))
-            return
+            return None
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
-        if self.nsqd.options.sync_before_ack and topic.durable:
-            self._unsynced_topics.add(topic_name)
-        self._respond(_OK_FRAME)
+        if self.nsqd.options.sync_before_ack and part.durable:
+            self._unsynced_topics.add(part.key)
+        return published
 
     def _on_pub(self, ev: cmd.Pub) -> None:
-        self._publish("PUB", ev.topic, [ev.body])
+        if self._publish("PUB", ev.topic, [ev.body], 0, ev.partition) is not None:
+            self._respond(_OK_FRAME)
 
     def _on_mpub(self, ev: cmd.Mpub) -> None:
-        self._publish("MPUB", ev.topic, ev.bodies)
+        if self._publish("MPUB", ev.topic, ev.bodies, 0, ev.partition) is not None:
+            self._respond(_OK_FRAME)
 
     def _on_dpub(self, ev: cmd.Dpub) -> None:
-        self._publish("DPUB", ev.topic, [ev.body], ev.defer_ms)
+        if self._publish("DPUB", ev.topic, [ev.body], ev.defer_ms) is not None:
+            self._respond(_OK_FRAME)
+
+    def _respond_traced(self, p: Published, trace_id: int, raw_size: int) -> None:
+        # 30 bytes: OK, then the message id, trace id, virtual offset and raw size
+        self._respond(encode_response(OK + _TRACED.pack(p.first_id, trace_id, p.offset, raw_size)))
+
+    def _on_pub_trace(self, ev: cmd.PubTrace) -> None:
+        p = self._publish("PUB", ev.topic, [ev.body], 0, ev.partition, [ev.trace_id])
+        if p is not None:
+            self._respond_traced(p, ev.trace_id, p.raw_size)
+
+    def _on_mpub_trace(self, ev: cmd.MpubTrace) -> None:
+        p = self._publish("MPUB", ev.topic, ev.bodies, 0, ev.partition, ev.trace_ids)
+        if p is not None:
+            # the first message's id and offset, the whole batch's size (as Youzan)
+            self._respond_traced(p, 0, p.raw_size)
+
+    def _ext_fields(
+        self, topic_name: str, pid: int, headers: list[bytes]
+    ) -> tuple[list[int | None], list[tuple[int, bytes]] | None] | None:
+        """Check PUB_EXT / MPUB_EXT headers against the topic: trace ids (None: no
+        ``##trace_id``) and ext data per message, or an error frame (the connection
+        stays open) and None."""
+        topic = self.nsqd.topics.get(topic_name)
+        ext_topic = topic is not None and topic.meta.ext
+        trace_ids: list[int | None] = []
+        exts: list[tuple[int, bytes]] = []
+        try:
+            for raw in headers:
+                if not raw and not ext_topic:
+                    trace_ids.append(None)
+                    exts.append((0, b""))
+                    continue
+                header = parse_header(raw)
+                trace_ids.append(header_trace_id(header))
+                if ext_topic:
+                    exts.append((JSON_HEADER_EXT_VER, raw))
+                elif self.nsqd.options.allow_ext_compatible and only_reserved_keys(header):
+                    exts.append((0, b""))  # the reserved keys alone can be dropped
+                else:
+                    raise ExtError(
+                        E_EXT_NOT_SUPPORT, f"ext content not supported in topic {topic_name}"
+                    )
+        except ExtError as err:
+            self._error(ProtocolError(err.code, str(err), fatal=False))
+            return None
+        return trace_ids, (exts if ext_topic else None)
+
+    def _on_pub_ext(self, ev: cmd.PubExt) -> None:
+        fields = self._ext_fields(ev.topic, ev.partition, [ev.header])
+        if fields is None:
+            return
+        trace_ids, exts = fields
+        trace_id = trace_ids[0]
+        traces = [trace_id] if trace_id else None
+        p = self._publish("PUB", ev.topic, [ev.body], 0, ev.partition, traces, exts)
+        if p is None:
+            return
+        if trace_id is not None:  # a ##trace_id asks for the traced answer
+            self._respond_traced(p, trace_id, p.raw_size)
+        else:
+            self._respond(_OK_FRAME)
+
+    def _on_mpub_ext(self, ev: cmd.MpubExt) -> None:
+        fields = self._ext_fields(ev.topic, ev.partition, ev.headers)
+        if fields is None:
+            return
+        trace_ids, exts = fields
+        traces = [t or 0 for t in trace_ids] if any(trace_ids) else None
+        if self._publish("MPUB", ev.topic, ev.bodies, 0, ev.partition, traces, exts):
+            self._respond(_OK_FRAME)
 
     # -- the same commands when --auth-http-address is set ----------------------------
 
@@ -652,6 +888,39 @@ class ClientV2(asyncio.Protocol):
         if self._check_auth(ev, "DPUB", ev.topic, ""):
             self._on_dpub(ev)
 
+    def _on_pub_trace_auth(self, ev: cmd.PubTrace) -> None:
+        if self._check_auth(ev, "PUB", ev.topic, ""):
+            self._on_pub_trace(ev)
+
+    def _on_mpub_trace_auth(self, ev: cmd.MpubTrace) -> None:
+        if self._check_auth(ev, "MPUB", ev.topic, ""):
+            self._on_mpub_trace(ev)
+
+    def _on_pub_ext_auth(self, ev: cmd.PubExt) -> None:
+        if self._check_auth(ev, "PUB", ev.topic, ""):
+            self._on_pub_ext(ev)
+
+    def _on_mpub_ext_auth(self, ev: cmd.MpubExt) -> None:
+        if self._check_auth(ev, "MPUB", ev.topic, ""):
+            self._on_mpub_ext(ev)
+
+
+_TRACED = struct.Struct(">QQQI")
+
+
+def _vanilla_frames(chunks: list[bytes]) -> list[bytes]:
+    """Chunks of stored frames as an NSQ 1.3 client gets them (extended records cut
+    down to vanilla frames)."""
+    if not any(map(is_extended, chunks)):
+        return chunks
+    out: list[bytes] = []
+    for chunk in chunks:
+        if is_extended(chunk):
+            out.extend(vanilla_frame(f) for f in split_chunks([chunk]))
+        else:
+            out.append(chunk)
+    return out
+
 
 def _go_json(obj: object) -> bytes:
     """JSON as Go's json.Marshal writes it: compact, with <, > and & escaped."""
@@ -673,6 +942,10 @@ _DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
     cmd.Pub: ClientV2._on_pub,  # type: ignore[dict-item]
     cmd.Mpub: ClientV2._on_mpub,  # type: ignore[dict-item]
     cmd.Dpub: ClientV2._on_dpub,  # type: ignore[dict-item]
+    cmd.PubTrace: ClientV2._on_pub_trace,  # type: ignore[dict-item]
+    cmd.MpubTrace: ClientV2._on_mpub_trace,  # type: ignore[dict-item]
+    cmd.PubExt: ClientV2._on_pub_ext,  # type: ignore[dict-item]
+    cmd.MpubExt: ClientV2._on_mpub_ext,  # type: ignore[dict-item]
 }
 
 #: With --auth-http-address: PUB, MPUB, DPUB and SUB check the client's authorizations.
@@ -682,4 +955,8 @@ _AUTH_DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
     cmd.Pub: ClientV2._on_pub_auth,  # type: ignore[dict-item]
     cmd.Mpub: ClientV2._on_mpub_auth,  # type: ignore[dict-item]
     cmd.Dpub: ClientV2._on_dpub_auth,  # type: ignore[dict-item]
+    cmd.PubTrace: ClientV2._on_pub_trace_auth,  # type: ignore[dict-item]
+    cmd.MpubTrace: ClientV2._on_mpub_trace_auth,  # type: ignore[dict-item]
+    cmd.PubExt: ClientV2._on_pub_ext_auth,  # type: ignore[dict-item]
+    cmd.MpubExt: ClientV2._on_mpub_ext_auth,  # type: ignore[dict-item]
 }

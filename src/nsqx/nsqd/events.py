@@ -6,8 +6,10 @@ from typing import Literal, NamedTuple
 
 
 class TopologyEvent(NamedTuple):
-    """A topic or channel appeared or went away (what nsqlookupd registration follows)."""
+    """A topic partition or a channel of one appeared or went away (what nsqlookupd
+    registration follows). NSQ 1.3 topics have one partition, 0."""
 
     kind: Literal["create", "delete"]
     topic: str
     channel: str | None = None
+    partition: int = 0

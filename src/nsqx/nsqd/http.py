@@ -17,6 +17,7 @@ import os
 import re
 import socket
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus
 
@@ -24,10 +25,13 @@ from aiohttp import web
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd import stats as st
+from nsqx.nsqd.guid import PARTITION_SHIFT, SEQ_MASK
 from nsqx.nsqd.metrics import Metrics
+from nsqx.nsqd.topic_settings import TopicSettings
 from nsqx.store.disklog import DiskLog
-from nsqx.wire.commands import parse_mpub_body
+from nsqx.wire.commands import parse_consume_start, parse_mpub_body
 from nsqx.wire.errors import ProtocolError
+from nsqx.wire.frames import record_parts
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.range import encode_range_frames
 
@@ -36,6 +40,8 @@ if TYPE_CHECKING:
 
     from nsqx.nsqd.channel import Channel
     from nsqx.nsqd.nsqd import NSQD
+    from nsqx.nsqd.partition import Partition
+    from nsqx.nsqd.topic import Topic
 
 log = logging.getLogger("nsqx.nsqd")
 
@@ -315,12 +321,37 @@ class HTTPServer:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         return topic, channel
 
-    def _existing_channel(self, params: dict[str, list[str]]) -> Channel:
+    def _partitions(self, topic: Topic, params: dict[str, list[str]]) -> list[Partition]:
+        """The local partitions a request names: ``partition`` (one), else all."""
+        if "partition" not in params:
+            return list(topic.partitions.values())
+        part = topic.partitions.get(_int_param(params, "partition", -1))
+        if part is None:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        return [part]
+
+    def _existing_channels(self, params: dict[str, list[str]]) -> list[Channel]:
+        """The channel in the partitions the request names (404 if it is in none)."""
         topic, channel = self._topic_and_channel(params)
-        ch = self.nsqd.topics[topic].channels.get(channel)
-        if ch is None:
+        found = [
+            ch
+            for p in self._partitions(self.nsqd.topics[topic], params)
+            if (ch := p.channels.get(channel)) is not None
+        ]
+        if not found:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
-        return ch
+        return found
+
+    def _one_partition(self, params: dict[str, list[str]]) -> Partition:
+        """``topic`` and ``partition`` (default: the topic's default partition)."""
+        name = self._topic_name(params)
+        topic = self.nsqd.topics.get(name)
+        if topic is None or not topic.partitions:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        part = topic.partition(_int_param(params, "partition", -1))
+        if part is None:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        return part
 
     def _check_publishable(self) -> None:
         if self.nsqd.exiting:
@@ -369,21 +400,39 @@ class HTTPServer:
             defer_ms = int(text)
             if not 0 <= defer_ms <= self.nsqd.options.max_req_timeout * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
+        pid = _int_param(params, "partition", -1)
         self._check_publishable()
-        await self._publish(name, [body], defer_ms)
+        await self._publish(name, [body], defer_ms, pid)
         return ok_text()
 
-    async def _publish(self, name: str, bodies: list[bytes], defer_ms: int = 0) -> None:
+    def _pub_partition(self, name: str, pid: int) -> Partition:
+        """Where an HTTP publish goes: as PUB over TCP (a topic that does not exist is
+        made as NSQ 1.3 makes it, unless a partition is named)."""
+        topic = self.nsqd.topics.get(name)
+        if topic is None or not topic.partitions:
+            if pid >= 0:
+                raise HTTPError(404, "TOPIC_NOT_FOUND")
+            topic = self.nsqd.get_topic(name)
+        if pid < 0 and topic.meta.ordered:
+            raise HTTPError(400, "INVALID_PARTITION")  # an ordered topic needs one named
+        part = topic.partition(pid)
+        if part is None:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        return part
+
+    async def _publish(
+        self, name: str, bodies: list[bytes], defer_ms: int = 0, pid: int = -1
+    ) -> None:
         """Publish as TCP does: written before the answer; fsynced too with
         --sync-before-ack."""
-        topic = self.nsqd.get_topic(name)
+        part = self._pub_partition(name, pid)
         try:
-            topic.publish(bodies, defer_ms)
+            part.publish(bodies, defer_ms)
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", name, err)
             raise HTTPError(500, "PUB_FAILED") from None
-        if self.nsqd.options.sync_before_ack and topic.durable:
-            await self.nsqd.sync_topics({name})
+        if self.nsqd.options.sync_before_ack and part.durable:
+            await self.nsqd.sync_partitions({part.key})
 
     async def mpub(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
         o = self.nsqd.options
@@ -404,11 +453,12 @@ class HTTPServer:
             bodies = [line for line in body.split(b"\n") if line]
             if any(len(b) > o.max_msg_size for b in bodies):
                 raise HTTPError(413, "MSG_TOO_BIG")
+        pid = _int_param(params, "partition", -1)
         self._check_publishable()
         if bodies:
-            await self._publish(name, bodies)
+            await self._publish(name, bodies, 0, pid)
         else:
-            self.nsqd.get_topic(name)
+            self._pub_partition(name, pid)
         return ok_text()
 
     # range reads (nsqx): stateless reads of a partition by sequence, for Spark
@@ -419,13 +469,14 @@ class HTTPServer:
         """GET /range: records of a topic partition, by sequence, offset or time."""
         name = self._topic_name(params)
         topic = self.nsqd.topics.get(name)
-        if topic is None:
+        if topic is None or not topic.partitions:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
-        log_ = topic.log
+        part = topic.partitions.get(_int_param(params, "partition", 0))
+        if part is None:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        log_ = part.log
         if not isinstance(log_, DiskLog):
             raise HTTPError(400, "TOPIC_NOT_DURABLE")
-        if _int_param(params, "partition", 0) != 0:
-            raise HTTPError(404, "PARTITION_NOT_FOUND")
         # positions and budgets are counts: a negative one is refused, not clamped
         ints = {
             k: _int_param(params, k, 0)
@@ -454,17 +505,128 @@ class HTTPServer:
     async def channel_setoffset(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
-        """POST /channel/setoffset: move a channel's cursor forward to ``sequence`` (a range
-        consumer such as Spark reports what it consumed, so lag shows in /stats)."""
-        topic, channel = self._topic_and_channel(params)
-        if _int_param(params, "partition", 0) != 0:
-            raise HTTPError(404, "PARTITION_NOT_FOUND")
-        seq = _int_param(params, "sequence", -1)
-        if seq < 0:
-            raise HTTPError(400, "MISSING_ARG_SEQUENCE")
-        t = self.nsqd.topics[topic]
-        t.get_channel(channel).advance_to(min(seq, t.log.end))
+        """POST /channel/setoffset: move a channel to a position (Youzan's: the body is
+        ``timestamp:<sec>``, ``virtual_queue:<offset>``, ``msgcount:<n>`` or
+        ``special:-1``, backwards to replay or forwards to skip; the channel must exist),
+        or forward to ``sequence`` (nsqx: a range consumer such as Spark reports what it
+        consumed, so lag shows in /stats; the channel is made if needed)."""
+        _topic, channel = self._topic_and_channel(params)
+        part = self._one_partition(params)
+        if "sequence" in params:
+            seq = _int_param(params, "sequence", -1)
+            if seq < 0:
+                raise HTTPError(400, "MISSING_ARG_SEQUENCE")
+            part.get_channel(channel).advance_to(min(seq, part.log.end))
+            return ok_empty()
+        ch = part.channels.get(channel)
+        if ch is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        body = await read_limited(request, 1024)
+        if body is None:
+            raise HTTPError(413, "BODY_TOO_BIG")
+        if not body:
+            raise HTTPError(406, "MSG_EMPTY")
+        try:
+            start = parse_consume_start(body.strip())
+            seq = part.position(start)
+        except ValueError as err:
+            raise HTTPError(400, str(err)) from None
+        ch.reset_to(seq)
         return ok_empty()
+
+    async def channel_setorder(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """POST /channel/setorder?order=true|false: SUB_ORDERED's sticky flag, set or
+        cleared (Youzan's)."""
+        order = params.get("order", [""])[0]
+        if order not in ("true", "false"):
+            raise HTTPError(400, "INVALID_OPTION")
+        for ch in self._existing_channels(params):
+            ch.set_ordered(order == "true")
+        self._persist()
+        return ok_empty()
+
+    async def message_get(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """GET /message/get?topic&partition&search_mode=count|id|virtual_offset&search_pos:
+        one message, read from the log without touching any channel (Youzan's)."""
+        name = self._topic_name(params)
+        mode = params.get("search_mode", [""])[0]
+        pos = _int_param(params, "search_pos", -1)
+        if "search_pos" not in params:
+            raise HTTPError(400, "MISSING_ARG_SEARCH_POS")
+        pid = pos >> PARTITION_SHIFT if mode == "id" else _int_param(params, "partition", -1)
+        topic = self.nsqd.topics.get(name)
+        part = topic.partition(pid) if topic is not None else None
+        if part is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        log_ = part.log
+        if mode == "count":
+            seq = pos
+        elif mode == "id":
+            seq = pos & SEQ_MASK
+        elif mode == "virtual_offset":
+            seq = log_.seek_offset(pos)
+            if log_.offset_of(seq) != pos:
+                raise HTTPError(404, "MESSAGE_NOT_FOUND")
+        else:
+            raise HTTPError(400, "search mode should be one of id/count/virtual_offset")
+        frame = log_.get(seq) if seq >= 0 else None
+        offset = log_.offset_of(seq) if frame is not None else None
+        if frame is None or offset is None:
+            raise HTTPError(404, "MESSAGE_NOT_FOUND")
+        trace_id, _ver, ext, body_at = record_parts(frame)
+        body = frame[body_at:]
+        out: dict[str, Any] = {
+            "id": (part.id << PARTITION_SHIFT) | seq,
+            "trace_id": trace_id,
+            "body": body.decode("utf-8", "replace"),
+            "timestamp": int.from_bytes(frame[8:16], "big", signed=True),
+            "attempts": int.from_bytes(frame[16:18], "big"),
+            "offset": offset,
+            "queue_cnt_index": seq,
+            "ext": ext.decode("utf-8", "replace")
+            if params.get("needext", [""])[0] == "true"
+            else "",
+        }
+        return ok_json(out)
+
+    async def message_trace_switch(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """POST /message/trace/enable|disable?topic[&channel]: trace every message of a
+        topic, or of one channel (Youzan's)."""
+        on = request.path.endswith("enable")
+        name = self._get(params, "topic", "MISSING_ARG_TOPIC")
+        topic = self.nsqd.topics.get(name)
+        if topic is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        channel = params.get("channel", [""])[0]
+        if channel:
+            for part in topic.partitions.values():
+                ch = part.channels.get(channel)
+                if ch is not None:
+                    ch.trace_enabled = on
+        else:
+            topic.trace_enabled = on
+        log.info("TOPIC(%s): trace %s %s", name, "enabled" if on else "disabled", channel)
+        return ok_empty()
+
+    async def message_trace(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """GET /message/trace?topic&(trace_id|msg_id)[&partition]: the recorded history
+        of a traced message (nsqx's: Youzan sends its events to a remote service)."""
+        name = self._topic_name(params)
+        if "trace_id" not in params and "msg_id" not in params:
+            raise HTTPError(400, "MISSING_ARG_TRACE_ID")
+        trace_id = _int_param(params, "trace_id", -1) if "trace_id" in params else None
+        msg_id = _int_param(params, "msg_id", -1) if "msg_id" in params else None
+        pid = _int_param(params, "partition", -1) if "partition" in params else None
+        events = self.nsqd.tracer.find(name, trace_id=trace_id, msg_id=msg_id, partition=pid)
+        return ok_json({"events": events})
 
     async def stats(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
         def first(key: str) -> str:
@@ -492,15 +654,51 @@ class HTTPServer:
     async def topic_create(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
-        self.nsqd.get_topic(self._topic_name(params))
+        """POST /topic/create?topic: NSQ 1.3's. With ``partition`` or ``partition_num``
+        (and Youzan's orderedmulti, extend, multipart, disable_channel_auto_create,
+        retention, syncdisk, replicator), the partition is made with those settings:
+        what nsqlookupd asks of each node it places a partition on."""
+        name = self._topic_name(params)
+        if not _SETTINGS_PARAMS.intersection(params):
+            self.nsqd.get_topic(name)
+            return ok_empty()
+        topic = self.nsqd.topics.get(name)
+        base = topic.meta if topic is not None else TopicSettings()
+        try:
+            meta = replace(
+                base,
+                partition_num=_int_param(params, "partition_num", base.partition_num),
+                replica=_int_param(params, "replicator", base.replica),
+                ordered=_bool_param(params, "orderedmulti", base.ordered),
+                ext=_bool_param(params, "extend", base.ext),
+                multipart=_bool_param(params, "multipart", base.multipart),
+                disable_channel_auto_create=_bool_param(
+                    params, "disable_channel_auto_create", base.disable_channel_auto_create
+                ),
+                retention_days=_int_param(params, "retention", base.retention_days),
+                sync_disk=_int_param(params, "syncdisk", base.sync_disk),
+            )
+            self.nsqd.create_partition(name, _int_param(params, "partition", 0), meta)
+        except ValueError as err:
+            log.error("TOPIC(%s): create refused: %s", name, err)
+            raise HTTPError(400, "INVALID_PARTITION") from None
         return ok_empty()
 
     async def topic_delete(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
         name = self._get(params, "topic", "MISSING_ARG_TOPIC")
-        if name not in self.nsqd.topics:
+        topic = self.nsqd.topics.get(name)
+        if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
+        if "partition" in params and params["partition"][0] != "**":
+            pid = _int_param(params, "partition", -1)
+            if pid not in topic.partitions:
+                raise HTTPError(404, "PARTITION_NOT_FOUND")
+            topic.remove_partition(pid)
+            if topic.partitions:
+                self._persist()
+                return ok_empty()
         self.nsqd.delete_topic(name)
         return ok_empty()
 
@@ -533,31 +731,34 @@ class HTTPServer:
     async def channel_create(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
+        """In every local partition, or the one ``partition`` names."""
         topic, channel = self._topic_and_channel(params)
-        self.nsqd.topics[topic].get_channel(channel)
+        for part in self._partitions(self.nsqd.topics[topic], params):
+            part.get_channel(channel)
         return ok_empty()
 
     async def channel_delete(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
-        ch = self._existing_channel(params)
-        ch.topic.delete_channel(ch.name)
+        for ch in self._existing_channels(params):
+            ch.partition.delete_channel(ch.name)
         return ok_empty()
 
     async def channel_empty(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
-        self._existing_channel(params).empty()
+        for ch in self._existing_channels(params):
+            ch.empty()
         return ok_empty()
 
     async def channel_pause(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
-        ch = self._existing_channel(params)
-        if request.path.endswith("unpause"):
-            ch.unpause()
-        else:
-            ch.pause()
+        for ch in self._existing_channels(params):
+            if request.path.endswith("unpause"):
+                ch.unpause()
+            else:
+                ch.pause()
         self._persist()
         return ok_empty()
 
@@ -607,6 +808,30 @@ class HTTPServer:
 
 
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
+#: /topic/create parameters that make it Youzan's (a partition with settings)
+_SETTINGS_PARAMS = frozenset(
+    {
+        "partition",
+        "partition_num",
+        "replicator",
+        "orderedmulti",
+        "extend",
+        "multipart",
+        "disable_channel_auto_create",
+        "retention",
+        "syncdisk",
+    }
+)
+
+
+def _bool_param(params: dict[str, list[str]], key: str, default: bool) -> bool:
+    values = params.get(key)
+    if not values:
+        return default
+    value = _BOOL_PARAMS.get(values[0].lower())
+    if value is None:
+        raise HTTPError(400, f"INVALID_{key.upper()}")
+    return value
 
 
 def _ns(seconds: float) -> int:
@@ -653,6 +878,11 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/channel/pause": {"POST": _R.channel_pause},
     "/channel/unpause": {"POST": _R.channel_pause},
     "/channel/setoffset": {"POST": _R.channel_setoffset},
+    "/channel/setorder": {"POST": _R.channel_setorder},
+    "/message/get": {"GET": _R.message_get},
+    "/message/trace": {"GET": _R.message_trace},
+    "/message/trace/enable": {"POST": _R.message_trace_switch},
+    "/message/trace/disable": {"POST": _R.message_trace_switch},
     "/range": {"GET": _R.range_read},
 }
 

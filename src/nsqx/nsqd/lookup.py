@@ -40,7 +40,7 @@ from nsqx.wire.names import is_ephemeral
 
 if TYPE_CHECKING:
     from nsqx.nsqd.nsqd import NSQD
-    from nsqx.nsqd.topic import Topic
+    from nsqx.nsqd.partition import Partition
 
 log = logging.getLogger("nsqx.nsqd")
 
@@ -254,7 +254,7 @@ class LookupManager:
             return
         self._started = True
         self._registered = {
-            name: dict.fromkeys(topic.channels) for name, topic in self.nsqd.topics.items()
+            name: dict.fromkeys(topic.channel_names()) for name, topic in self.nsqd.topics.items()
         }
         self.nsqd.watchers.append(self._on_topology)
         # PUT /config/nsqlookupd_tcp_addresses announces new lists through this hook
@@ -340,8 +340,9 @@ class LookupManager:
         """REGISTER for each channel, or for the topic when it has none (NSQ's order)."""
         commands: list[bytes] = []
         for name, topic in self.nsqd.topics.items():
-            if topic.channels:
-                commands.extend(encode_register(name, ch) for ch in topic.channels)
+            channels = topic.channel_names()
+            if channels:
+                commands.extend(encode_register(name, ch) for ch in channels)
             else:
                 commands.append(encode_register(name))
         return commands
@@ -353,20 +354,29 @@ class LookupManager:
     # -- topology events --------------------------------------------------------------
 
     def _on_topology(self, event: TopologyEvent) -> None:
+        # NSQ 1.3's registration names topics and channels, not partitions: a topic is
+        # registered while any of its partitions is here, a channel while any has it
         topic, channel = event.topic, event.channel
         if event.kind == "create":
+            new_topic = topic not in self._registered
             channels = self._registered.setdefault(topic, {})
             if channel is None:
-                self._broadcast(encode_register(topic))
-                self._precreate_channels(topic)
-            else:
+                if new_topic:
+                    self._broadcast(encode_register(topic))
+                self._precreate_channels(topic, event.partition)
+            elif channel not in channels:
                 channels[channel] = None
                 self._broadcast(encode_register(topic, channel))
             return
+        t = self.nsqd.topics.get(topic)
         if channel is not None:
+            if t is not None and channel in t.channel_names():
+                return  # still in another partition
             self._registered.get(topic, {}).pop(channel, None)
             self._broadcast(encode_unregister(topic, channel))
             return
+        if t is not None and t.partitions:
+            return  # other partitions of the topic are still here
         # NSQ's order: the topic, then each of its channels (which lets lookupd drop
         # ephemeral channel keys)
         channels = self._registered.pop(topic, {})
@@ -381,8 +391,9 @@ class LookupManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _precreate_channels(self, name: str) -> None:
-        """Create the channels lookupd knows for a new topic (as NSQ's GetTopic does).
+    def _precreate_channels(self, name: str, pid: int = 0) -> None:
+        """Create the channels lookupd knows for a new topic partition (as NSQ's
+        GetTopic does for a new topic).
 
         NSQ blocks topic creation on this query; here it runs in the background, and the
         channels start at the topic's first message, so they get what was published in
@@ -391,22 +402,25 @@ class LookupManager:
         topic = self.nsqd.topics.get(name)
         if topic is None or topic.ephemeral or not self.nsqd.options.nsqlookupd_tcp_addresses:
             return
+        part = topic.partitions.get(pid)
+        if part is None:
+            return
         addresses = self.lookupd_http_addresses()
         if not addresses:
             log.error(
                 "no available nsqlookupd to query for channels to pre-create for topic %s", name
             )
             return
-        self._spawn(self._fetch_and_create(topic, topic.log.end, addresses))
+        self._spawn(self._fetch_and_create(part, part.log.end, addresses))
 
-    async def _fetch_and_create(self, topic: Topic, start: int, addresses: list[str]) -> None:
-        channels = await self._lookupd_channels(topic.name, addresses)
-        if topic.deleted or self.nsqd.topics.get(topic.name) is not topic:
+    async def _fetch_and_create(self, part: Partition, start: int, addresses: list[str]) -> None:
+        channels = await self._lookupd_channels(part.name, addresses)
+        if part.deleted or part.topic.partitions.get(part.id) is not part:
             return
         for name in channels:
             if is_ephemeral(name):
                 continue  # an ephemeral channel without a consumer would be deleted anyway
-            topic.get_channel(name, start=max(start, topic.log.start))
+            part.get_channel(name, start=max(start, part.log.start))
 
     async def _lookupd_channels(self, topic: str, addresses: list[str]) -> list[str]:
         import aiohttp

@@ -1,7 +1,9 @@
 """nsqd's metadata file and data-directory lock.
 
 ``nsqd.dat`` lists the (non-ephemeral) topics and channels and their paused state, in
-Go nsqd's JSON shape, so a restart brings them back. It is written whole to a temporary
+Go nsqd's JSON shape, so a restart brings them back. Partitioned topics (Youzan's
+extension) add their settings and, per local partition, its channels; the top-level
+``channels`` are then the default partition's, so the file still reads as NSQ's. It is written whole to a temporary
 file, fsynced and renamed over the old one: a crash leaves the old or the new file,
 never half of one.
 """
@@ -24,6 +26,18 @@ LOCK_FILE = "nsqd.lock"
 class ChannelMeta:
     name: str
     paused: bool = False
+    #: made ordered by SUB_ORDERED (sticky until /channel/setorder)
+    ordered: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"name": self.name, "paused": self.paused}
+        if self.ordered:
+            doc["ordered"] = True
+        return doc
+
+    @classmethod
+    def from_json(cls, c: dict[str, Any]) -> ChannelMeta:
+        return cls(str(c["name"]), bool(c.get("paused", False)), bool(c.get("ordered", False)))
 
 
 @dataclass
@@ -31,25 +45,34 @@ class TopicMeta:
     name: str
     paused: bool = False
     channels: list[ChannelMeta] = field(default_factory=list)
+    #: TopicSettings as JSON (None: an NSQ 1.3 topic)
+    settings: dict[str, Any] | None = None
+    #: local partition id -> its channels (None: partition 0 only, with ``channels``)
+    partitions: dict[int, list[ChannelMeta]] | None = None
 
 
 def write_metadata(data_path: str, topics: list[TopicMeta], version: str) -> None:
     """Atomically replace ``nsqd.dat`` with ``topics``."""
-    doc: dict[str, Any] = {
-        "topics": [
-            {
-                "name": t.name,
-                "paused": t.paused,
-                "channels": [{"name": c.name, "paused": c.paused} for c in t.channels],
-            }
-            for t in topics
-        ],
-        "version": version,
-    }
+    docs = []
+    for t in topics:
+        doc: dict[str, Any] = {
+            "name": t.name,
+            "paused": t.paused,
+            "channels": [c.to_json() for c in t.channels],
+        }
+        if t.settings is not None:
+            doc["settings"] = t.settings
+        if t.partitions is not None:
+            doc["partitions"] = [
+                {"id": pid, "channels": [c.to_json() for c in chans]}
+                for pid, chans in t.partitions.items()
+            ]
+        docs.append(doc)
+    body: dict[str, Any] = {"topics": docs, "version": version}
     path = os.path.join(data_path, METADATA_FILE)
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f)
+        json.dump(body, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -68,11 +91,17 @@ def read_metadata(data_path: str) -> list[TopicMeta]:
         raise ValueError(f"{path} is not valid JSON: {err}") from None
     topics = []
     for t in doc.get("topics") or []:
-        channels = [
-            ChannelMeta(str(c["name"]), bool(c.get("paused", False)))
-            for c in t.get("channels") or []
-        ]
-        topics.append(TopicMeta(str(t["name"]), bool(t.get("paused", False)), channels))
+        channels = [ChannelMeta.from_json(c) for c in t.get("channels") or []]
+        partitions = None
+        if isinstance(t.get("partitions"), list):
+            partitions = {
+                int(p["id"]): [ChannelMeta.from_json(c) for c in p.get("channels") or []]
+                for p in t["partitions"]
+            }
+        settings = t.get("settings") if isinstance(t.get("settings"), dict) else None
+        topics.append(
+            TopicMeta(str(t["name"]), bool(t.get("paused", False)), channels, settings, partitions)
+        )
     return topics
 
 

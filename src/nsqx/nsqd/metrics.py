@@ -26,13 +26,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from nsqx import NSQ_VERSION
-from nsqx.nsqd.stats import get_stats
+from nsqx.nsqd.stats import ChannelStats, TopicStats, get_stats
 
 if TYPE_CHECKING:
     from nsqx.nsqd.nsqd import NSQD
 
 _T = ["topic"]
 _TC = ["topic", "channel"]
+_TP = ["topic", "partition"]
 
 
 class NsqdCollector(Collector):
@@ -94,25 +95,45 @@ class NsqdCollector(Collector):
             "FINs in the latency window",
             labels=_TC,
         )
+        # a partitioned topic's partitions are summed under its name (labels stay NSQ's);
+        # nsq_partition_* have them one by one
+        p_depth = GaugeMetricFamily(
+            "nsq_partition_depth", "messages no channel saw yet, by partition", labels=_TP
+        )
+        p_msgs = CounterMetricFamily(
+            "nsq_partition_messages", "messages published, by partition", labels=_TP
+        )
+        topics: dict[str, list[TopicStats]] = {}
         for t in stats.topics or ():
-            tl = [t.topic_name]
-            t_depth.add_metric(tl, t.depth)
-            t_msgs.add_metric(tl, t.message_count)
-            t_bytes.add_metric(tl, t.message_bytes)
-            t_paused.add_metric(tl, int(t.paused))
-            t_chans.add_metric(tl, len(t.channels))
-            for q, v in t.e2e.percentiles or ():
+            topics.setdefault(t.topic_name, []).append(t)
+            if t.partition is not None:
+                pl = [t.topic_name, str(t.partition.partition)]
+                p_depth.add_metric(pl, t.depth)
+                p_msgs.add_metric(pl, t.message_count)
+        for name, parts in topics.items():
+            tl = [name]
+            t_depth.add_metric(tl, sum(t.depth for t in parts))
+            t_msgs.add_metric(tl, sum(t.message_count for t in parts))
+            t_bytes.add_metric(tl, sum(t.message_bytes for t in parts))
+            t_paused.add_metric(tl, int(parts[0].paused))
+            channels: dict[str, list[ChannelStats]] = {}
+            for t in parts:
+                for c in t.channels:
+                    channels.setdefault(c.channel_name, []).append(c)
+            t_chans.add_metric(tl, len(channels))
+            for q, v in parts[0].e2e.percentiles or ():
                 t_e2e.add_metric([*tl, _quantile_label(q)], v / 1e9)
-            for c in t.channels:
-                cl = [t.topic_name, c.channel_name]
-                c_depth.add_metric(cl, c.depth)
-                c_inflight.add_metric(cl, c.in_flight_count)
-                c_deferred.add_metric(cl, c.deferred_count)
-                c_msgs.add_metric(cl, c.message_count)
-                c_req.add_metric(cl, c.requeue_count)
-                c_timeout.add_metric(cl, c.timeout_count)
-                c_clients.add_metric(cl, c.client_count)
-                c_paused.add_metric(cl, int(c.paused))
+            for cname, cs in channels.items():
+                cl = [name, cname]
+                c_depth.add_metric(cl, sum(c.depth for c in cs))
+                c_inflight.add_metric(cl, sum(c.in_flight_count for c in cs))
+                c_deferred.add_metric(cl, sum(c.deferred_count for c in cs))
+                c_msgs.add_metric(cl, sum(c.message_count for c in cs))
+                c_req.add_metric(cl, sum(c.requeue_count for c in cs))
+                c_timeout.add_metric(cl, sum(c.timeout_count for c in cs))
+                c_clients.add_metric(cl, sum(c.client_count for c in cs))
+                c_paused.add_metric(cl, int(cs[0].paused))
+                c = cs[0]
                 if c.e2e.percentiles is not None:
                     c_e2e_count.add_metric(cl, c.e2e.count)
                     for q, v in c.e2e.percentiles:
@@ -120,6 +141,7 @@ class NsqdCollector(Collector):
         yield from (t_depth, t_msgs, t_bytes, t_paused, t_chans)
         yield from (c_depth, c_inflight, c_deferred, c_msgs, c_req, c_timeout, c_clients)
         yield c_paused
+        yield from (p_depth, p_msgs)
         if nsqd.options.e2e_processing_latency_percentiles:
             yield from (t_e2e, c_e2e, c_e2e_count)
 

@@ -8,7 +8,7 @@ import os
 import ssl
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.auth import AuthClient
@@ -23,8 +23,13 @@ from nsqx.nsqd.statsd import statsd_loop
 from nsqx.nsqd.syncer import Checkpointer, LogSyncer
 from nsqx.nsqd.tls import build_server_context
 from nsqx.nsqd.topic import Topic
+from nsqx.nsqd.topic_settings import DEFAULT_SETTINGS, TopicSettings
+from nsqx.nsqd.tracer import Tracer
 from nsqx.store.disklog import DiskLog
 from nsqx.wire.names import is_valid_name
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.partition import Partition
 
 log = logging.getLogger("nsqx.nsqd")
 
@@ -90,7 +95,10 @@ class NSQD:
         self._loading = False
         self.data_path = options.data_path or os.getcwd()
         self._lock = DataDirLock(self.data_path)
-        self.syncers: dict[str, LogSyncer] = {}
+        #: one per durable partition, by (topic, partition)
+        self.syncers: dict[tuple[str, int], LogSyncer] = {}
+        #: trace events (PUB_TRACE, /message/trace/enable), kept for /message/trace
+        self.tracer = Tracer()
         self.checkpointer = Checkpointer(self)
         #: Called with every TopologyEvent (e.g. to register with nsqlookupd).
         self.watchers: list[Callable[[TopologyEvent], None]] = []
@@ -131,7 +139,7 @@ class NSQD:
     def health(self) -> str:
         """``OK``, or ``NOK - <error>`` after a failed write (NSQ's GetHealth)."""
         if self.health_error is None:
-            for name, syncer in self.syncers.items():
+            for (name, _), syncer in self.syncers.items():
                 if syncer.log.sync_error is not None:
                     return f"NOK - fsync of topic {name} failed: {syncer.log.sync_error}"
             return "OK"
@@ -163,25 +171,64 @@ class NSQD:
     # -- topics -----------------------------------------------------------------------
 
     def get_topic(self, name: str) -> Topic:
-        """The topic named ``name``, created on first use."""
+        """The topic named ``name``, created on first use as NSQ 1.3 does: one partition
+        (0), default settings."""
         topic = self.topics.get(name)
         if topic is None:
-            if not is_valid_name(name):
-                raise ValueError(f"invalid topic name {name!r}")
-            topic = self.topics[name] = Topic(self, name)
-            if isinstance(topic.log, DiskLog):
-                self.syncers[name] = LogSyncer(topic.log)
-            log.info("TOPIC(%s): created", name)
-            self.topology_changed(TopologyEvent("create", name), persist=not topic.ephemeral)
+            topic = self._new_topic(name, DEFAULT_SETTINGS)
+            topic.add_partition(0)
+        elif not topic.partitions:
+            topic.add_partition(0)
         return topic
+
+    def _new_topic(self, name: str, meta: TopicSettings) -> Topic:
+        if not is_valid_name(name):
+            raise ValueError(f"invalid topic name {name!r}")
+        topic = self.topics[name] = Topic(self, name, meta)
+        log.info("TOPIC(%s): created", name)
+        return topic
+
+    def create_partition(self, name: str, pid: int, meta: TopicSettings) -> Partition:
+        """Host partition ``pid`` of topic ``name`` with these settings (nsqlookupd's
+        placement, or /topic/create on a single node): made if missing, and the topic's
+        settings updated."""
+        meta.validate()
+        if not 0 <= pid < meta.partition_num:
+            raise ValueError(f"partition {pid} out of range 0-{meta.partition_num - 1}")
+        topic = self.topics.get(name)
+        if topic is None:
+            topic = self._new_topic(name, meta)
+        else:
+            topic.set_meta(meta)
+        part = topic.add_partition(pid)
+        if not self._loading and not topic.ephemeral:
+            self.persist_metadata()
+        return part
+
+    def find_partition(self, name: str, pid: int) -> Partition | None:
+        """An existing local partition (pid -1: the topic's default one), or None."""
+        topic = self.topics.get(name)
+        return topic.partition(pid) if topic is not None else None
+
+    def partition_added(self, part: Partition) -> None:
+        if isinstance(part.log, DiskLog):
+            self.syncers[part.key] = LogSyncer(part.log)
+
+    def partition_removed(self, part: Partition) -> None:
+        self.syncers.pop(part.key, None)
 
     def delete_topic(self, name: str) -> None:
         topic = self.topics.pop(name, None)
         if topic is not None:
+            pids = list(topic.partitions)
             topic.delete()
-            self.syncers.pop(name, None)
             log.info("TOPIC(%s): deleted", name)
-            self.topology_changed(TopologyEvent("delete", name), persist=not topic.ephemeral)
+            for pid in pids:
+                self.topology_changed(
+                    TopologyEvent("delete", name, None, pid), persist=not topic.ephemeral
+                )
+            if not pids and not topic.ephemeral:
+                self.persist_metadata()
 
     def topology_changed(self, event: TopologyEvent, persist: bool = True) -> None:
         """Tell the watchers, and rewrite the metadata file when it lists the change."""
@@ -198,16 +245,25 @@ class NSQD:
     # -- metadata ---------------------------------------------------------------------
 
     def persist_metadata(self) -> None:
-        """Write nsqd.dat: non-ephemeral topics and channels and their paused state."""
-        topics = [
-            TopicMeta(
-                t.name,
-                t.paused,
-                [ChannelMeta(c.name, c.paused) for c in t.channels.values() if not c.ephemeral],
-            )
-            for t in self.topics.values()
-            if not t.ephemeral
-        ]
+        """Write nsqd.dat: non-ephemeral topics and channels and their paused state, and
+        a partitioned topic's settings and local partitions."""
+        topics = []
+        for t in self.topics.values():
+            if t.ephemeral:
+                continue
+
+            def metas(channels: dict[str, Any]) -> list[ChannelMeta]:
+                return [
+                    ChannelMeta(c.name, c.paused, c.ordered_flag)
+                    for c in channels.values()
+                    if not c.ephemeral
+                ]
+
+            meta = TopicMeta(t.name, t.paused, metas(t.channels))
+            if t.meta.partitioned or list(t.partitions) != [0]:
+                meta.settings = t.meta.to_json()
+                meta.partitions = {pid: metas(p.channels) for pid, p in t.partitions.items()}
+            topics.append(meta)
         write_metadata(self.data_path, topics, NSQ_VERSION)
 
     def load_metadata(self) -> None:
@@ -218,11 +274,21 @@ class NSQD:
                 if not is_valid_name(tm.name):
                     log.warning("skipping invalid topic name %r in metadata", tm.name)
                     continue
-                topic = self.get_topic(tm.name)
-                for cm in tm.channels:
-                    if is_valid_name(cm.name):
-                        ch = topic.get_channel(cm.name)
-                        ch.paused = cm.paused
+                if tm.partitions is None:
+                    topic = self.get_topic(tm.name)
+                    partitions = {0: tm.channels}
+                else:
+                    meta = TopicSettings.from_json(tm.settings)
+                    topic = self._new_topic(tm.name, meta)
+                    partitions = tm.partitions
+                for pid, channels in partitions.items():
+                    part = topic.add_partition(pid)
+                    for cm in channels:
+                        if is_valid_name(cm.name):
+                            ch = part.get_channel(cm.name)
+                            ch.paused = cm.paused
+                            if cm.ordered:
+                                ch.set_ordered(True)
                 if tm.paused:
                     topic.pause()
         finally:
@@ -276,13 +342,16 @@ class NSQD:
             now = time.monotonic()
             now_ns = time.time_ns()
             for topic in list(self.topics.values()):
-                for channel in list(topic.channels.values()):
-                    channel.scan(now, now_ns)
-                topic.trim()
+                for part in list(topic.partitions.values()):
+                    for channel in list(part.channels.values()):
+                        channel.scan(now, now_ns)
+                    part.trim()
             for client in list(self.clients):
                 client.tick(now)
-            for syncer in self.syncers.values():
-                if syncer.due(opts.sync_every, opts.sync_timeout, now):
+            for (name, _), syncer in self.syncers.items():
+                owner = self.topics.get(name)
+                every = owner.meta.sync_disk if owner is not None else 0
+                if syncer.due(every or opts.sync_every, opts.sync_timeout, now):
                     syncer.request()
             if now - last_checkpoint >= CHECKPOINT_INTERVAL:
                 last_checkpoint = now
@@ -290,11 +359,12 @@ class NSQD:
             if now - last_reclaim >= RECLAIM_INTERVAL:
                 last_reclaim = now
                 for topic in list(self.topics.values()):
-                    topic.reclaim()
+                    for part in list(topic.partitions.values()):
+                        part.reclaim()
 
-    def sync_topics(self, names: set[str]) -> asyncio.Future[list[None]]:
-        """A future done once every write so far to these topics is fsynced."""
-        futures = [self.syncers[n].request() for n in names if n in self.syncers]
+    def sync_partitions(self, keys: set[tuple[str, int]]) -> asyncio.Future[list[None]]:
+        """A future done once every write so far to these partitions is fsynced."""
+        futures = [self.syncers[k].request() for k in keys if k in self.syncers]
         return asyncio.gather(*futures)
 
     async def close(self) -> None:

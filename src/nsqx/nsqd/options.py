@@ -66,6 +66,10 @@ class NsqdOptions:
     min_output_buffer_timeout: float = 0.025
     output_buffer_timeout: float = 0.25
     max_channel_consumers: int = 0
+    # Youzan's extensions: accept ``##`` ext keys on a topic without ext support (dropped),
+    # and consumers without extend_support on an ext topic (they get vanilla frames)
+    allow_ext_compatible: bool = False
+    allow_sub_ext_compatible: bool = False
     # TLS, compression, auth
     tls_cert: str = ""
     tls_key: str = ""

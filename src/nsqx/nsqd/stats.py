@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
     from nsqx.nsqd.client_v2 import ClientV2
     from nsqx.nsqd.nsqd import NSQD
-    from nsqx.nsqd.topic import Topic
+    from nsqx.nsqd.partition import Partition
 
 #: our client states -> Go's (stateInit, stateDisconnected, stateConnected,
 #: stateSubscribed, stateClosing = 0..4), which clients of the stats API know
@@ -150,8 +150,23 @@ class ChannelStats:
 
 
 @dataclass
+class PartitionInfo:
+    """What /stats adds for a partitioned topic (Youzan's TopicStats fields)."""
+
+    partition: int
+    is_leader: bool
+    ordered: bool
+    multipart: bool
+    ext: bool
+    channel_auto_create_disabled: bool
+    partition_num: int
+    backend_start: int
+    end_offset: int
+
+
+@dataclass
 class TopicStats:
-    """One topic, as NSQ's TopicStats."""
+    """One topic (one partition of a partitioned topic), as NSQ's TopicStats."""
 
     topic_name: str
     channels: list[ChannelStats]
@@ -162,9 +177,20 @@ class TopicStats:
     paused: bool
     ephemeral: bool
     e2e: E2eResult
+    #: None for an NSQ 1.3 topic (one partition, no extension)
+    partition: PartitionInfo | None = None
+
+    @property
+    def statsd_name(self) -> str:
+        """The topic's name in statsd keys: with its partition when a node may host
+        several of the topic's (ordered or multipart), as Youzan's nsqd names it."""
+        p = self.partition
+        if p is not None and (p.ordered or p.multipart):
+            return f"{self.topic_name}.{p.partition}"
+        return self.topic_name
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "topic_name": self.topic_name,
             "channels": [c.to_json() for c in self.channels],
             "depth": self.depth,
@@ -174,6 +200,23 @@ class TopicStats:
             "paused": self.paused,
             "e2e_processing_latency": self.e2e.to_json(),
         }
+        p = self.partition
+        if p is not None:
+            d.update(
+                {
+                    "topic_partition": str(p.partition),
+                    "partition_num": p.partition_num,
+                    "is_leader": p.is_leader,
+                    "is_multi_ordered": p.ordered,
+                    "is_multi_part": p.multipart,
+                    "is_ext": p.ext,
+                    "is_channel_auto_create_disabled": p.channel_auto_create_disabled,
+                    "backend_start": p.backend_start,
+                    "end_offset": p.end_offset,
+                    "statsd_name": self.statsd_name,
+                }
+            )
+        return d
 
 
 @dataclass
@@ -235,7 +278,7 @@ def _not_yet_due(ch: Channel) -> int:
     published; here it waits in the log until the cursor reaches it. Counting it as
     deferred rather than queued keeps depth and deferred_count as NSQ reports them.
     """
-    end = ch.topic.visible_end
+    end = ch.partition.visible_end
     if ch.cursor >= end:
         return 0
     now = time.time_ns()
@@ -261,18 +304,35 @@ def channel_stats(ch: Channel, include_clients: bool = True) -> ChannelStats:
     )
 
 
-def topic_stats(t: Topic, channels: list[ChannelStats]) -> TopicStats:
-    windows = [ch.e2e for ch in t.channels.values() if ch.e2e is not None]
+def topic_stats(p: Partition, channels: list[ChannelStats]) -> TopicStats:
+    """One partition's stats (an NSQ 1.3 topic's: its only partition's)."""
+    windows = [ch.e2e for ch in p.channels.values() if ch.e2e is not None]
+    t = p.topic
+    info = None
+    if t.meta.partitioned or list(t.partitions) != [0]:
+        m = t.meta
+        info = PartitionInfo(
+            partition=p.id,
+            is_leader=True,
+            ordered=m.ordered,
+            multipart=m.multipart,
+            ext=m.ext,
+            channel_auto_create_disabled=m.disable_channel_auto_create,
+            partition_num=m.partition_num,
+            backend_start=p.log.start,
+            end_offset=p.log.end_offset,
+        )
     return TopicStats(
         topic_name=t.name,
         channels=channels,
-        depth=t.depth,
+        depth=p.depth,
         backend_depth=0,
-        message_count=t.message_count,
-        message_bytes=t.message_bytes,
-        paused=t.paused,
+        message_count=p.message_count,
+        message_bytes=p.message_bytes,
+        paused=p.paused,
         ephemeral=t.ephemeral,
         e2e=E2eResult.merge(windows) if windows else _NO_E2E,
+        partition=info,
     )
 
 
@@ -289,14 +349,15 @@ def get_stats(
         topics = sorted(nsqd.topics.values(), key=lambda t: t.name)
     out: list[TopicStats] = []
     for t in topics:
-        if channel:
-            ch = t.channels.get(channel)
-            if ch is None:
-                continue
-            chans = [ch]
-        else:
-            chans = sorted(t.channels.values(), key=lambda c: c.name)
-        out.append(topic_stats(t, [channel_stats(c, include_clients) for c in chans]))
+        for part in t.partitions.values():
+            if channel:
+                ch = part.channels.get(channel)
+                if ch is None:
+                    continue
+                chans = [ch]
+            else:
+                chans = sorted(part.channels.values(), key=lambda c: c.name)
+            out.append(topic_stats(part, [channel_stats(c, include_clients) for c in chans]))
     producers: list[ClientStats] | None = None
     if include_clients:
         found = [client_stats(c, topic) for c in nsqd.clients if c.pub_counts]
@@ -429,8 +490,9 @@ def format_text(stats: Stats, mem: dict[str, int] | None, health: str, start_tim
     out.append("\nTopics: None\n" if not topics else "\nTopics:")
     for t in topics:
         prefix = "*P " if t.paused else "   "
+        name = t.topic_name if t.partition is None else f"{t.topic_name}:{t.partition.partition}"
         out.append(
-            f"\n{prefix}[{t.topic_name:<15}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
+            f"\n{prefix}[{name:<15}] depth: {t.depth:<5} be-depth: {t.backend_depth:<5} "
             f"msgs: {t.message_count:<8} e2e%: {t.e2e}\n"
         )
         for c in t.channels:

@@ -57,7 +57,7 @@ class StatsdReport:
         for t in stats.topics or ():
             if self.exclude_ephemeral and t.ephemeral:
                 continue
-            name = t.topic_name
+            name = t.statsd_name
             msgs, nbytes = self._last_topics.get(name, (0, 0))
             last_topics[name] = (t.message_count, t.message_bytes)
             base = f"{p}topic.{name}."

@@ -95,7 +95,7 @@ class Checkpointer:
         now = time.monotonic()
         slow_every = self.nsqd.options.sync_timeout
         for topic in self.nsqd.topics.values():
-            for ch in topic.channels.values():
+            for ch in (c for p in topic.partitions.values() for c in p.channels.values()):
                 if not ch.dirty or ch.cursor_path is None or ch.deleted:
                     continue
                 # A snapshot costs O(unfinished messages): a channel holding very many

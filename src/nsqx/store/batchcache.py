@@ -22,16 +22,26 @@ class CachedBatch:
     """One batch as the cache holds it. Made before the batch is written, so that a
     chunk whose frames do not tile it (ValueError) is refused before anything changes."""
 
-    __slots__ = ("chunk", "ids", "starts", "stride")
+    __slots__ = ("chunk", "ids", "offset", "starts", "stride")
 
-    def __init__(self, chunk: bytes, ids: list[bytes], stride: int = 0) -> None:
+    def __init__(self, chunk: bytes, ids: list[bytes], stride: int = 0, offset: int = 0) -> None:
         if stride and stride * len(ids) != len(chunk):
             raise ValueError("chunk length does not match its frames")
         self.chunk = chunk
         self.ids = ids
         self.stride = stride
+        #: the virtual offset of the first frame (set by the log that appends it)
+        self.offset = offset
         # frame start positions (count + 1 of them) when sizes differ
         self.starts: array[int] | None = None if stride else frame_starts(chunk, len(ids))
+
+    def frame_offset(self, a: int) -> int:
+        """The virtual offset of frame ``a``."""
+        if self.stride:
+            return self.offset + a * self.stride
+        starts = self.starts
+        assert starts is not None
+        return self.offset + starts[a]
 
     def cut(self, a: int, b: int) -> bytes:
         """Frames ``a .. b`` of the batch as one bytes object (the batch itself if all)."""
@@ -103,6 +113,13 @@ class BatchCache:
         i = bisect_right(self._firsts, seq) - 1
         a = seq - self._firsts[i]
         return self._batches[i].cut(a, a + 1)
+
+    def offset_of(self, seq: int) -> int | None:
+        """One record's virtual offset, or None if it is not held."""
+        if not self._start <= seq < self._end:
+            return None
+        i = bisect_right(self._firsts, seq) - 1
+        return self._batches[i].frame_offset(seq - self._firsts[i])
 
     def trim(self, before: int) -> None:
         """Forget records below ``before``, in big steps (or when it empties the cache)."""

@@ -391,8 +391,10 @@ class DiskLog:
     def append(
         self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
     ) -> int:
-        cached = CachedBatch(chunk, ids, stride)  # checks the chunk before it is written
         seg = self.segments[-1]
+        # checks the chunk before it is written; its frames start after the batch header
+        offset = seg.base_offset + seg.size - SEG_HEAD_SIZE + BATCH_HEAD_SIZE
+        cached = CachedBatch(chunk, ids, stride, offset)
         first = seg.end_seq
         count = len(ids)
         rest = _BATCH_HEAD.pack(0, 0, first, count, deliver_at_ns, 0)[8:]
@@ -507,6 +509,15 @@ class DiskLog:
 
     def deferred_between(self, lo: int, hi: int) -> list[tuple[int, int]]:
         return self._deferred.between(lo, hi)
+
+    def offset_of(self, seq: int) -> int | None:
+        """One record's virtual offset (from memory when cached), or None if gone."""
+        if seq >= self.cache.start:
+            return self.cache.offset_of(seq)
+        if seq < self.start:
+            return None
+        found = self.locate(seq)
+        return found[0] if found is not None else None
 
     def _segment_for(self, seq: int) -> Segment | None:
         segs = self.segments
@@ -705,8 +716,12 @@ class DiskLog:
                 buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
                 off = pos - base
                 p = off + BATCH_HEAD_SIZE
-                for _ in range(seq - first):
-                    p += 4 + _I32.unpack_from(buf, p)[0]
+                size = _equal_frames(buf, p, plen, count)
+                if size:
+                    p += (seq - first) * size
+                else:
+                    for _ in range(seq - first):
+                        p += 4 + _I32.unpack_from(buf, p)[0]
                 ts = _TS.unpack_from(buf, p + 8)[0]
                 return seg.base_offset + (base + p) - SEG_HEAD_SIZE, ts
             pos += BATCH_HEAD_SIZE + plen
@@ -718,7 +733,19 @@ class DiskLog:
             seg_end = seg.base_offset + seg.size - SEG_HEAD_SIZE
             if offset >= seg_end:
                 continue
+            # start at the last indexed batch at or before the offset's file position
+            target = offset - seg.base_offset + SEG_HEAD_SIZE
+            idx = seg.index
             pos = SEG_HEAD_SIZE
+            lo, hi = 0, len(idx) // 3
+            while lo < hi:  # bisect on the file position column
+                mid = (lo + hi) // 2
+                if idx[mid * 3 + 1] <= target:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo:
+                pos = idx[(lo - 1) * 3 + 1]
             while pos < seg.size:
                 buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
                 off = pos - base

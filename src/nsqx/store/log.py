@@ -87,7 +87,27 @@ class MessageLog(Protocol):
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         """Up to ``limit`` records from ``seq`` (clamped to ``start``): their frames, as
         chunks that may each hold several consecutive frames (so a read from disk can
-        hand a whole batch over as one buffer), and one id per record."""
+        hand a whole batch over as one buffer), and one id per record. A chunk never
+        spans two stored batches, so its frames are all of one kind (vanilla or
+        extended records, see nsqx.wire.frames)."""
+        ...
+
+    @property
+    def end_offset(self) -> int:
+        """Virtual offset just past the last record."""
+        ...
+
+    def offset_of(self, seq: int) -> int | None:
+        """The virtual offset of the record at ``seq`` (its frame's position in the
+        partition's life), or None if it is gone."""
+        ...
+
+    def seek_offset(self, offset: int) -> int:
+        """The sequence of the first retained record at or after virtual ``offset``."""
+        ...
+
+    def seek_time(self, timestamp_ns: int) -> int:
+        """The sequence of the first retained record published at or after then."""
         ...
 
     def get(self, seq: int) -> bytes | None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_left
+
 from nsqx.store.deferred import DeferredIndex
 from nsqx.store.log import split_chunk
 
@@ -13,15 +16,18 @@ class MemoryLog:
     """An in-memory :class:`~nsqx.store.log.MessageLog`.
 
     Records live in two parallel lists (frames, ids); deferred ones (DPUB) are also
-    listed in a :class:`DeferredIndex`.
+    listed in a :class:`DeferredIndex`. A record's virtual offset counts the bytes of
+    the frames before it, as a DiskLog's would without batch headers.
     """
 
-    __slots__ = ("_base", "_deferred", "_frames", "_ids")
+    __slots__ = ("_base", "_deferred", "_end_offset", "_frames", "_ids", "_offsets")
 
     def __init__(self, start: int = 0) -> None:
         self._base = start
         self._frames: list[bytes] = []
         self._ids: list[bytes] = []
+        self._offsets = array("q")
+        self._end_offset = 0
         self._deferred = DeferredIndex()
 
     @property
@@ -43,6 +49,12 @@ class MemoryLog:
         first = self._base + len(self._frames)
         self._frames.extend(frames)
         self._ids.extend(ids)
+        offsets = self._offsets
+        pos = self._end_offset
+        for f in frames:
+            offsets.append(pos)
+            pos += len(f)
+        self._end_offset = pos
         if deliver_at_ns:
             self._deferred.add(first, len(frames), deliver_at_ns)
         return first
@@ -57,6 +69,32 @@ class MemoryLog:
         if 0 <= i < len(self._frames):
             return self._frames[i]
         return None
+
+    @property
+    def end_offset(self) -> int:
+        return self._end_offset
+
+    def offset_of(self, seq: int) -> int | None:
+        i = seq - self._base
+        if 0 <= i < len(self._offsets):
+            return self._offsets[i]
+        return None
+
+    def seek_offset(self, offset: int) -> int:
+        """The sequence of the first retained record at or after ``offset``."""
+        return self._base + bisect_left(self._offsets, offset)
+
+    def seek_time(self, timestamp_ns: int) -> int:
+        """The sequence of the first retained record published at or after then."""
+        frames = self._frames
+        lo, hi = 0, len(frames)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if int.from_bytes(frames[mid][8:16], "big", signed=True) >= timestamp_ns:
+                hi = mid
+            else:
+                lo = mid + 1
+        return self._base + lo
 
     def deferred_between(self, lo: int, hi: int) -> list[tuple[int, int]]:
         return self._deferred.between(lo, hi)
@@ -79,5 +117,6 @@ class MemoryLog:
             return
         del self._frames[:n]
         del self._ids[:n]
+        del self._offsets[:n]
         self._base += n
         self._deferred.forget_below(self._base)

@@ -18,6 +18,7 @@ from nsqx.wire.errors import (
     E_BAD_BODY,
     E_BAD_CHANNEL,
     E_BAD_MESSAGE,
+    E_BAD_PARTITION,
     E_BAD_PROTOCOL,
     E_BAD_TOPIC,
     E_INVALID,
@@ -37,18 +38,95 @@ class Auth(NamedTuple):
     secret: bytes
 
 
+#: No partition named: the node's default partition for the topic (Youzan's rule).
+DEFAULT_PARTITION = -1
+
+#: SUB modes: plain SUB, SUB_ORDERED, SUB_ADVANCED (Youzan).
+SUB_PLAIN = 0
+SUB_ORDERED = 1
+SUB_ADVANCED = 2
+
+#: SUB_ADVANCED / /channel/setoffset position kinds (Youzan's names).
+OFFSET_TIMESTAMP = "timestamp"
+OFFSET_VIRTUAL_QUEUE = "virtual_queue"
+OFFSET_MSGCOUNT = "msgcount"
+OFFSET_SPECIAL = "special"
+_OFFSET_KINDS = (OFFSET_TIMESTAMP, OFFSET_VIRTUAL_QUEUE, OFFSET_MSGCOUNT, OFFSET_SPECIAL)
+
+
+class ConsumeStart(NamedTuple):
+    """Where a channel should start: ``timestamp`` (seconds), ``virtual_queue`` (a byte
+    offset in the partition's life), ``msgcount`` (a message count, i.e. a sequence) or
+    ``special`` (-1: the end)."""
+
+    kind: str
+    value: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.value}"
+
+
+def parse_consume_start(text: bytes | str) -> ConsumeStart:
+    """``<kind>:<value>`` as Youzan's nsqd reads it; ValueError with its message."""
+    s = text.decode("latin-1") if isinstance(text, bytes) else text
+    parts = s.split(":")
+    if len(parts) != 2 or parts[0] not in _OFFSET_KINDS:
+        raise ValueError("invalid consume offset:" + s)
+    return ConsumeStart(parts[0], _go_parse_int(parts[1], "ParseInt"))
+
+
 class Sub(NamedTuple):
     topic: str
     channel: str
+    partition: int = DEFAULT_PARTITION
+    mode: int = SUB_PLAIN
+    start: ConsumeStart | None = None
 
 
 class Pub(NamedTuple):
     topic: str
     body: bytes
+    partition: int = DEFAULT_PARTITION
 
 
 class Mpub(NamedTuple):
     topic: str
+    bodies: list[bytes]
+    partition: int = DEFAULT_PARTITION
+
+
+class PubTrace(NamedTuple):
+    """PUB_TRACE: one message with a business trace id; answered with its position."""
+
+    topic: str
+    partition: int
+    trace_id: int
+    body: bytes
+
+
+class MpubTrace(NamedTuple):
+    """MPUB_TRACE: messages with a trace id each; answered with the first's position."""
+
+    topic: str
+    partition: int
+    trace_ids: list[int]
+    bodies: list[bytes]
+
+
+class PubExt(NamedTuple):
+    """PUB_EXT: one message with a JSON ext header (checked by the server: its errors
+    depend on the topic and leave the connection open)."""
+
+    topic: str
+    partition: int
+    header: bytes
+    body: bytes
+
+
+class MpubExt(NamedTuple):
+    topic: str
+    partition: int
+    headers: list[bytes]
     bodies: list[bytes]
 
 
@@ -85,7 +163,24 @@ class Nop(NamedTuple):
     pass
 
 
-Command = Identify | Auth | Sub | Pub | Mpub | Dpub | Rdy | Fin | Req | Touch | Cls | Nop
+Command = (
+    Identify
+    | Auth
+    | Sub
+    | Pub
+    | Mpub
+    | Dpub
+    | Rdy
+    | Fin
+    | Req
+    | Touch
+    | Cls
+    | Nop
+    | PubTrace
+    | MpubTrace
+    | PubExt
+    | MpubExt
+)
 #: What :meth:`CommandParser.feed` yields: commands, and at most one final error.
 Event = Command | ProtocolError
 
@@ -104,10 +199,30 @@ class ParserLimits:
 
 # --- parser -----------------------------------------------------------------------------
 
-_BODY_COMMANDS = frozenset({b"PUB", b"MPUB", b"DPUB", b"IDENTIFY", b"AUTH"})
+_BODY_COMMANDS = frozenset(
+    {
+        b"PUB",
+        b"MPUB",
+        b"DPUB",
+        b"IDENTIFY",
+        b"AUTH",
+        b"PUB_TRACE",
+        b"MPUB_TRACE",
+        b"PUB_EXT",
+        b"MPUB_EXT",
+    }
+)
+_SINGLE_PUBS = frozenset({b"PUB", b"DPUB", b"PUB_TRACE", b"PUB_EXT"})
+_MULTI_PUBS = frozenset({b"MPUB", b"MPUB_TRACE", b"MPUB_EXT"})
+_SUBS = {b"SUB": SUB_PLAIN, b"SUB_ORDERED": SUB_ORDERED, b"SUB_ADVANCED": SUB_ADVANCED}
+#: trace id (u64) and ext header length (u16) prefixes of a traced / ext message
+TRACE_ID_SIZE = 8
+EXT_LEN_SIZE = 2
 # a run of consecutive FIN lines, parsed with one split
 _FIN_RUN = re.compile(rb"(?:FIN [^\n]*\n)+")
 _I32 = struct.Struct(">i")
+_U64 = struct.Struct(">Q")
+_U16 = struct.Struct(">H")
 _NOP = Nop()
 _CLS = Cls()
 
@@ -121,6 +236,25 @@ def _base10(b: bytes) -> int:
 
 def _text(b: bytes) -> str:
     return b.decode("latin-1")
+
+
+def _go_parse_int(text: str, func: str = "Atoi") -> int:
+    """Go's strconv.Atoi / ParseInt(s, 10, 64): ValueError with Go's message."""
+    t = text[1:] if text[:1] in "+-" else text
+    if not t or not t.isascii() or not t.isdigit():
+        raise ValueError(f'strconv.{func}: parsing "{text}": invalid syntax')
+    value = int(text)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f'strconv.{func}: parsing "{text}": value out of range')
+    return value
+
+
+def _partition(param: bytes) -> int:
+    """A partition parameter, as Youzan's nsqd parses it (E_BAD_PARTITION if not a number)."""
+    try:
+        return _go_parse_int(_text(param))
+    except ValueError as err:
+        raise ProtocolError(E_BAD_PARTITION, f"topic partition is not valid: {err}") from None
 
 
 def _message_id(b: bytes) -> bytes:
@@ -146,6 +280,10 @@ class CommandParser:
         self._chunks: list[bytes | memoryview] = []
         self._have = 0
         self._need = 0
+        #: Set by the server once it sends this client binary message ids (Youzan's
+        #: 8-byte id + 8-byte trace id): FIN, REQ and TOUCH then carry 16 raw bytes that
+        #: may contain a newline or a space, so they are cut at fixed offsets.
+        self.binary_ids = False
 
     @property
     def dead(self) -> bool:
@@ -239,6 +377,13 @@ class CommandParser:
                 break
             if nl - pos > max_line:
                 raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
+            if self.binary_ids and data[pos] in b"FRT":
+                done = self._binary_id_command(data, pos, events)
+                if done < 0:
+                    break  # the id or its line is incomplete
+                if done > pos:
+                    pos = done
+                    continue
             if data.startswith(b"FIN ", pos):
                 m = _FIN_RUN.match(data, pos)
                 assert m is not None
@@ -279,6 +424,62 @@ class CommandParser:
         if pos < n:
             self._buf = data[pos:]
 
+    def _binary_id_command(self, data: bytes, pos: int, events: list[Event]) -> int:
+        """FIN/REQ/TOUCH with a binary id at ``pos``: returns where parsing goes on, -1
+        when more input is needed, or ``pos`` when the line is another command."""
+        n = len(data)
+        if data.startswith(b"FIN ", pos):
+            # a run of fixed-size FINs is the usual case: one event for all of them
+            ids: list[bytes] = []
+            while pos + 21 <= n and data.startswith(b"FIN ", pos) and data[pos + 20] == 10:
+                ids.append(data[pos + 4 : pos + 20])
+                pos += 21
+            if ids:
+                events.append(Fin(ids))
+                return pos
+            if n - pos < 21:
+                return -1
+            nl = data.find(b"\n", pos + 20)
+            if nl < 0:
+                return -1
+            events.append(Fin([data[pos + 4 : pos + 20]]))  # extra bytes ignored, as Youzan
+            return nl + 1
+        if data.startswith(b"REQ ", pos):
+            if n - pos < 22:
+                return -1
+            nl = data.find(b"\n", pos + 20)
+            if nl < 0:
+                return -1
+            msg_id = data[pos + 4 : pos + 20]
+            tail = data[pos + 21 : nl].rstrip(b"\r")
+            events.append(self._req(msg_id, tail))
+            return nl + 1
+        if data.startswith(b"TOUCH ", pos):
+            if n - pos < 23:
+                return -1
+            nl = data.find(b"\n", pos + 22)
+            if nl < 0:
+                return -1
+            events.append(Touch(data[pos + 6 : pos + 22]))
+            return nl + 1
+        return pos
+
+    def _req(self, msg_id: bytes, timeout: bytes) -> Req:
+        try:
+            timeout_ms = _base10(timeout)
+        except ValueError:
+            raise ProtocolError(
+                E_INVALID, f"REQ could not parse timeout {_text(timeout)}"
+            ) from None
+        max_ms = self.limits.max_req_timeout_ms
+        if timeout_ms > max_ms:
+            # Go prints both as time.Duration integers (nanoseconds)
+            raise ProtocolError(
+                E_INVALID,
+                f"REQ timeout {timeout_ms * 1_000_000} out of range 0-{max_ms * 1_000_000}",
+            )
+        return Req(msg_id, timeout_ms)
+
     # -- commands without a body --
 
     def _line_command(self, cmd: bytes, params: list[bytes]) -> Command:
@@ -303,40 +504,44 @@ class CommandParser:
         if cmd == b"REQ":
             if len(params) < 3:
                 raise ProtocolError(E_INVALID, "REQ insufficient number of params")
-            msg_id = _message_id(params[1])
-            try:
-                timeout_ms = _base10(params[2])
-            except ValueError:
-                raise ProtocolError(
-                    E_INVALID, f"REQ could not parse timeout {_text(params[2])}"
-                ) from None
-            max_ms = self.limits.max_req_timeout_ms
-            if timeout_ms > max_ms:
-                # Go prints both as time.Duration integers (nanoseconds)
-                raise ProtocolError(
-                    E_INVALID,
-                    f"REQ timeout {timeout_ms * 1_000_000} out of range 0-{max_ms * 1_000_000}",
-                )
-            return Req(msg_id, timeout_ms)
+            return self._req(_message_id(params[1]), params[2])
         if cmd == b"TOUCH":
             if len(params) < 2:
                 raise ProtocolError(E_INVALID, "TOUCH insufficient number of params")
             return Touch(_message_id(params[1]))
-        if cmd == b"SUB":
-            if len(params) < 3:
-                raise ProtocolError(E_INVALID, "SUB insufficient number of parameters")
-            topic = _text(params[1])
-            if not is_valid_name(topic):
-                raise ProtocolError(E_BAD_TOPIC, f'SUB topic name "{topic}" is not valid')
-            channel = _text(params[2])
-            if not is_valid_name(channel):
-                raise ProtocolError(E_BAD_CHANNEL, f'SUB channel name "{channel}" is not valid')
-            return Sub(topic, channel)
+        mode = _SUBS.get(cmd)
+        if mode is not None:
+            return self._sub(mode, params)
         if cmd == b"NOP":
             return _NOP
         if cmd == b"CLS":
             return _CLS
         raise ProtocolError(E_INVALID, f"invalid command {_text(cmd)}")
+
+    @staticmethod
+    def _sub(mode: int, params: list[bytes]) -> Sub:
+        # the texts say SUB whatever the variant, as Youzan's nsqd does
+        if len(params) < 3:
+            raise ProtocolError(E_INVALID, "SUB insufficient number of parameters")
+        topic = _text(params[1])
+        if not is_valid_name(topic):
+            raise ProtocolError(E_BAD_TOPIC, f'SUB topic name "{topic}" is not valid')
+        channel = _text(params[2])
+        if not is_valid_name(channel):
+            raise ProtocolError(E_BAD_CHANNEL, f'SUB channel name "{channel}" is not valid')
+        start: ConsumeStart | None = None
+        if mode == SUB_ADVANCED and len(params) > 4 and params[4]:
+            try:
+                start = parse_consume_start(params[4])
+            except ValueError as err:
+                raise ProtocolError(E_INVALID, str(err)) from None
+        # A plain SUB names a partition only as a 4th parameter (NSQ 1.3 ignores more).
+        # Youzan's nsqd also ignores SUB_ADVANCED's partition when a start position
+        # follows it; nsqx honours it (the same partition in the usual one-per-node case).
+        partition = DEFAULT_PARTITION
+        if len(params) == 4 or (mode != SUB_PLAIN and len(params) >= 4):
+            partition = _partition(params[3])
+        return Sub(topic, channel, partition, mode, start)
 
     # -- commands with a size-prefixed body --
 
@@ -348,7 +553,11 @@ class CommandParser:
             return
         need = 3 if cmd == b"DPUB" else 2
         if len(params) < need:
+            if b"_" in cmd:  # Youzan's texts for its commands
+                raise ProtocolError(E_INVALID, "insufficient number of parameters")
             raise ProtocolError(E_INVALID, f"{name} insufficient number of parameters")
+        if len(params) == 3 and cmd != b"DPUB":
+            _partition(params[2])  # checked before the body is read, as Youzan does
         topic = _text(params[1])
         if not is_valid_name(topic):
             raise ProtocolError(E_BAD_TOPIC, f'{name} topic name "{topic}" is not valid')
@@ -365,6 +574,22 @@ class CommandParser:
 
     def _check_size(self, cmd: bytes, size: int) -> None:
         limits = self.limits
+        if b"_" in cmd and cmd not in (b"IDENTIFY",):
+            # Youzan's texts: no command name
+            limit = limits.max_msg_size if cmd in _SINGLE_PUBS else limits.max_body_size
+            if size <= 0:
+                raise ProtocolError(E_BAD_BODY, f"invalid body size {size}")
+            if size > limit:
+                if cmd in _SINGLE_PUBS:
+                    raise ProtocolError(E_BAD_MESSAGE, f"message too big {size} > {limit}")
+                raise ProtocolError(E_BAD_BODY, f"body too big {size} > {limit}")
+            if cmd == b"PUB_TRACE" and size <= TRACE_ID_SIZE:
+                raise ProtocolError(E_BAD_BODY, f"invalid body size {size} with trace id enabled")
+            if cmd == b"PUB_EXT" and size <= EXT_LEN_SIZE:
+                raise ProtocolError(
+                    E_BAD_BODY, f"invalid body size {size} with ext json header enabled"
+                )
+            return
         if cmd in (b"PUB", b"DPUB"):
             name = _text(cmd)
             if size <= 0:
@@ -391,14 +616,58 @@ class CommandParser:
 
     def _body_command(self, cmd: bytes, params: list[bytes], body: bytes) -> Command:
         if cmd == b"PUB":
+            if len(params) == 3:
+                return Pub(_text(params[1]), body, _partition(params[2]))
             return Pub(_text(params[1]), body)
         if cmd == b"MPUB":
-            return Mpub(_text(params[1]), parse_mpub_body(body, self.limits.max_msg_size))
+            bodies = parse_mpub_body(body, self.limits.max_msg_size)
+            if len(params) == 3:
+                return Mpub(_text(params[1]), bodies, _partition(params[2]))
+            return Mpub(_text(params[1]), bodies)
+        if b"_" in cmd:
+            return self._youzan_pub(cmd, params, body)
         if cmd == b"DPUB":
             return Dpub(_text(params[1]), _base10(params[2]), body)
         if cmd == b"IDENTIFY":
             return Identify(body)
         return Auth(body)
+
+    def _youzan_pub(self, cmd: bytes, params: list[bytes], body: bytes) -> Command:
+        topic = _text(params[1])
+        partition = _partition(params[2]) if len(params) == 3 else DEFAULT_PARTITION
+        if cmd == b"PUB_TRACE":
+            return PubTrace(topic, partition, _U64.unpack_from(body)[0], body[TRACE_ID_SIZE:])
+        if cmd == b"PUB_EXT":
+            size = len(body)
+            jlen = _U16.unpack_from(body)[0]
+            if size <= EXT_LEN_SIZE + jlen:
+                raise ProtocolError(
+                    E_BAD_BODY, f"invalid body size {size} in ext json header content length"
+                )
+            end = EXT_LEN_SIZE + jlen
+            return PubExt(topic, partition, body[EXT_LEN_SIZE:end], body[end:])
+        messages = parse_mpub_body(body, self.limits.max_msg_size)
+        if cmd == b"MPUB_TRACE":
+            for i, m in enumerate(messages):
+                if len(m) <= TRACE_ID_SIZE:
+                    raise ProtocolError(
+                        E_BAD_MESSAGE,
+                        f"MPUB invalid message({i}) body size {len(m)} for tracing",
+                    )
+            trace_ids = [_U64.unpack_from(m)[0] for m in messages]
+            return MpubTrace(topic, partition, trace_ids, [m[TRACE_ID_SIZE:] for m in messages])
+        headers: list[bytes] = []
+        bodies: list[bytes] = []
+        for m in messages:
+            size = len(m)
+            jlen = _U16.unpack_from(m)[0] if size >= EXT_LEN_SIZE else size
+            if size <= EXT_LEN_SIZE + jlen:
+                raise ProtocolError(
+                    E_BAD_BODY, f"invalid body size {size} in ext json header content length"
+                )
+            headers.append(m[EXT_LEN_SIZE : EXT_LEN_SIZE + jlen])
+            bodies.append(m[EXT_LEN_SIZE + jlen :])
+        return MpubExt(topic, partition, headers, bodies)
 
 
 class TLSRequiredParser(CommandParser):
@@ -477,25 +746,74 @@ def auth(secret: bytes | str) -> bytes:
     return _with_body(b"AUTH\n", secret.encode() if isinstance(secret, str) else secret)
 
 
-def sub(topic: str, channel: str) -> bytes:
-    return f"SUB {topic} {channel}\n".encode()
+def sub(topic: str, channel: str, partition: int | None = None) -> bytes:
+    if partition is None:
+        return f"SUB {topic} {channel}\n".encode()
+    return f"SUB {topic} {channel} {partition}\n".encode()
 
 
-def pub(topic: str, body: bytes) -> bytes:
-    return _with_body(f"PUB {topic}\n".encode(), body)
+def sub_ordered(topic: str, channel: str, partition: int) -> bytes:
+    return f"SUB_ORDERED {topic} {channel} {partition}\n".encode()
+
+
+def sub_advanced(
+    topic: str, channel: str, partition: int, start: ConsumeStart | None = None
+) -> bytes:
+    if start is None:
+        return f"SUB_ADVANCED {topic} {channel} {partition}\n".encode()
+    return f"SUB_ADVANCED {topic} {channel} {partition} {start}\n".encode()
+
+
+def _pub_line(verb: str, topic: str, partition: int | None) -> bytes:
+    if partition is None:
+        return f"{verb} {topic}\n".encode()
+    return f"{verb} {topic} {partition}\n".encode()
+
+
+def pub(topic: str, body: bytes, partition: int | None = None) -> bytes:
+    return _with_body(_pub_line("PUB", topic, partition), body)
+
+
+def pub_trace(topic: str, partition: int | None, trace_id: int, body: bytes) -> bytes:
+    return _with_body(_pub_line("PUB_TRACE", topic, partition), _U64.pack(trace_id) + body)
+
+
+def pub_ext(topic: str, partition: int | None, header: bytes, body: bytes) -> bytes:
+    """PUB_EXT: ``header`` is the JSON ext header (UTF-8 bytes)."""
+    return _with_body(
+        _pub_line("PUB_EXT", topic, partition), _U16.pack(len(header)) + header + body
+    )
+
+
+def mpub_trace(
+    topic: str, partition: int | None, trace_ids: list[int], bodies: list[bytes]
+) -> bytes:
+    pack, pack64 = _I32.pack, _U64.pack
+    parts = [pack(len(bodies))]
+    for t, b in zip(trace_ids, bodies, strict=True):
+        parts += (pack(len(b) + TRACE_ID_SIZE), pack64(t), b)
+    return _with_body(_pub_line("MPUB_TRACE", topic, partition), b"".join(parts))
+
+
+def mpub_ext(topic: str, partition: int | None, headers: list[bytes], bodies: list[bytes]) -> bytes:
+    pack, pack16 = _I32.pack, _U16.pack
+    parts = [pack(len(bodies))]
+    for h, b in zip(headers, bodies, strict=True):
+        parts += (pack(EXT_LEN_SIZE + len(h) + len(b)), pack16(len(h)), h, b)
+    return _with_body(_pub_line("MPUB_EXT", topic, partition), b"".join(parts))
 
 
 def dpub(topic: str, defer_ms: int, body: bytes) -> bytes:
     return _with_body(f"DPUB {topic} {defer_ms}\n".encode(), body)
 
 
-def mpub(topic: str, bodies: list[bytes]) -> bytes:
+def mpub(topic: str, bodies: list[bytes], partition: int | None = None) -> bytes:
     pack = _I32.pack
     parts = [pack(len(bodies))]
     for b in bodies:
         parts.append(pack(len(b)))
         parts.append(b)
-    return _with_body(f"MPUB {topic}\n".encode(), b"".join(parts))
+    return _with_body(_pub_line("MPUB", topic, partition), b"".join(parts))
 
 
 def rdy(count: int) -> bytes:

@@ -2,6 +2,19 @@
 
 A frame is ``[i32 size][i32 type][data]`` where size counts type + data. A message
 frame's data is ``[i64 timestamp ns][u16 attempts][16-byte hex id][body]``.
+
+Youzan's extensions change what some clients get (their layout is written here once):
+a client in Youzan mode gets the id as 8 bytes (big-endian u64) followed by the 8-byte
+trace id; on an ext topic, if it IDENTIFYed with ``extend_support``, the ext version
+byte (and, unless 0, a u16 length and the ext data) follows the id; after SUB_ORDERED or
+SUB_ADVANCED, the record's ``[u64 offset][u32 raw size]`` comes before the body.
+
+nsqd stores each message as the frame a vanilla client gets, built once at publish time.
+A message with a trace id or ext data is stored as an *extended record* instead, a frame
+whose type is :data:`RECORD_EXTENDED` (never sent as is)::
+
+    [i32 size][i32 0x102][i64 ts][u16 attempts][16-byte hex id]
+    [u64 trace id][u8 ext version][u16 ext length][ext][body]
 """
 
 from __future__ import annotations
@@ -26,7 +39,25 @@ MESSAGE_HEADER_SIZE = 26
 #: a message frame's bytes besides the body: size (4) + type (4) + the message header
 MESSAGE_FRAME_OVERHEAD = 8 + MESSAGE_HEADER_SIZE
 
+#: The type field of a stored extended record (see the module's doc).
+RECORD_EXTENDED = 0x0102
+_RECORD_EXTENDED_BYTES = RECORD_EXTENDED.to_bytes(4, "big")
+#: positions inside a stored frame (of either kind)
+ATTEMPTS_AT = 16
+ID_AT = 18
+ID_END = 34
+#: extended records: trace id, ext version, ext length, then the ext data
+TRACE_AT = 34
+EXT_VER_AT = 42
+EXT_LEN_AT = 43
+EXT_AT = 45
+#: bytes of an extended record besides the body and ext data
+EXTENDED_FRAME_OVERHEAD = EXT_AT
+
 _FRAME_HEAD = struct.Struct(">ii")
+_EXT_HEAD = struct.Struct(">QBH")
+_DETAIL = struct.Struct(">QI")
+_U64 = struct.Struct(">Q")
 # size, frame type, timestamp, attempts: everything before the id
 _MSG_FRAME_HEAD = struct.Struct(">iiqH")
 _MSG_HEAD = struct.Struct(">qH")
@@ -80,6 +111,148 @@ def encode_message_batch(
     heads = {k: pack(k + 30, FRAME_MESSAGE, timestamp_ns, 1) for k in sizes}
     parts[0::3] = [heads[len(body)] for body in bodies]
     return b"".join(parts), 0
+
+
+def encode_extended_batch(
+    timestamp_ns: int,
+    msg_ids: list[bytes],
+    bodies: list[bytes],
+    trace_ids: list[int],
+    ext_vers: list[int],
+    exts: list[bytes],
+) -> tuple[bytes, int]:
+    """Extended records of a batch published at one instant (see the module's doc),
+    concatenated, and their common size (0 if they differ)."""
+    n = len(bodies)
+    if not len(msg_ids) == len(trace_ids) == len(ext_vers) == len(exts) == n:
+        raise ValueError("one id, trace id and ext per body")
+    pack, ext_pack = _MSG_FRAME_HEAD.pack, _EXT_HEAD.pack
+    parts: list[bytes] = []
+    sizes = set()
+    for mid, body, trace, ver, ext in zip(msg_ids, bodies, trace_ids, ext_vers, exts, strict=True):
+        size = EXT_AT - 4 + len(ext) + len(body)
+        sizes.add(size)
+        parts += (
+            pack(size, RECORD_EXTENDED, timestamp_ns, 1),
+            mid,
+            ext_pack(trace, ver, len(ext)),
+            ext,
+            body,
+        )
+    return b"".join(parts), (sizes.pop() + 4 if len(sizes) == 1 else 0)
+
+
+def is_extended(chunk: bytes | memoryview) -> bool:
+    """Whether the stored frame(s) starting ``chunk`` are extended records (a chunk of
+    frames always comes from one batch, all of one kind)."""
+    return chunk[4:8] == _RECORD_EXTENDED_BYTES
+
+
+class RecordParts(NamedTuple):
+    """The fields of a stored frame (vanilla or extended)."""
+
+    trace_id: int
+    ext_ver: int
+    ext: bytes
+    body_at: int
+
+
+def record_parts(frame: bytes) -> RecordParts:
+    """Trace id, ext version and data, and where the body starts, of a stored frame."""
+    if frame[4:8] != _RECORD_EXTENDED_BYTES:
+        return RecordParts(0, 0, b"", ID_END)
+    trace, ver, elen = _EXT_HEAD.unpack_from(frame, TRACE_AT)
+    return RecordParts(trace, ver, frame[EXT_AT : EXT_AT + elen], EXT_AT + elen)
+
+
+def vanilla_frame(frame: bytes) -> bytes:
+    """The frame an NSQ 1.3 client gets for a stored frame (the record as is, or an
+    extended record without its trace id and ext data)."""
+    if frame[4:8] != _RECORD_EXTENDED_BYTES:
+        return frame
+    body_at = EXT_AT + int.from_bytes(frame[EXT_LEN_AT:EXT_AT], "big")
+    return (
+        _FRAME_HEAD.pack(len(frame) - body_at + MESSAGE_HEADER_SIZE + 4, FRAME_MESSAGE)
+        + frame[8:ID_END]
+        + frame[body_at:]
+    )
+
+
+def binary_id(hex_id: bytes, trace_id: int = 0) -> bytes:
+    """The 16-byte id a Youzan client gets: the u64 id, then the trace id."""
+    return _U64.pack(int(hex_id, 16)) + _U64.pack(trace_id)
+
+
+def hex_id(full_id: bytes) -> bytes:
+    """The hex id of a 16-byte Youzan id (FIN, REQ and TOUCH use its first 8 bytes)."""
+    return b"%016x" % _U64.unpack_from(full_id)[0]
+
+
+def youzan_frame(frame: bytes, with_ext: bool, detail: tuple[int, int] | None) -> bytes:
+    """The frame a Youzan client gets for a stored frame: binary id and trace id, the
+    ext part if ``with_ext`` (ext topic, client with extend_support), and ``(offset,
+    raw size)`` if ``detail`` (after SUB_ORDERED or SUB_ADVANCED)."""
+    trace, ver, ext, body_at = record_parts(frame)
+    parts = [b"", frame[8:ID_AT], binary_id(frame[ID_AT:ID_END], trace)]
+    if with_ext:
+        parts.append(bytes((ver,)))
+        if ver:
+            parts += (len(ext).to_bytes(2, "big"), ext)
+    if detail is not None:
+        parts.append(_DETAIL.pack(*detail))
+    parts.append(frame[body_at:])
+    data_len = sum(map(len, parts))
+    parts[0] = _FRAME_HEAD.pack(data_len + 4, FRAME_MESSAGE)
+    return b"".join(parts)
+
+
+class YouzanMessage(NamedTuple):
+    """A message frame's data as a Youzan client reads it."""
+
+    timestamp: int
+    attempts: int
+    #: the 16 bytes to send back in FIN / REQ / TOUCH
+    id: bytes
+    trace_id: int
+    ext_ver: int
+    ext: bytes
+    #: -1 unless the subscription gets positions (SUB_ORDERED, SUB_ADVANCED)
+    offset: int
+    raw_size: int
+    body: bytes
+
+    @property
+    def internal_id(self) -> int:
+        """The u64 message id (partition << 50 | sequence)."""
+        return int(_U64.unpack_from(self.id)[0])
+
+
+def decode_youzan_message(data: bytes, with_ext: bool, detail: bool) -> YouzanMessage:
+    """Decode a message frame's data sent to a Youzan-mode client (see the module's doc)."""
+    if len(data) < MESSAGE_HEADER_SIZE:
+        raise ProtocolError("E_BAD_MESSAGE", f"message frame too short ({len(data)} bytes)")
+    ts, attempts = _MSG_HEAD.unpack_from(data, 0)
+    mid = bytes(data[10:26])
+    trace = _U64.unpack_from(data, 18)[0]
+    pos = 26
+    ver, ext = 0, b""
+    try:
+        if with_ext:
+            ver = data[pos]
+            pos += 1
+            if ver:
+                elen = int.from_bytes(data[pos : pos + 2], "big")
+                ext = bytes(data[pos + 2 : pos + 2 + elen])
+                pos += 2 + elen
+        offset, raw = -1, 0
+        if detail:
+            offset, raw = _DETAIL.unpack_from(data, pos)
+            pos += _DETAIL.size
+    except (IndexError, struct.error):
+        raise ProtocolError("E_BAD_MESSAGE", "message frame too short") from None
+    if pos > len(data):
+        raise ProtocolError("E_BAD_MESSAGE", "message frame too short")
+    return YouzanMessage(ts, attempts, mid, trace, ver, ext, offset, raw, bytes(data[pos:]))
 
 
 def with_attempts(frame: bytes, attempts: int) -> bytes:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nsqx.wire.errors import E_BAD_BODY, E_IDENTIFY_FAILED, ProtocolError
+from nsqx.wire.ext import ExtFilter, ExtFilterSpec, check_tag
 from nsqx.wire.frames import OK
 
 
@@ -55,6 +56,12 @@ class ClientSettings:
     snappy: bool = False
     deflate: bool = False
     deflate_level: int = 0
+    #: Youzan's fields: the client IDENTIFYed as a Youzan client (it sent one of them),
+    #: and then gets binary message ids (8-byte id + 8-byte trace id)
+    youzan: bool = False
+    extend_support: bool = False
+    desired_tag: str = ""
+    ext_filter: ExtFilter | None = None
 
     @classmethod
     def defaults(cls, limits: ServerLimits) -> ClientSettings:
@@ -66,7 +73,7 @@ class ClientSettings:
         )
 
 
-_STR_FIELDS = ("client_id", "hostname", "user_agent", "short_id", "long_id")
+_STR_FIELDS = ("client_id", "hostname", "user_agent", "short_id", "long_id", "desired_tag")
 _INT_FIELDS = (
     "heartbeat_interval",
     "output_buffer_size",
@@ -75,7 +82,10 @@ _INT_FIELDS = (
     "msg_timeout",
     "deflate_level",
 )
-_BOOL_FIELDS = ("feature_negotiation", "tls_v1", "snappy", "deflate")
+_BOOL_FIELDS = ("feature_negotiation", "tls_v1", "snappy", "deflate", "extend_support")
+#: keys only Youzan's clients send (go-nsq always sends desired_tag, the Java SDK
+#: always extend_support)
+_YOUZAN_FIELDS = ("extend_support", "desired_tag", "ext_filter")
 
 
 def _decode(body: bytes) -> dict[str, Any]:
@@ -121,6 +131,8 @@ def negotiate(
     if data.get("long_id"):
         hostname = data["long_id"]
     s = replace(s, client_id=client_id, hostname=hostname, user_agent=data.get("user_agent") or "")
+    if any(k in data for k in _YOUZAN_FIELDS):
+        s = _youzan_fields(s, data)
 
     hb = data.get("heartbeat_interval") or 0
     if hb == -1:
@@ -191,4 +203,32 @@ def negotiate(
         "output_buffer_size": s.output_buffer_size,
         "output_buffer_timeout": s.output_buffer_timeout_ms,
     }
+    if s.desired_tag:  # omitted when empty, as Youzan's nsqd does
+        response["desired_tag"] = s.desired_tag
     return s, json.dumps(response, separators=(",", ":")).encode()
+
+
+def _youzan_fields(s: ClientSettings, data: dict[str, Any]) -> ClientSettings:
+    tag = data.get("desired_tag") or ""
+    try:
+        check_tag(tag)
+    except ValueError as err:
+        raise ProtocolError(E_BAD_BODY, f"IDENTIFY {err}") from None
+    try:
+        spec = ExtFilterSpec.from_json(data.get("ext_filter"))
+    except ValueError:
+        raise ProtocolError(E_BAD_BODY, "IDENTIFY failed to decode JSON body") from None
+    ext_filter = None
+    if spec.type:
+        # Youzan's nsqd logs a bad filter and delivers everything; nsqx says so instead
+        try:
+            ext_filter = ExtFilter(spec)
+        except ValueError as err:
+            raise ProtocolError(E_BAD_BODY, f"IDENTIFY invalid ext_filter: {err}") from None
+    return replace(
+        s,
+        youzan=True,
+        extend_support=bool(data.get("extend_support")),
+        desired_tag=tag,
+        ext_filter=ext_filter,
+    )
