@@ -328,9 +328,11 @@ def test_trace_replies_and_history() -> None:
             sub.send(c.req(msgs[1].id, 0))
             await wait_for(lambda: len(nsqd.tracer.find("tr", trace_id=5)) >= 3)
             status, found = await get(s, f"{base}/message/trace?topic=tr&trace_id=777")
+            assert status == 200
             assert [e["event"] for e in found["events"]] == ["PUB", "START", "FIN"]
             assert found["events"][0]["msg_id"] == one[0]
-            _status, found = await get(s, f"{base}/message/trace?topic=tr&msg_id={first_id}")
+            status, found = await get(s, f"{base}/message/trace?topic=tr&msg_id={first_id}")
+            assert status == 200
             assert [e["event"] for e in found["events"]] == ["PUB", "START", "REQ", "START"]
             # /message/trace/enable traces untraced messages too
             assert await post(s, f"{base}/message/trace/enable?topic=tr") == (200, b"")
