@@ -338,7 +338,7 @@ class Channel:
                     continue
             if self.partition.extended or self.trace_enabled or self.topic.trace_enabled:
                 self._trace_start([frame], [mid], client)
-            client.send_messages([frame], [mid], time.monotonic())
+            client.send_messages([frame], [mid], time.monotonic(), flush=True)
             return
         self.notify()
 

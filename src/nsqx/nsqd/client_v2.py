@@ -282,8 +282,11 @@ class ClientV2(asyncio.Protocol):
             return 0
         return self.rdy - len(self.inflight) - len(self.irregular)
 
-    def send_messages(self, frames: list[bytes], ids: list[bytes], now: float) -> None:
-        """Put messages in flight and buffer their frames (output_buffer_size/timeout)."""
+    def send_messages(
+        self, frames: list[bytes], ids: list[bytes], now: float, flush: bool = False
+    ) -> None:
+        """Put messages in flight and buffer their frames (output_buffer_size/timeout);
+        ``flush`` writes them at once (ordered channels: nothing follows until a FIN)."""
         if self.yz_ids:
             frames = self._youzan_frames(frames, ids)
         elif self.channel is not None and self.channel.partition.extended:
@@ -304,7 +307,8 @@ class ClientV2(asyncio.Protocol):
         # would follow soon), or when buffering is off; otherwise within the timeout
         timeout = self.msg_timeout
         if (
-            self._out_size >= self.output_buffer_size
+            flush
+            or self._out_size >= self.output_buffer_size
             or self.output_buffer_timeout <= 0
             or self.rdy <= len(self.inflight) + len(self.irregular) + len(ids)
         ):
