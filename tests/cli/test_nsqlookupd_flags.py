@@ -31,6 +31,10 @@ def test_defaults_are_nsq_13s() -> None:
         "tombstone_lifetime": 45.0,
         "log_level": "info",
         "log_prefix": "[nsqlookupd] ",
+        # nsqx's, for partitioned topics
+        "data_path": "",
+        "http_client_connect_timeout": 2.0,
+        "http_client_request_timeout": 5.0,
     }
     # the table's defaults are the options' defaults
     defaults = LookupdOptions()
@@ -58,6 +62,18 @@ def test_go_syntax_and_durations() -> None:
     assert parse_nsqlookupd_args(["--verbose", "--log-level=warn"]).log_level == "warn"
 
 
+def test_partition_flags(tmp_path: Path) -> None:
+    opts = parse_nsqlookupd_args(
+        [
+            f"--data-path={tmp_path}",
+            "--http-client-connect-timeout=500ms",
+            "-http-client-request-timeout=3s",
+        ]
+    )
+    assert opts.data_path == str(tmp_path)
+    assert (opts.http_client_connect_timeout, opts.http_client_request_timeout) == (0.5, 3.0)
+
+
 def test_config_file_and_precedence(tmp_path: Path) -> None:
     cfg = tmp_path / "lookupd.toml"
     cfg.write_text(
@@ -81,6 +97,8 @@ def test_config_file_and_precedence(tmp_path: Path) -> None:
         ["--log-level=loud"],
         ["--tcp-address="],
         ["--inactive-producer-timeout=-1s"],
+        ["--http-client-request-timeout=0s"],
+        ["--http-client-connect-timeout=-1s"],
         ["positional"],
     ],
 )
@@ -95,7 +113,12 @@ def test_help_and_version() -> None:
         parse_nsqlookupd_args(["-help"])
     assert wants_version(["--version"]) and not wants_version([])
     usage = nsqlookupd_usage()
-    for flag in ("--tcp-address", "--inactive-producer-timeout", "--tombstone-lifetime"):
+    for flag in (
+        "--tcp-address",
+        "--inactive-producer-timeout",
+        "--tombstone-lifetime",
+        "--data-path",
+    ):
         assert flag in usage
     assert "(default: 5m0s)" in usage and "(default: 45s)" in usage
 
