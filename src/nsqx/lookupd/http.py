@@ -24,12 +24,13 @@ from aiohttp import web
 from nsqx import NSQ_VERSION
 from nsqx.lookupd.http_api import (
     HTTPError,
+    Negotiated,
     Params,
     accepts_v1,
     respond_v1,
     respond_wrapped,
 )
-from nsqx.lookupd.http_partitions import NEGOTIATE, PartitionAPI
+from nsqx.lookupd.http_partitions import PartitionAPI
 from nsqx.lookupd.lookup_protocol_v1 import format_address
 from nsqx.lookupd.registration_db import (
     CHANNEL,
@@ -125,7 +126,7 @@ class LookupdHTTP:
             try:
                 data = await handler(request)
             except HTTPError as err:
-                if request.get(NEGOTIATE) and not accepts_v1(request):
+                if err.negotiate and not accepts_v1(request):
                     # Youzan's wrapped error is always a 500
                     return respond_wrapped(500, err.message, None)
                 return respond_v1(err.status, err.message)
@@ -133,8 +134,10 @@ class LookupdHTTP:
                 # Go's panic handler answers the same way
                 log.exception("panic in HTTP handler")
                 return respond_v1(500, "INTERNAL_ERROR")
-            if request.get(NEGOTIATE) and not accepts_v1(request):
-                return respond_wrapped(200, "OK", data)
+            if isinstance(data, Negotiated):
+                if not accepts_v1(request):
+                    return respond_wrapped(200, "OK", data.data)
+                data = data.data
             if path == "/ping":
                 return web.Response(
                     status=200, body=data.encode(), content_type="text/plain", charset="utf-8"
@@ -196,13 +199,13 @@ class LookupdHTTP:
             ]
         return {"channels": [k.subkey for k in keys]}
 
-    async def listlookup(self, request: web.Request) -> dict[str, Any]:
-        return self.partitions.listlookup(request)
+    async def listlookup(self, request: web.Request) -> Negotiated:
+        return self.partitions.listlookup()
 
-    async def lookup(self, request: web.Request) -> dict[str, Any]:
+    async def lookup(self, request: web.Request) -> dict[str, Any] | Negotiated:
         params = Params(request)
         if self.partitions.is_youzan_lookup(params):
-            return self.partitions.lookup(request, params)
+            return self.partitions.lookup(params)
         topic = params.topic()
         if not self.db.find_registrations(TOPIC, topic, ""):
             raise HTTPError(404, "TOPIC_NOT_FOUND")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -31,12 +32,21 @@ def accepts_v1(request: web.Request) -> bool:
 
 
 class HTTPError(Exception):
-    """An API error: HTTP status and NSQ's message code."""
+    """An API error: HTTP status and NSQ's message code. ``negotiate`` marks an error
+    of a request whose answer is negotiated (V1 or wrapped)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, negotiate: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.negotiate = negotiate
+
+
+@dataclass(frozen=True)
+class Negotiated:
+    """A handler's answer to send V1 or wrapped, as the request's Accept header asks."""
+
+    data: Any
 
 
 def go_json(obj: Any) -> bytes:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from nsqx.lookupd.coordinator import CoordinatorError
-from nsqx.lookupd.http_api import HTTPError, Params, go_atoi
+from nsqx.lookupd.http_api import HTTPError, Negotiated, Params, go_atoi
 from nsqx.lookupd.registration_db import CHANNEL, TOPIC, Producer, Registration
 from nsqx.lookupd.topic_meta import (
     MAX_LOAD_FACTOR,
@@ -36,9 +36,6 @@ from nsqx.wire.names import is_valid_name
 
 if TYPE_CHECKING:
     from nsqx.lookupd.nsqlookupd import NSQLookupd
-
-#: A request key: set by a handler whose answer is negotiated (V1 or wrapped).
-NEGOTIATE = "nsqx.negotiate"
 
 #: Parameters that make a /lookup Youzan's.
 YOUZAN_LOOKUP_PARAMS = ("access", "metainfo", "partition", "consistent")
@@ -95,7 +92,7 @@ class PartitionAPI:
         """True for a /lookup with one of Youzan's parameters (even empty)."""
         return any(params.get(k) is not None for k in YOUZAN_LOOKUP_PARAMS)
 
-    def lookup(self, request: web.Request, params: Params) -> dict[str, Any]:
+    def lookup(self, params: Params) -> Negotiated:
         """Youzan's /lookup: channels, meta (with ``metainfo``), producers, partitions.
 
         ``partitions`` maps each partition to the node that serves it (its placed
@@ -104,7 +101,13 @@ class PartitionAPI:
         them so that consumers drain them. An unknown topic is an empty answer, as in
         Youzan (NSQ's form says 404).
         """
-        request[NEGOTIATE] = True
+        try:
+            return Negotiated(self._lookup(params))
+        except HTTPError as err:
+            err.negotiate = True
+            raise
+
+    def _lookup(self, params: Params) -> dict[str, Any]:
         topic = params.get("topic") or ""
         if not topic:
             raise HTTPError(400, "MISSING_ARG_TOPIC")
@@ -166,13 +169,12 @@ class PartitionAPI:
         answer["producers"] = [youzan_peer_info(p) for p in producers.values()]
         return answer
 
-    def listlookup(self, request: web.Request) -> dict[str, Any]:
+    def listlookup(self) -> Negotiated:
         """Youzan's /listlookup: this nsqlookupd, the only node, and the leader.
 
         Youzan's node id is ``ip:rpc_port:tcp_port:nsqlookup``; nsqx has no RPC port,
         so ``RpcPort`` is empty. Clients use ``NodeIP`` and ``HttpPort``.
         """
-        request[NEGOTIATE] = True
         lk = self.lookupd
         ip = lk.options.broadcast_address
         node = {
@@ -183,7 +185,7 @@ class PartitionAPI:
             "RpcPort": "",
             "Epoch": 0,
         }
-        return {"lookupdleader": node, "lookupdnodes": [dict(node)]}
+        return Negotiated({"lookupdleader": node, "lookupdnodes": [dict(node)]})
 
     # -- administration ---------------------------------------------------------------
 
