@@ -149,16 +149,14 @@ class Coordinator:
         return self.records.get(topic)
 
     def nodes(self) -> dict[str, Peer]:
-        """Placement targets: connected, active, partition-aware nsqd, by node id.
-
-        An NSQ 1.3 nsqd is not one: it would register any partition as partition 0.
-        """
+        """Placement targets (:func:`is_placement_target`) that are connected and
+        active, by node id."""
         now = time.time_ns()
         timeout = int(self.inactive_producer_timeout * 1e9)
         nodes: dict[str, Peer] = {}
         for p in self.db.find_producers(CLIENT, "", ""):
             peer = p.peer
-            if not peer.speaks_partitions or now - peer.last_update > timeout:
+            if not is_placement_target(peer) or now - peer.last_update > timeout:
                 continue
             old = nodes.get(peer.node_id)
             # a node that reconnected before its old connection was closed: the newest
@@ -467,12 +465,14 @@ class Coordinator:
     async def _gather(self, calls: Iterable[Awaitable[object]]) -> None:
         await asyncio.gather(*calls)
 
-    async def _call(self, call: Awaitable[None], what: str) -> bool:
+    async def _call(self, call: Awaitable[None], what: str, quiet: bool = False) -> bool:
         async with self._calls:
             try:
                 await call
             except NsqdCallError as err:
-                log.warning("NSQD: %s failed: %s", what, err)
+                log.log(
+                    logging.DEBUG if quiet else logging.WARNING, "NSQD: %s failed: %s", what, err
+                )
                 return False
         return True
 
@@ -504,14 +504,19 @@ class Coordinator:
         info = peer.info
         name = f"{topic}:{partition}" + (f"/{channel}" if channel else "")
         what = f"create {name} on {peer.node_id} (ask #{attempt.asked})"
+        # a node that stays unreachable would fill the log: the first asks and every
+        # tenth are warnings, the others debug lines
+        quiet = attempt.asked > 3 and attempt.asked % 10 != 0
         try:
             if channel is not None:
                 ok = await self._call(
-                    self.client.create_channel(info, topic, channel, partition), what
+                    self.client.create_channel(info, topic, channel, partition), what, quiet
                 )
             else:
                 ok = await self._call(
-                    self.client.create_partition(info, topic, partition, record.meta), what
+                    self.client.create_partition(info, topic, partition, record.meta),
+                    what,
+                    quiet,
                 )
                 # a new or re-created partition also gets the channels made through lookupd
                 channels = record.channels if ok else ()
@@ -602,6 +607,14 @@ class Coordinator:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except TimeoutError:
                 pass
+
+
+def is_placement_target(peer: Peer) -> bool:
+    """True for an nsqd that lookupd may place partitions on: nsqx's nsqd (a
+    distributed_id, and not Youzan's version). An NSQ 1.3 nsqd would register any
+    partition as partition 0; Youzan's nsqd takes its partitions from etcd, not from
+    HTTP calls. Both still register, and are found through /lookup."""
+    return bool(peer.info.distributed_id) and "HA" not in peer.info.version
 
 
 def meta_unplaced(old: TopicRecord, meta: TopicMeta) -> list[int]:
