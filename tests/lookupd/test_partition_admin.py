@@ -155,6 +155,25 @@ def test_multipart_and_ordered_spread_evenly() -> None:
     run(body())
 
 
+def test_create_adopts_partitions_made_directly_on_nodes() -> None:
+    async def body() -> None:
+        lk = await start_lookupd()
+        a, b = await start_nodes(lk, "a", "b")
+        await a.register("adopt", 1)  # made with nsqd's own /topic/create
+        assert await post(lk, "/topic/create?topic=adopt&partition_num=2&replicator=1") == (
+            200,
+            None,
+        )
+        assert lk.coordinator.records["adopt"].placements == {0: (b.node_id,), 1: (a.node_id,)}
+        # a learns the topic's settings for the partition it has
+        assert [q["partition_num"] for q in a.created()] == ["2"]
+        for n in (a, b):
+            await n.stop()
+        await lk.close()
+
+    run(body())
+
+
 @pytest.mark.parametrize(
     ("version", "distributed"),
     [("1.3.0", False), ("0.3.7-HA.1.13.0", True)],

@@ -216,7 +216,7 @@ class Coordinator:
             old = self.records.get(topic)
             if old is not None and old.meta != meta:
                 raise CoordinatorError(400, ERR_ALREADY_EXIST)
-            record = old or TopicRecord(meta)
+            record = old or TopicRecord(meta, self._adopted(topic, meta))
             record = self._place(topic, record, record.unplaced(), nodes)
             await self._save(topic, record)
             log.info("META: topic %s created: %s, placement %s", topic, meta, record.placements)
@@ -432,6 +432,15 @@ class Coordinator:
             raise CoordinatorError(400, ERR_NODE_UNAVAILABLE) from None
         return record.with_placements({**record.placements, **new})
 
+    def _adopted(self, topic: str, meta: TopicMeta) -> dict[int, tuple[str, ...]]:
+        """Partitions of a topic made directly on nsqx nodes (before it had a record):
+        they stay where they are, rather than get a second copy elsewhere."""
+        placements: dict[int, tuple[str, ...]] = {}
+        for p in self.db.partition_producers(Registration(TOPIC, topic, "")):
+            if p.partition < meta.partition_num and is_placement_target(p.peer):
+                placements.setdefault(p.partition, (p.peer.node_id,))
+        return placements
+
     async def _save(self, topic: str, record: TopicRecord) -> None:
         await self.store.put(topic, record)
         self.records[topic] = record
@@ -481,15 +490,30 @@ class Coordinator:
     ) -> None:
         """Ask one node for one item now; a failure is retried by reconciliation."""
         key = (peer.id, topic, partition, channel)
-        loop = asyncio.get_running_loop()
+        running = self._tasks.get(key)
+        if running is not None:
+            # an ask with an older record may be in flight: let it finish, then ask
+            # with this one, so the node ends with the newest settings
+            await asyncio.gather(asyncio.shield(running), return_exceptions=True)
         attempt = self._attempts.get(key)
         if attempt is None:
+            loop = asyncio.get_running_loop()
             attempt = self._attempts[key] = _Attempt(loop.time(), self.retry_min)
-        task = self._tasks.get(key)
-        if task is None:
-            task = asyncio.create_task(self._run_ask(peer, key, attempt, record))
-            self._tasks[key] = task
-        await asyncio.shield(task)
+        await asyncio.shield(self._start_ask(peer, key, attempt, record))
+
+    def _start_ask(
+        self,
+        peer: Peer,
+        key: tuple[str, str, int, str | None],
+        attempt: _Attempt,
+        record: TopicRecord,
+    ) -> asyncio.Task[None]:
+        attempt.in_flight = True
+        task = asyncio.create_task(
+            self._run_ask(peer, key, attempt, record), name=f"lookupd-ask {key}"
+        )
+        self._tasks[key] = task
+        return task
 
     async def _run_ask(
         self,
@@ -499,7 +523,6 @@ class Coordinator:
         record: TopicRecord,
     ) -> None:
         _, topic, partition, channel = key
-        attempt.in_flight = True
         attempt.asked += 1
         info = peer.info
         name = f"{topic}:{partition}" + (f"/{channel}" if channel else "")
@@ -533,7 +556,8 @@ class Coordinator:
             attempt.in_flight = False
             attempt.next_at = loop.time() + attempt.delay
             attempt.delay = min(attempt.delay * 2, self.retry_max)
-            self._tasks.pop(key, None)
+            if self._tasks.get(key) is asyncio.current_task():
+                del self._tasks[key]
             self._wake.set()
 
     # -- reconciliation ---------------------------------------------------------------
@@ -584,10 +608,7 @@ class Coordinator:
                         key[2],
                         f"/{key[3]}" if key[3] else "",
                     )
-                attempt.in_flight = True
-                self._tasks[key] = asyncio.create_task(
-                    self._run_ask(peer, key, attempt, record), name=f"lookupd-ask {key}"
-                )
+                self._start_ask(peer, key, attempt, record)
             elif next_at is None or attempt.next_at < next_at:
                 next_at = attempt.next_at
         return next_at
