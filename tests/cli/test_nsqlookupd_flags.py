@@ -129,3 +129,12 @@ def test_command_version_and_bad_flag() -> None:
     assert done.returncode == 0 and done.stdout.startswith("nsqlookupd v1.3.0")
     done = subprocess.run([*run, "--bogus"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "flag provided but not defined: -bogus" in done.stderr
+
+
+def test_command_refuses_an_unreadable_meta_file(tmp_path: Path) -> None:
+    (tmp_path / "nsqlookupd.meta.json").write_text("{torn")
+    cmd = [sys.executable, "-m", "nsqx", "nsqlookupd", f"--data-path={tmp_path}"]
+    cmd += ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert "not a valid nsqlookupd meta file" in done.stderr
