@@ -398,6 +398,10 @@ def test_meta_update_pushes_the_settings() -> None:
             ("topic=mu&retention=61", "max retention days allowed exceed"),
             ("topic=mu&syncdisk=4001", "max sync every allowed exceed"),
             ("topic=mu&replicator=9", "INVALID_ARG_TOPIC_REPLICATOR"),
+            (
+                "topic=mu&replicator=2",
+                "INVALID_ARG_TOPIC_REPLICATOR replication is not available yet: replicator must be 1",
+            ),
             ("topic=mu&syncdisk=x", "INVALID_ARG_TOPIC_SYNC_DISK"),
             ("topic=mu&retention=x", "INVALID_ARG_TOPIC_RETENTION"),
             ("retention=3", "MISSING_ARG_TOPIC"),
