@@ -255,7 +255,7 @@ def test_reconcile_asks_until_the_node_registers() -> None:
         )
         asked = len(b.created())
         # registered: no more asks (the next one would have come within 0.4 s)
-        await wait_for(lambda: lk.coordinator._attempts == {}, what="nothing left to ask")
+        await wait_for(lambda: lk.coordinator.pending_asks == 0, what="nothing left to ask")
         assert len(b.created()) == asked
 
         # b restarts without its data: it reconnects and registers nothing
@@ -265,7 +265,7 @@ def test_reconcile_asks_until_the_node_registers() -> None:
         await b.connect(lk)
         await wait_for(lambda: b.partitions_created("rc") == {pid_b}, what="asked after reconnect")
         await b.register("rc", pid_b)
-        await wait_for(lambda: lk.coordinator._attempts == {}, what="settled")
+        await wait_for(lambda: lk.coordinator.pending_asks == 0, what="settled")
 
         # deleted on the node on purpose (registered, then unregistered): left alone
         await b.unregister("rc", pid_b)
@@ -321,7 +321,7 @@ def test_meta_persists_across_a_restart(tmp_path: Path) -> None:
             lambda: len(a.created("/channel/create")) + len(b.created("/channel/create")) == 2,
             what="channels re-created",
         )
-        await wait_for(lambda: lk.coordinator._attempts == {}, what="settled")
+        await wait_for(lambda: lk.coordinator.pending_asks == 0, what="settled")
         for n in (a, b):
             await n.stop()
         await lk.close()

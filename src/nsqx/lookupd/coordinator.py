@@ -164,6 +164,11 @@ class Coordinator:
                 nodes[peer.node_id] = peer
         return nodes
 
+    @property
+    def pending_asks(self) -> int:
+        """How many (node, partition or channel) items are still to be registered."""
+        return len(self._attempts)
+
     def _load(self) -> Counter[str]:
         return Counter(
             n for r in self.records.values() for held in r.placements.values() for n in held
