@@ -31,6 +31,10 @@ def test_defaults_are_nsq_13s() -> None:
         "tombstone_lifetime": 45.0,
         "log_level": "info",
         "log_prefix": "[nsqlookupd] ",
+        # nsqx's, for partitioned topics
+        "data_path": "",
+        "http_client_connect_timeout": 2.0,
+        "http_client_request_timeout": 5.0,
     }
     # the table's defaults are the options' defaults
     defaults = LookupdOptions()
@@ -58,6 +62,18 @@ def test_go_syntax_and_durations() -> None:
     assert parse_nsqlookupd_args(["--verbose", "--log-level=warn"]).log_level == "warn"
 
 
+def test_partition_flags(tmp_path: Path) -> None:
+    opts = parse_nsqlookupd_args(
+        [
+            f"--data-path={tmp_path}",
+            "--http-client-connect-timeout=500ms",
+            "-http-client-request-timeout=3s",
+        ]
+    )
+    assert opts.data_path == str(tmp_path)
+    assert (opts.http_client_connect_timeout, opts.http_client_request_timeout) == (0.5, 3.0)
+
+
 def test_config_file_and_precedence(tmp_path: Path) -> None:
     cfg = tmp_path / "lookupd.toml"
     cfg.write_text(
@@ -81,6 +97,8 @@ def test_config_file_and_precedence(tmp_path: Path) -> None:
         ["--log-level=loud"],
         ["--tcp-address="],
         ["--inactive-producer-timeout=-1s"],
+        ["--http-client-request-timeout=0s"],
+        ["--http-client-connect-timeout=-1s"],
         ["positional"],
     ],
 )
@@ -95,7 +113,12 @@ def test_help_and_version() -> None:
         parse_nsqlookupd_args(["-help"])
     assert wants_version(["--version"]) and not wants_version([])
     usage = nsqlookupd_usage()
-    for flag in ("--tcp-address", "--inactive-producer-timeout", "--tombstone-lifetime"):
+    for flag in (
+        "--tcp-address",
+        "--inactive-producer-timeout",
+        "--tombstone-lifetime",
+        "--data-path",
+    ):
         assert flag in usage
     assert "(default: 5m0s)" in usage and "(default: 45s)" in usage
 
@@ -106,3 +129,12 @@ def test_command_version_and_bad_flag() -> None:
     assert done.returncode == 0 and done.stdout.startswith("nsqlookupd v1.3.0")
     done = subprocess.run([*run, "--bogus"], capture_output=True, text=True, timeout=30)
     assert done.returncode == 2 and "flag provided but not defined: -bogus" in done.stderr
+
+
+def test_command_refuses_an_unreadable_meta_file(tmp_path: Path) -> None:
+    (tmp_path / "nsqlookupd.meta.json").write_text("{torn")
+    cmd = [sys.executable, "-m", "nsqx", "nsqlookupd", f"--data-path={tmp_path}"]
+    cmd += ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert "not a valid nsqlookupd meta file" in done.stderr

@@ -87,3 +87,37 @@ def test_remove_peer_keeps_keys_but_drops_ephemeral_ones() -> None:
         # b still has it
         Registration("topic", "e#ephemeral", ""),
     }
+
+
+def test_partition_entries() -> None:
+    """A peer has one entry per partition; NSQ's view shows it once."""
+    db = RegistrationDB()
+    a, b = peer(1), peer(2)
+    key = Registration("topic", "t", "")
+    assert db.add_producer(key, Producer(a, 0))
+    assert db.add_producer(key, Producer(a, 2))
+    assert not db.add_producer(key, Producer(a, 2))
+    assert db.add_producer(key, Producer(b, 1))
+    assert [(p.peer, p.partition) for p in db.partition_producers(key)] == [
+        (a, 0),
+        (a, 2),
+        (b, 1),
+    ]
+    assert [p.peer for p in db.find_producers("topic", "t", "")] == [a, b]
+    assert [p.peer for p in db.find_producers("topic", "*", "")] == [a, b]
+    assert [p.partition for p in db.peer_producers(key, a.id)] == [0, 2]
+    # one partition, then all of a peer's
+    assert db.remove_producer(key, a.id, 2) == (True, 2)
+    assert db.remove_producer(key, a.id, 2) == (False, 2)
+    assert db.add_producer(key, Producer(a, 3))
+    assert db.remove_producer(key, a.id) == (True, 1)
+    assert db.lookup_registrations(a.id) == []
+    assert db.remove_peer(b.id) == [key]
+    assert db.partition_producers(key) == []
+
+
+def test_node_id_and_partition_awareness() -> None:
+    go = peer(1)
+    assert not go.speaks_partitions and go.node_id == "127.0.0.1:4151"
+    nsqx = Peer("127.0.0.1:6000", PeerInfo("10.1.1.1", 4150, 4151, "1.3.0-nsqx", "", "n1"), 0)
+    assert nsqx.speaks_partitions and nsqx.node_id == "n1"

@@ -154,3 +154,25 @@ def test_ping_refreshes_and_identify_registers_the_node(lookupd: LookupdProcess)
     )
     assert after >= before
     conn.close()
+
+
+def test_partition_aware_registration_with_the_real_process(lookupd: LookupdProcess) -> None:
+    conn = V1Conn(lookupd.tcp_port)
+    reply = conn.identify(tcp_port=64150, http_port=64151, distributed_id="127.0.0.1:64150")
+    assert reply["partitions"] is True
+    assert conn.command("REGISTER proc_t 1 proc_c") == b"OK"
+    assert conn.command("REGISTER proc_t 0") == b"OK"
+    accept = {"Accept": "application/vnd.nsq; version=1.0"}
+    status, _, body = lookupd.get("/lookup?topic=proc_t&access=r&metainfo=true", headers=accept)
+    data = json.loads(body)
+    assert status == 200 and list(data["partitions"]) == ["0", "1"]
+    assert data["meta"]["partition_num"] == 2
+    assert data["partitions"]["1"]["distributed_id"] == "127.0.0.1:64150"
+    # NSQ's /lookup of the same topic: one producer, NSQ's shape
+    plain = lookupd.json("/lookup?topic=proc_t")
+    assert plain["channels"] == ["proc_c"] and len(plain["producers"]) == 1
+    assert (
+        conn.command("REGISTER proc_t x")
+        == b"E_BAD_PARTITIONID REGISTER partition id 'x' is not valid"
+    )
+    assert conn.closed()

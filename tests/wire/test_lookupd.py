@@ -26,6 +26,7 @@ from nsqx.wire.lookupd import (
     is_error_reply,
     parse_identify_body,
     parse_identify_reply,
+    parse_partition_id,
 )
 
 GO_NSQD_IDENTIFY = {
@@ -217,3 +218,99 @@ def test_identify_reply() -> None:
         parse_identify_reply(b"OK")
     with pytest.raises(ValueError):
         parse_identify_reply(b'{"http_port":"x"}')
+
+
+# --- partitions (Youzan's extension) ----------------------------------------------------
+
+NSQX_NSQD_IDENTIFY = {
+    **GO_NSQD_IDENTIFY,
+    "version": "1.3.0-nsqx",
+    "distributed_id": "10.0.0.7:4150",
+}
+
+
+def partitioned() -> LookupParser:
+    p = LookupParser()
+    (ev,) = p.feed(MAGIC_V1 + identify_cmd(NSQX_NSQD_IDENTIFY))
+    assert isinstance(ev, Identify) and ev.info.speaks_partitions
+    return p
+
+
+def test_partition_aware_peers_register_partitions() -> None:
+    p = partitioned()
+    assert p.feed(
+        b"REGISTER orders 0\nREGISTER orders 2 archive\nUNREGISTER orders 2 archive\n"
+        b"UNREGISTER orders 0\nREGISTER orders +3\nREGISTER orders 004 c\n"
+    ) == [
+        Register("orders", None, 0),
+        Register("orders", "archive", 2),
+        Unregister("orders", "archive", 2),
+        Unregister("orders", None, 0),
+        # Go's Atoi: a sign and leading zeros are fine
+        Register("orders", None, 3),
+        Register("orders", "c", 4),
+    ]
+
+
+def test_who_speaks_partitions() -> None:
+    """Youzan's rule: a non-empty distributed_id, or a version containing HA."""
+    assert not PeerInfo("h", 1, 2, "1.3.0").speaks_partitions
+    assert PeerInfo("h", 1, 2, "1.3.0", distributed_id="h:1").speaks_partitions
+    assert PeerInfo("h", 1, 2, "0.3.7-HA.1.13.0").speaks_partitions
+    # an NSQ 1.3 peer's "REGISTER t 5" is a channel named 5
+    assert identified().feed(b"REGISTER t 5\n") == [Register("t", "5")]
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (b"REGISTER t\n", "E_INVALID REGISTER insufficient number of params"),
+        (b"UNREGISTER\n", "E_INVALID UNREGISTER insufficient number of params"),
+        (b"REGISTER t x\n", "E_BAD_PARTITIONID REGISTER partition id 'x' is not valid"),
+        (b"REGISTER t 255\n", "E_BAD_PARTITIONID REGISTER partition id '255' is not valid"),
+        (b"REGISTER t -11\n", "E_BAD_PARTITIONID REGISTER partition id '-11' is not valid"),
+        (b"REGISTER t 1.0\n", "E_BAD_PARTITIONID REGISTER partition id '1.0' is not valid"),
+        # checked in Youzan's order: topic, channel, then partition
+        (b"REGISTER b@d x\n", "E_BAD_TOPIC REGISTER topic name 'b@d' is not valid"),
+        (b"UNREGISTER t x b@d\n", "E_BAD_CHANNEL UNREGISTER channel name 'b@d' is not valid"),
+    ],
+)
+def test_partition_errors_carry_youzan_texts(line: bytes, error: str) -> None:
+    p = partitioned()
+    assert error_of(p.feed(line)) == error
+    assert p.dead
+
+
+def test_partition_ids() -> None:
+    assert [parse_partition_id(x) for x in ("0", "254", "+7", "007", b"12")] == [0, 254, 7, 7, 12]
+    assert [parse_partition_id(x) for x in ("255", "-1", "", " 1", "1_0", "\u0663")] == [None] * 6
+
+
+def test_partitioned_encoders_and_identify() -> None:
+    assert encode_register("t", partition=0) == b"REGISTER t 0\n"
+    assert encode_register("t", "c", 7) == b"REGISTER t 7 c\n"
+    assert encode_unregister("t", "c", 7) == b"UNREGISTER t 7 c\n"
+    assert encode_unregister("t", None, 254) == b"UNREGISTER t 254\n"
+    info = PeerInfo("10.0.0.7", 4150, 4151, "1.3.0-nsqx", "node7", "10.0.0.7:4150")
+    cmd = encode_identify(info)
+    body = json.loads(cmd[13:])
+    assert list(body) == sorted(body) and body["distributed_id"] == "10.0.0.7:4150"
+    assert parse_identify_body(cmd[13:]) == info
+    # what we send, our parser reads as a partition-aware peer
+    p = LookupParser()
+    assert p.feed(MAGIC_V1 + cmd + encode_register("t", "c", 1)) == [
+        Identify(info),
+        Register("t", "c", 1),
+    ]
+
+
+def test_identify_reply_partitions_flag() -> None:
+    base = b'{"broadcast_address":"lk","hostname":"h","http_port":4161,"tcp_port":4160'
+    nsqx = parse_identify_reply(base + b',"partitions":true,"version":"1.3.0-nsqx"}')
+    assert nsqx.partitions and nsqx.speaks_partitions
+    go = parse_identify_reply(base + b',"version":"1.3.0"}')
+    assert not go.partitions and not go.speaks_partitions
+    youzan = parse_identify_reply(base + b',"version":"0.3.7-HA.1.13.0"}')
+    assert not youzan.partitions and youzan.speaks_partitions
+    with pytest.raises(ValueError):
+        parse_identify_reply(base + b',"partitions":"yes","version":"1"}')

@@ -25,7 +25,8 @@ __all__ = [
 
 log = logging.getLogger("nsqx.cli")
 
-#: nsqlookupd's flags (NSQ 1.3.0), defaults equal to LookupdOptions' (durations in seconds).
+#: nsqlookupd's flags (NSQ 1.3.0, then nsqx's for partitioned topics), defaults equal to
+#: LookupdOptions' (durations in seconds).
 NSQLOOKUPD_FLAGS: tuple[FlagSpec, ...] = (
     FlagSpec("version", Kind.BOOL, "", False, "print the version and exit"),
     FlagSpec(
@@ -86,13 +87,38 @@ NSQLOOKUPD_FLAGS: tuple[FlagSpec, ...] = (
         45.0,
         "how long a tombstoned producer stays out of its topic's /lookup",
     ),
+    FlagSpec(
+        "data-path",
+        Kind.STR,
+        "data_path",
+        "",
+        "directory for the meta of partitioned topics (empty: kept in memory only)",
+        metavar="dir",
+    ),
+    FlagSpec(
+        "http-client-connect-timeout",
+        Kind.DURATION,
+        "http_client_connect_timeout",
+        2.0,
+        "connect timeout for calls to nsqd's HTTP API (placing partitions)",
+    ),
+    FlagSpec(
+        "http-client-request-timeout",
+        Kind.DURATION,
+        "http_client_request_timeout",
+        5.0,
+        "total timeout for calls to nsqd's HTTP API (placing partitions)",
+    ),
 )
 
 #: The flag set built from :data:`NSQLOOKUPD_FLAGS`.
 NSQLOOKUPD_FLAGSET = FlagSet(
     "nsqlookupd",
     NSQLOOKUPD_FLAGS,
-    summary="nsqlookupd tracks which nsqd has which topic (NSQ 1.3 compatible).",
+    summary=(
+        "nsqlookupd tracks which nsqd has which topic (NSQ 1.3 compatible) and places"
+        " the partitions of partitioned topics (Youzan's extension)."
+    ),
 )
 
 

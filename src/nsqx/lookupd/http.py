@@ -6,11 +6,14 @@ Routes, status codes, JSON shapes and error texts are NSQ 1.3's: no response env
 METHOD_NOT_ALLOWED (with ``Allow``) for a known path with the wrong method, and a
 redirect for a path that differs from a route only by a trailing slash or letter case,
 as Go's httprouter does. Parameters come from the URL's query string only, as in NSQ.
+
+Requests in Youzan's form (partitioned topics) go to
+:class:`~nsqx.lookupd.http_partitions.PartitionAPI`; only they can get Youzan's wrapped
+answers, so an NSQ 1.3 client never sees one.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +22,15 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from nsqx import NSQ_VERSION
+from nsqx.lookupd.http_api import (
+    HTTPError,
+    Negotiated,
+    Params,
+    accepts_v1,
+    respond_v1,
+    respond_wrapped,
+)
+from nsqx.lookupd.http_partitions import PartitionAPI
 from nsqx.lookupd.lookup_protocol_v1 import format_address
 from nsqx.lookupd.registration_db import (
     CHANNEL,
@@ -28,6 +40,7 @@ from nsqx.lookupd.registration_db import (
     Registration,
     filter_active,
 )
+from nsqx.wire.lookupd import parse_partition_id
 from nsqx.wire.names import is_valid_name
 
 if TYPE_CHECKING:
@@ -35,137 +48,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nsqx.lookupd")
 
-JSON_CONTENT_TYPE = "application/json; charset=utf-8"
-_V1_HEADERS = {"X-NSQ-Content-Type": "nsq; version=1.0"}
 #: What Go's ``time.Time{}.UnixNano()`` returns: /debug shows it for "never tombstoned".
 GO_ZERO_TIME_UNIX_NANO = -6795364578871345152
-
-
-class HTTPError(Exception):
-    """An API error: HTTP status and NSQ's message code."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def go_json(obj: Any) -> bytes:
-    """JSON as Go's encoding/json writes it: compact, UTF-8, HTML characters escaped."""
-    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-    for ch, esc in (
-        ("<", "\\u003c"),
-        (">", "\\u003e"),
-        ("&", "\\u0026"),
-        ("\u2028", "\\u2028"),
-        ("\u2029", "\\u2029"),
-    ):
-        text = text.replace(ch, esc)
-    return text.encode()
-
-
-def respond_v1(status: int, data: Any) -> web.Response:
-    """NSQ's RespondV1: text as is, None as an empty body, anything else as JSON."""
-    headers = dict(_V1_HEADERS)
-    if status != 200:
-        headers["Content-Type"] = JSON_CONTENT_TYPE
-        return web.Response(status=status, body=go_json({"message": str(data)}), headers=headers)
-    if data is None:
-        return web.Response(status=200, body=b"", headers=headers)
-    if isinstance(data, str):
-        return web.Response(status=200, body=data.encode(), headers=headers)
-    headers["Content-Type"] = JSON_CONTENT_TYPE
-    return web.Response(status=200, body=go_json(data), headers=headers)
-
-
-# --- query strings, as Go's url.ParseQuery reads them ----------------------------------
-
-_HEX = "0123456789abcdefABCDEF"
-
-
-def _unescape(s: str) -> str:
-    """Go's url.QueryUnescape: '+' is a space, '%XX' a byte; a bad escape is an error."""
-    if "%" not in s and "+" not in s:
-        return s
-    out = bytearray()
-    i = 0
-    n = len(s)
-    while i < n:
-        ch = s[i]
-        if ch == "%":
-            if i + 2 >= n:
-                raise ValueError("invalid URL escape")
-            hi, lo = s[i + 1], s[i + 2]
-            if hi not in _HEX or lo not in _HEX:
-                raise ValueError("invalid URL escape")
-            out.append(int(hi + lo, 16))
-            i += 3
-        elif ch == "+":
-            out.append(0x20)
-            i += 1
-        else:
-            out += ch.encode()
-            i += 1
-    return out.decode("utf-8", errors="replace")
-
-
-def parse_query(raw: str) -> dict[str, list[str]]:
-    """Parse a raw query string like Go's url.ParseQuery; ValueError where Go errs.
-
-    Pairs are split on '&' only; a ';' or a bad escape is an error (Go keeps parsing
-    the other pairs but reports the error, which NSQ turns into INVALID_REQUEST).
-    """
-    values: dict[str, list[str]] = {}
-    error: str | None = None
-    for part in raw.split("&"):
-        if ";" in part:
-            error = error or "invalid semicolon separator in query"
-            continue
-        if not part:
-            continue
-        key, _, value = part.partition("=")
-        try:
-            k, v = _unescape(key), _unescape(value)
-        except ValueError as e:
-            error = error or str(e)
-            continue
-        values.setdefault(k, []).append(v)
-    if error is not None:
-        raise ValueError(error)
-    return values
-
-
-class Params:
-    """A request's query parameters; ``get`` gives the first value, as NSQ's ReqParams."""
-
-    def __init__(self, request: web.Request) -> None:
-        try:
-            self.values = parse_query(request.rel_url.raw_query_string)
-        except ValueError:
-            raise HTTPError(400, "INVALID_REQUEST") from None
-
-    def get(self, key: str) -> str | None:
-        v = self.values.get(key)
-        return v[0] if v else None
-
-    def topic(self) -> str:
-        """The ``topic`` parameter (any value, even empty); MISSING_ARG_TOPIC if absent."""
-        topic = self.get("topic")
-        if topic is None:
-            raise HTTPError(400, "MISSING_ARG_TOPIC")
-        return topic
-
-    def topic_channel(self) -> tuple[str, str]:
-        """Valid ``topic`` and ``channel``, checked in NSQ's order."""
-        topic = self.topic()
-        if not is_valid_name(topic):
-            raise HTTPError(400, "INVALID_ARG_TOPIC")
-        channel = self.get("channel")
-        if channel is None:
-            raise HTTPError(400, "MISSING_ARG_CHANNEL")
-        if not is_valid_name(channel):
-            raise HTTPError(400, "INVALID_ARG_CHANNEL")
-        return topic, channel
 
 
 Handler = Callable[[web.Request], Awaitable[Any]]
@@ -189,6 +73,7 @@ class LookupdHTTP:
     def __init__(self, lookupd: NSQLookupd) -> None:
         self.lookupd = lookupd
         self.db = lookupd.db
+        self.partitions = PartitionAPI(lookupd)
         get, post = "GET", "POST"
         #: path -> method -> handler; "/ping" is plain text, the rest NSQ's V1 JSON.
         self.routes: dict[str, dict[str, Handler]] = {
@@ -204,6 +89,10 @@ class LookupdHTTP:
             "/channel/create": {post: self.create_channel},
             "/channel/delete": {post: self.delete_channel},
             "/topic/tombstone": {post: self.tombstone_topic_producer},
+            # Youzan's
+            "/listlookup": {get: self.listlookup},
+            "/topic/partition/expand": {post: self.partitions.expand_topic},
+            "/topic/meta/update": {post: self.partitions.update_topic_meta},
         }
         self._lower = {path.lower(): path for path in self.routes}
 
@@ -237,11 +126,18 @@ class LookupdHTTP:
             try:
                 data = await handler(request)
             except HTTPError as err:
+                if err.negotiate and not accepts_v1(request):
+                    # Youzan's wrapped error is always a 500
+                    return respond_wrapped(500, err.message, None)
                 return respond_v1(err.status, err.message)
             except Exception:
                 # Go's panic handler answers the same way
                 log.exception("panic in HTTP handler")
                 return respond_v1(500, "INTERNAL_ERROR")
+            if isinstance(data, Negotiated):
+                if not accepts_v1(request):
+                    return respond_wrapped(200, "OK", data.data)
+                data = data.data
             if path == "/ping":
                 return web.Response(
                     status=200, body=data.encode(), content_type="text/plain", charset="utf-8"
@@ -291,11 +187,26 @@ class LookupdHTTP:
         return {"topics": [k.key for k in self.db.find_registrations(TOPIC, "*", "")]}
 
     async def channels(self, request: web.Request) -> dict[str, Any]:
-        topic = Params(request).topic()
-        return {"channels": [k.subkey for k in self.db.find_registrations(CHANNEL, topic, "*")]}
+        params = Params(request)
+        topic = params.topic()
+        keys = self.db.find_registrations(CHANNEL, topic, "*")
+        raw = params.get("partition")
+        if raw:
+            # Youzan's filter: the channels registered on that partition
+            pid = parse_partition_id(raw)
+            keys = [
+                k for k in keys if any(p.partition == pid for p in self.db.partition_producers(k))
+            ]
+        return {"channels": [k.subkey for k in keys]}
 
-    async def lookup(self, request: web.Request) -> dict[str, Any]:
-        topic = Params(request).topic()
+    async def listlookup(self, request: web.Request) -> Negotiated:
+        return self.partitions.listlookup()
+
+    async def lookup(self, request: web.Request) -> dict[str, Any] | Negotiated:
+        params = Params(request)
+        if self.partitions.is_youzan_lookup(params):
+            return self.partitions.lookup(params)
+        topic = params.topic()
         if not self.db.find_registrations(TOPIC, topic, ""):
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         opts = self.lookupd.options
@@ -309,14 +220,24 @@ class LookupdHTTP:
         return {"channels": channels, "producers": [_peer_info(p) for p in producers]}
 
     async def create_topic(self, request: web.Request) -> None:
-        topic = Params(request).topic()
+        params = Params(request)
+        if self.partitions.is_youzan_create(params):
+            return await self.partitions.create_topic(params)
+        topic = params.topic()
         if not is_valid_name(topic):
             raise HTTPError(400, "INVALID_ARG_TOPIC")
         log.info("DB: adding topic(%s)", topic)
         self.db.add_registration(Registration(TOPIC, topic, ""))
 
     async def delete_topic(self, request: web.Request) -> None:
-        topic = Params(request).topic()
+        params = Params(request)
+        topic = params.topic()
+        partition = params.get("partition")
+        if partition is not None:
+            return await self.partitions.delete_topic(topic, partition)
+        # NSQ's delete forgets the keys; a partitioned topic's record goes with them
+        # (its nsqd keep their data, as NSQ's lookupd leaves nsqd alone)
+        await self.lookupd.coordinator.forget_topic(topic)
         for key in self.db.find_registrations(CHANNEL, topic, "*"):
             log.info("DB: removing channel(%s) from topic(%s)", key.subkey, topic)
             self.db.remove_registration(key)
@@ -332,12 +253,15 @@ class LookupdHTTP:
             raise HTTPError(400, "MISSING_ARG_NODE")
         log.info("DB: setting tombstone for producer@%s of topic(%s)", node, topic)
         now = self._now()
-        for p in self.db.find_producers(TOPIC, topic, ""):
+        # every partition the node registered for the topic
+        for p in self.db.partition_producers(Registration(TOPIC, topic, "")):
             if f"{p.peer.info.broadcast_address}:{p.peer.info.http_port}" == node:
                 p.tombstone(now)
 
     async def create_channel(self, request: web.Request) -> None:
         topic, channel = Params(request).topic_channel()
+        if await self.partitions.create_channel(topic, channel):
+            return
         log.info("DB: adding channel(%s) in topic(%s)", channel, topic)
         self.db.add_registration(Registration(CHANNEL, topic, channel))
         log.info("DB: adding topic(%s)", topic)
@@ -345,6 +269,8 @@ class LookupdHTTP:
 
     async def delete_channel(self, request: web.Request) -> None:
         topic, channel = Params(request).topic_channel()
+        if await self.partitions.delete_channel(topic, channel):
+            return
         keys = self.db.find_registrations(CHANNEL, topic, channel)
         if not keys:
             raise HTTPError(404, "CHANNEL_NOT_FOUND")
@@ -368,12 +294,18 @@ class LookupdHTTP:
             peer = p.peer
             topics = [k.key for k in self.db.lookup_registrations(peer.id) if k.category == TOPIC]
             tombstones = []
+            partitions: dict[str, list[str]] = {}
             for t in topics:
-                tp = self.db.producer(Registration(TOPIC, t, ""), peer.id)
-                tombstones.append(tp is not None and tp.is_tombstoned(lifetime, now))
+                entries = self.db.peer_producers(Registration(TOPIC, t, ""), peer.id)
+                tombstones.append(any(e.is_tombstoned(lifetime, now) for e in entries))
+                partitions[t] = [str(e.partition) for e in entries]
             node = _peer_info(p)
             node["tombstones"] = tombstones
             node["topics"] = topics
+            if peer.speaks_partitions:
+                # Youzan's extra key, for partition-aware nodes only: an NSQ 1.3 node
+                # keeps NSQ's exact shape
+                node["partitions"] = partitions
             nodes.append(node)
         return {"producers": nodes}
 
@@ -382,20 +314,20 @@ class LookupdHTTP:
         for key, producers in self.db.items():
             for p in producers:
                 info = p.peer.info
+                entry: dict[str, Any] = {
+                    "broadcast_address": info.broadcast_address,
+                    "hostname": info.hostname,
+                    "http_port": info.http_port,
+                    "id": p.peer.id,
+                    "last_update": p.peer.last_update,
+                    "tcp_port": info.tcp_port,
+                    "tombstoned": p.tombstoned,
+                    "tombstoned_at": p.tombstoned_at if p.tombstoned else GO_ZERO_TIME_UNIX_NANO,
+                    "version": info.version,
+                }
+                if p.peer.speaks_partitions and key.category != CLIENT:
+                    entry["distributed_id"] = info.distributed_id
+                    entry["partition"] = p.partition
                 # keys sorted, as Go marshals a map
-                data.setdefault(str(key), []).append(
-                    {
-                        "broadcast_address": info.broadcast_address,
-                        "hostname": info.hostname,
-                        "http_port": info.http_port,
-                        "id": p.peer.id,
-                        "last_update": p.peer.last_update,
-                        "tcp_port": info.tcp_port,
-                        "tombstoned": p.tombstoned,
-                        "tombstoned_at": p.tombstoned_at
-                        if p.tombstoned
-                        else GO_ZERO_TIME_UNIX_NANO,
-                        "version": info.version,
-                    }
-                )
+                data.setdefault(str(key), []).append(dict(sorted(entry.items())))
         return dict(sorted(data.items()))

@@ -4,6 +4,12 @@ A thin asyncio shell over :class:`nsqx.wire.lookupd.LookupParser`: the parser ch
 protocol and yields valid commands; this class applies them to the RegistrationDB and
 writes the replies. When the connection closes, the peer's producers are removed from
 every registration, as in NSQ.
+
+A partition-aware peer (see :class:`~nsqx.wire.lookupd.PeerInfo`) registers partitions
+(``REGISTER t p [c]``) and is told ``"partitions": true`` in the IDENTIFY reply; an NSQ
+1.3 nsqd's registrations are partition 0, and its IDENTIFY reply is NSQ's, byte for
+byte. The coordinator hears of identifications, registrations and disconnections, to
+ask nodes for partitions they were placed on and have not registered.
 """
 
 from __future__ import annotations
@@ -102,6 +108,7 @@ class LookupProtocolV1(asyncio.Protocol):
         self.lookupd.clients.discard(self)
         log.info("CLIENT(%s): closing", self)
         if self.peer is not None:
+            self.lookupd.coordinator.peer_gone(self.peer)
             for key in self.db.remove_peer(self.peer.id):
                 log.info(
                     "DB: client(%s) UNREGISTER category:%s key:%s subkey:%s",
@@ -138,59 +145,77 @@ class LookupProtocolV1(asyncio.Protocol):
         info = event.info
         self.peer = Peer(self.remote, info, time.time_ns())
         log.info(
-            "CLIENT(%s): IDENTIFY Address:%s TCP:%d HTTP:%d Version:%s",
+            "CLIENT(%s): IDENTIFY Address:%s TCP:%d HTTP:%d Version:%s%s",
             self,
             info.broadcast_address,
             info.tcp_port,
             info.http_port,
             info.version,
+            f" DistributedID:{info.distributed_id}" if info.distributed_id else "",
         )
         if self.db.add_producer(CLIENT_KEY, Producer(self.peer)):
             log.info("DB: client(%s) REGISTER category:client key: subkey:", self)
         lookupd = self.lookupd
+        lookupd.coordinator.peer_identified(self.peer)
         # keys sorted, as Go marshals a map
-        reply = {
+        reply: dict[str, object] = {
             "broadcast_address": lookupd.options.broadcast_address,
             "hostname": socket.gethostname(),
             "http_port": lookupd.http_port,
             "tcp_port": lookupd.tcp_port,
             "version": NSQ_VERSION,
         }
+        if info.speaks_partitions:
+            # only a peer that announced itself partition-aware hears of partitions: a
+            # Go nsqd gets NSQ's reply exactly
+            reply["partitions"] = True
+            reply = dict(sorted(reply.items()))
         return json.dumps(reply, separators=(",", ":")).encode()
 
     def _register(self, event: Register) -> bytes:
         assert self.peer is not None  # the parser refuses REGISTER before IDENTIFY
         topic, channel = event.topic, event.channel
+        # NSQ's form (no partition) is partition 0
+        partition = event.partition or 0
         if channel is not None:
-            self._add(Registration(CHANNEL, topic, channel))
-        self._add(Registration(TOPIC, topic, ""))
+            self._add(Registration(CHANNEL, topic, channel), partition)
+        self._add(Registration(TOPIC, topic, ""), partition)
+        self.lookupd.coordinator.peer_registered(self.peer, topic, partition, channel)
         return OK
 
-    def _add(self, key: Registration) -> None:
+    def _add(self, key: Registration, partition: int) -> None:
         assert self.peer is not None
-        if self.db.add_producer(key, Producer(self.peer)):
+        if self.db.add_producer(key, Producer(self.peer, partition)):
             log.info(
-                "DB: client(%s) REGISTER category:%s key:%s subkey:%s",
+                "DB: client(%s) REGISTER category:%s key:%s subkey:%s%s",
                 self,
                 key.category,
                 key.key,
                 key.subkey,
+                self._partition_text(partition),
             )
+
+    def _partition_text(self, partition: int) -> str:
+        assert self.peer is not None
+        return f" partition:{partition}" if self.peer.speaks_partitions else ""
 
     def _unregister(self, event: Unregister) -> bytes:
         assert self.peer is not None
         peer_id = self.peer.id
         db = self.db
         topic, channel = event.topic, event.channel
+        partition = event.partition or 0
+        ptext = self._partition_text(partition)
         if channel is not None:
             key = Registration(CHANNEL, topic, channel)
-            removed, left = db.remove_producer(key, peer_id)
+            removed, left = db.remove_producer(key, peer_id, partition)
             if removed:
                 log.info(
-                    "DB: client(%s) UNREGISTER category:channel key:%s subkey:%s",
+                    "DB: client(%s) UNREGISTER category:channel key:%s subkey:%s%s",
                     self,
                     topic,
                     channel,
+                    ptext,
                 )
             # an ephemeral channel goes away with its last producer
             if left == 0 and is_ephemeral(channel):
@@ -199,18 +224,21 @@ class LookupProtocolV1(asyncio.Protocol):
         # a topic unregistration takes this peer off the topic's channels too; nsqd
         # normally unregisters those first, hence NSQ's warning when something goes
         for ch in db.find_registrations(CHANNEL, topic, "*"):
-            removed, _ = db.remove_producer(ch, peer_id)
+            removed, _ = db.remove_producer(ch, peer_id, partition)
             if removed:
                 log.warning(
-                    "client(%s) unexpected UNREGISTER category:channel key:%s subkey:%s",
+                    "client(%s) unexpected UNREGISTER category:channel key:%s subkey:%s%s",
                     self,
                     topic,
                     ch.subkey,
+                    ptext,
                 )
         key = Registration(TOPIC, topic, "")
-        removed, left = db.remove_producer(key, peer_id)
+        removed, left = db.remove_producer(key, peer_id, partition)
         if removed:
-            log.info("DB: client(%s) UNREGISTER category:topic key:%s subkey:", self, topic)
+            log.info(
+                "DB: client(%s) UNREGISTER category:topic key:%s subkey:%s", self, topic, ptext
+            )
         if left == 0 and is_ephemeral(topic):
             db.remove_registration(key)
         return OK

@@ -7,8 +7,11 @@ import logging
 
 from aiohttp import web
 
+from nsqx.lookupd.coordinator import Coordinator
 from nsqx.lookupd.http import LookupdHTTP
 from nsqx.lookupd.lookup_protocol_v1 import LookupProtocolV1
+from nsqx.lookupd.meta_store import FileMetaStore, MemoryMetaStore, MetaStore
+from nsqx.lookupd.nsqd_client import NsqdClient
 from nsqx.lookupd.options import LookupdOptions
 from nsqx.lookupd.registration_db import RegistrationDB
 
@@ -28,11 +31,17 @@ def split_address(address: str) -> tuple[str, int]:
 
 class NSQLookupd:
     """nsqlookupd: nsqd nodes register their topics and channels over TCP (protocol V1);
-    consumers and operators ask over HTTP where topics are."""
+    consumers and operators ask over HTTP where topics are. It is also the coordinator
+    of partitioned topics (:class:`~nsqx.lookupd.coordinator.Coordinator`)."""
 
     def __init__(self, options: LookupdOptions) -> None:
         self.options = options
         self.db = RegistrationDB()
+        self.coordinator = Coordinator(
+            self.db,
+            NsqdClient(options.http_client_connect_timeout, options.http_client_request_timeout),
+            options.inactive_producer_timeout,
+        )
         #: Open TCP connections (closed on shutdown).
         self.clients: set[LookupProtocolV1] = set()
         #: Bound addresses, known after start().
@@ -50,8 +59,28 @@ class NSQLookupd:
     def http_port(self) -> int:
         return self.http_address[1] if self.http_address else 0
 
+    def _open_store(self) -> MetaStore:
+        if self.options.data_path:
+            store = FileMetaStore.open(self.options.data_path)
+            log.info("META: topic meta in %s", store.path)
+            return store
+        log.info(
+            "META: no --data-path: the meta and placement of partitioned topics are kept"
+            " in memory only, and lost when nsqlookupd stops"
+        )
+        return MemoryMetaStore()
+
     async def start(self) -> None:
-        """Bind the TCP and HTTP listeners (port 0 picks a free port)."""
+        """Open the meta store, bind the TCP and HTTP listeners (port 0 picks a free
+        port). Raises OSError or ValueError (an unreadable meta file) if it cannot."""
+        await self.coordinator.start(self._open_store())
+        try:
+            await self._listen()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _listen(self) -> None:
         loop = asyncio.get_running_loop()
         host, port = split_address(self.options.tcp_address)
         self._server = await loop.create_server(
@@ -60,18 +89,14 @@ class NSQLookupd:
         sockname = self._server.sockets[0].getsockname()
         self.tcp_address = (sockname[0], sockname[1])
         log.info("TCP: listening on %s:%d", sockname[0], sockname[1])
-        try:
-            host, port = split_address(self.options.http_address)
-            runner = web.AppRunner(
-                LookupdHTTP(self).app(), access_log=None, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT
-            )
-            await runner.setup()
-            self._runner = runner
-            site = web.TCPSite(runner, host, port, reuse_address=True)
-            await site.start()
-        except BaseException:
-            await self.close()
-            raise
+        host, port = split_address(self.options.http_address)
+        runner = web.AppRunner(
+            LookupdHTTP(self).app(), access_log=None, shutdown_timeout=HTTP_SHUTDOWN_TIMEOUT
+        )
+        await runner.setup()
+        self._runner = runner
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
         bound = runner.addresses[0]
         self.http_address = (bound[0], bound[1])
         log.info("HTTP: listening on %s:%d", bound[0], bound[1])
@@ -89,3 +114,4 @@ class NSQLookupd:
             await self._runner.cleanup()
         if self._server is not None:
             await self._server.wait_closed()
+        await self.coordinator.close()

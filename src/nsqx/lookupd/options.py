@@ -23,6 +23,11 @@ class LookupdOptions:
     tombstone_lifetime: float = 45.0
     log_level: str = "info"
     log_prefix: str = "[nsqlookupd] "
+    #: Directory of the meta file of partitioned topics; empty: in memory only.
+    data_path: str = ""
+    #: Timeouts of the calls lookupd makes to nsqd's HTTP API (partition placement).
+    http_client_connect_timeout: float = 2.0
+    http_client_request_timeout: float = 5.0
 
     def validate(self) -> None:
         """Refuse values nsqlookupd cannot run with; raises ValueError naming the flag."""
@@ -34,6 +39,10 @@ class LookupdOptions:
             raise ValueError("--inactive-producer-timeout must not be negative")
         if self.tombstone_lifetime < 0:
             raise ValueError("--tombstone-lifetime must not be negative")
+        if self.http_client_connect_timeout <= 0:
+            raise ValueError("--http-client-connect-timeout must be positive")
+        if self.http_client_request_timeout <= 0:
+            raise ValueError("--http-client-request-timeout must be positive")
         if self.log_level not in ("debug", "info", "warn", "error", "fatal"):
             raise ValueError(
                 f"--log-level must be debug|info|warn|error|fatal, got {self.log_level}"

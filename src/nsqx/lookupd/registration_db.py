@@ -2,9 +2,15 @@
 
 The model is NSQ's: a map from :class:`Registration` keys (``client::``,
 ``topic:<name>:``, ``channel:<topic>:<name>``) to the producers registered under each,
-keyed by peer id (the connection's remote address). A key can exist with no producer:
-the HTTP API creates such keys, and, as in NSQ, keys stay when their producers leave,
-so ``/topics`` still lists a topic whose nsqd went away.
+keyed by peer id (the connection's remote address) and partition. A key can exist with
+no producer: the HTTP API creates such keys, and, as in NSQ, keys stay when their
+producers leave, so ``/topics`` still lists a topic whose nsqd went away.
+
+Partitions (Youzan's extension) live in the producer entries, not in the keys: a peer
+that serves partitions 0 and 2 of a topic has two entries under ``topic:<name>:``. NSQ's
+views (:meth:`RegistrationDB.find_producers`) show one producer per peer; the partition
+views (:meth:`RegistrationDB.partition_producers`) show every entry. An NSQ 1.3 nsqd's
+registrations are partition 0.
 
 Times are Unix nanoseconds passed in by the caller, so the DB itself has no clock.
 """
@@ -59,12 +65,27 @@ class Peer:
     def remote_address(self) -> str:
         return self.id
 
+    @property
+    def speaks_partitions(self) -> bool:
+        """True for a peer that registers partitions (see :class:`PeerInfo`)."""
+        return self.info.speaks_partitions
+
+    @property
+    def node_id(self) -> str:
+        """The node's stable id, the same across reconnections: its distributed_id, or
+        ``broadcast_address:tcp_port`` for a peer that sent none."""
+        info = self.info
+        return info.distributed_id or f"{info.broadcast_address}:{info.tcp_port}"
+
 
 @dataclass(eq=False)
 class Producer:
-    """A peer's membership in one registration; tombstones are per registration."""
+    """A peer's membership in one registration (for one partition); tombstones are per
+    registration."""
 
     peer: Peer
+    #: The topic partition this entry is for (0 for NSQ's registrations).
+    partition: int = 0
     tombstoned: bool = False
     #: Unix ns when tombstoned (0: never).
     tombstoned_at: int = 0
@@ -90,33 +111,48 @@ def filter_active(
     ]
 
 
+#: A producer entry's key under a registration: (peer id, partition).
+_EntryKey = tuple[str, int]
+
+
 class RegistrationDB:
     """The registry: registrations and the producers under each."""
 
     def __init__(self) -> None:
-        self._map: dict[Registration, dict[str, Producer]] = {}
+        self._map: dict[Registration, dict[_EntryKey, Producer]] = {}
 
     def add_registration(self, key: Registration) -> None:
         """Make sure ``key`` exists (with no producer if it is new)."""
         self._map.setdefault(key, {})
 
     def add_producer(self, key: Registration, producer: Producer) -> bool:
-        """Add ``producer`` under ``key`` (creating it); False if its peer was there."""
+        """Add ``producer`` under ``key`` (creating it); False if its peer was there
+        already for the same partition."""
         producers = self._map.setdefault(key, {})
-        if producer.peer.id in producers:
+        entry = (producer.peer.id, producer.partition)
+        if entry in producers:
             return False
-        producers[producer.peer.id] = producer
+        producers[entry] = producer
         return True
 
-    def remove_producer(self, key: Registration, peer_id: str) -> tuple[bool, int]:
-        """Remove a peer from ``key``: (whether it was there, producers left).
+    def remove_producer(
+        self, key: Registration, peer_id: str, partition: int | None = None
+    ) -> tuple[bool, int]:
+        """Remove a peer from ``key`` (one partition, or all when ``partition`` is None):
+        (whether it was there, producers left).
 
         The key itself stays, even with no producer left, as in NSQ.
         """
         producers = self._map.get(key)
         if producers is None:
             return False, 0
-        removed = producers.pop(peer_id, None) is not None
+        if partition is not None:
+            removed = producers.pop((peer_id, partition), None) is not None
+        else:
+            gone = [e for e in producers if e[0] == peer_id]
+            for e in gone:
+                del producers[e]
+            removed = bool(gone)
         return removed, len(producers)
 
     def remove_registration(self, key: Registration) -> None:
@@ -131,23 +167,37 @@ class RegistrationDB:
         return [k for k in self._map if k.matches(category, key, subkey)]
 
     def find_producers(self, category: str, key: str, subkey: str) -> list[Producer]:
-        """Producers under the matching keys, one per peer (the first key's wins)."""
-        if key != "*" and subkey != "*":
-            return list(self._map.get(Registration(category, key, subkey), {}).values())
+        """Producers under the matching keys, one per peer (the first entry wins): NSQ's
+        view, where a peer serving several partitions is one producer."""
         seen: dict[str, Producer] = {}
+        if key != "*" and subkey != "*":
+            for (peer_id, _), p in self._map.get(Registration(category, key, subkey), {}).items():
+                seen.setdefault(peer_id, p)
+            return list(seen.values())
         for k, producers in self._map.items():
             if k.matches(category, key, subkey):
-                for peer_id, p in producers.items():
+                for (peer_id, _), p in producers.items():
                     seen.setdefault(peer_id, p)
         return list(seen.values())
 
+    def partition_producers(self, key: Registration) -> list[Producer]:
+        """Every entry under ``key``: one per (peer, partition), in registration order."""
+        return list(self._map.get(key, {}).values())
+
     def lookup_registrations(self, peer_id: str) -> list[Registration]:
         """Every key the peer is registered under."""
-        return [k for k, producers in self._map.items() if peer_id in producers]
+        return [k for k, producers in self._map.items() if any(e[0] == peer_id for e in producers)]
 
     def producer(self, key: Registration, peer_id: str) -> Producer | None:
-        """The peer's producer entry under ``key``, if any."""
-        return self._map.get(key, {}).get(peer_id)
+        """The peer's (first) producer entry under ``key``, if any."""
+        for (pid, _), p in self._map.get(key, {}).items():
+            if pid == peer_id:
+                return p
+        return None
+
+    def peer_producers(self, key: Registration, peer_id: str) -> list[Producer]:
+        """The peer's entries under ``key``, one per partition."""
+        return [p for (pid, _), p in self._map.get(key, {}).items() if pid == peer_id]
 
     def items(self) -> Iterator[tuple[Registration, list[Producer]]]:
         """Every key with its producers (for /debug)."""

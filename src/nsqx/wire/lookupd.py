@@ -9,11 +9,18 @@ Server side: :class:`LookupParser` turns bytes into :data:`LookupEvent` objects 
 enforces the protocol's state (IDENTIFY once, before REGISTER/UNREGISTER) with NSQ
 1.3's error codes and texts, so the server only acts on valid events. Client side:
 the ``encode_*`` functions build commands and :class:`ReplyDecoder` splits replies.
+
+Partitions (Youzan's extension): a peer whose IDENTIFY carries a non-empty
+``distributed_id``, or whose version contains ``HA`` (Youzan's nsqd), registers
+partitions: ``REGISTER <topic> <partition> [<channel>]``. Everyone else (Go's nsqd 1.3)
+keeps NSQ's ``REGISTER <topic> [<channel>]``. The parser picks the form from the
+peer's IDENTIFY, so a Go nsqd's channel named ``5`` stays a channel.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +32,14 @@ from nsqx.wire.names import is_valid_name
 
 MAGIC_V1 = b"  V1"
 OK = b"OK"
+
+#: Youzan's lookupd error for a REGISTER/UNREGISTER partition that is not 0..254.
+E_BAD_PARTITIONID = "E_BAD_PARTITIONID"
+#: Partition ids are 0 .. MAX_PARTITION_ID (Youzan's MAX_PARTITION_NUM - 1).
+MAX_PARTITION_ID = 254
+
+# Go's strconv.Atoi: an optional sign, then ASCII digits (Python's int() takes more)
+_ATOI_RE = re.compile(rb"[+-]?[0-9]+")
 
 _I32 = struct.Struct(">i")
 
@@ -47,6 +62,15 @@ class PeerInfo:
     http_port: int
     version: str
     hostname: str = ""
+    #: The node's id in a partitioned cluster (Youzan's nsqd: ``ip:rpc:tcp:id``; nsqx's
+    #: nsqd: ``broadcast_address:tcp_port``); empty for Go's nsqd 1.3.
+    distributed_id: str = ""
+
+    @property
+    def speaks_partitions(self) -> bool:
+        """True for a peer that registers partitions, decided as Youzan's lookupd does:
+        a non-empty distributed_id, or a version containing ``HA``."""
+        return bool(self.distributed_id) or "HA" in self.version
 
 
 class Ping(NamedTuple):
@@ -60,17 +84,24 @@ class Identify(NamedTuple):
 
 
 class Register(NamedTuple):
-    """``REGISTER topic [channel]``: the peer has this topic (and channel)."""
+    """``REGISTER topic [channel]`` (NSQ) or ``REGISTER topic partition [channel]``
+    (a partition-aware peer): the peer has this topic partition (and channel).
+
+    ``partition`` is None for NSQ's form; lookupd reads that as partition 0.
+    """
 
     topic: str
     channel: str | None
+    partition: int | None = None
 
 
 class Unregister(NamedTuple):
-    """``UNREGISTER topic [channel]``: the peer deleted this topic (or channel)."""
+    """``UNREGISTER topic [channel]`` or ``UNREGISTER topic partition [channel]``: the
+    peer deleted this topic partition (or channel); ``partition`` as in Register."""
 
     topic: str
     channel: str | None
+    partition: int | None = None
 
 
 LookupCommand = Ping | Identify | Register | Unregister
@@ -87,6 +118,7 @@ _PEER_FIELDS: dict[str, type] = {
     "tcp_port": int,
     "http_port": int,
     "version": str,
+    "distributed_id": str,
 }
 
 
@@ -138,6 +170,7 @@ def parse_identify_body(body: bytes) -> PeerInfo:
         http_port=values.get("http_port", 0),
         version=values.get("version", ""),
         hostname=values.get("hostname", ""),
+        distributed_id=values.get("distributed_id", ""),
     )
     if not info.broadcast_address or not info.tcp_port or not info.http_port or not info.version:
         raise ProtocolError(E_BAD_BODY, "IDENTIFY missing fields")
@@ -173,6 +206,8 @@ class LookupParser:
         self._need_magic = expect_magic
         self._max_body = max_identify_body
         self._identified = False
+        # the peer registers partitions (decided by its IDENTIFY)
+        self._partitioned = False
         self._dead = False
         # an IDENTIFY line was read; waiting for its size prefix and body
         self._in_identify = False
@@ -227,6 +262,7 @@ class LookupParser:
                 self._in_identify = False
                 info = parse_identify_body(body)
                 self._identified = True
+                self._partitioned = info.speaks_partitions
                 events.append(Identify(info))
                 continue
             nl = buf.find(b"\n", pos)
@@ -257,6 +293,8 @@ class LookupParser:
             if not self._identified:
                 raise ProtocolError(E_INVALID, "client must IDENTIFY")
             args = params[1:]
+            if self._partitioned:
+                return _partition_command(cmd, name, args)
             if not args:
                 raise ProtocolError(E_INVALID, f"{name} insufficient number of params")
             topic = _text(args[0])
@@ -269,6 +307,37 @@ class LookupParser:
                 return Register(topic, channel or None)
             return Unregister(topic, channel or None)
         raise ProtocolError(E_INVALID, f"invalid command {_text(cmd)}")
+
+
+def parse_partition_id(raw: bytes | str) -> int | None:
+    """A partition id as Youzan reads one (Go's Atoi, then 0..254); None if invalid."""
+    b = raw.encode() if isinstance(raw, str) else raw
+    if _ATOI_RE.fullmatch(b) is None:
+        return None
+    pid = int(b)
+    return pid if 0 <= pid <= MAX_PARTITION_ID else None
+
+
+def _partition_command(cmd: bytes, name: str, args: list[bytes]) -> Register | Unregister:
+    """``[UN]REGISTER topic partition [channel]``, checked in Youzan's order (count,
+    topic, channel, partition) with its codes and texts."""
+    if len(args) <= 1:
+        raise ProtocolError(E_INVALID, f"{name} insufficient number of params")
+    topic = _text(args[0])
+    channel = _text(args[2]) if len(args) >= 3 else ""
+    if not is_valid_name(topic):
+        raise ProtocolError(E_BAD_TOPIC, f"{name} topic name '{topic}' is not valid")
+    if channel and not is_valid_name(channel):
+        raise ProtocolError(E_BAD_CHANNEL, f"{name} channel name '{channel}' is not valid")
+    pid = parse_partition_id(args[1])
+    if pid is None:
+        # Youzan also takes -11 (its "old nsqd" marker) here; a real peer never sends it
+        raise ProtocolError(
+            E_BAD_PARTITIONID, f"{name} partition id '{_text(args[1])}' is not valid"
+        )
+    if cmd == b"REGISTER":
+        return Register(topic, channel or None, pid)
+    return Unregister(topic, channel or None, pid)
 
 
 def encode_reply(data: bytes) -> bytes:
@@ -285,35 +354,44 @@ def encode_error_reply(err: ProtocolError) -> bytes:
 
 
 def encode_identify(info: PeerInfo | Mapping[str, Any]) -> bytes:
-    """``IDENTIFY\\n[i32 size][JSON]`` with nsqd's five fields (keys sorted, as Go's map)."""
+    """``IDENTIFY\\n[i32 size][JSON]`` with nsqd's five fields (keys sorted, as Go's map),
+    plus ``distributed_id`` when the PeerInfo has one (a partition-aware nsqd)."""
     if isinstance(info, PeerInfo):
-        data: Mapping[str, Any] = {
+        data: dict[str, Any] = {
             "broadcast_address": info.broadcast_address,
             "hostname": info.hostname,
             "http_port": info.http_port,
             "tcp_port": info.tcp_port,
             "version": info.version,
         }
+        if info.distributed_id:
+            data["distributed_id"] = info.distributed_id
     else:
-        data = info
-    body = json.dumps(dict(data), sort_keys=True, separators=(",", ":")).encode()
+        data = dict(info)
+    body = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return b"IDENTIFY\n" + _I32.pack(len(body)) + body
 
 
-def _topic_command(name: bytes, topic: str, channel: str | None) -> bytes:
+def _topic_command(name: bytes, topic: str, channel: str | None, partition: int | None) -> bytes:
+    words = [name, topic.encode()]
+    if partition is not None:
+        words.append(b"%d" % partition)
     if channel:
-        return b"%s %s %s\n" % (name, topic.encode(), channel.encode())
-    return b"%s %s\n" % (name, topic.encode())
+        words.append(channel.encode())
+    return b" ".join(words) + b"\n"
 
 
-def encode_register(topic: str, channel: str | None = None) -> bytes:
-    """``REGISTER topic [channel]\\n``."""
-    return _topic_command(b"REGISTER", topic, channel)
+def encode_register(topic: str, channel: str | None = None, partition: int | None = None) -> bytes:
+    """``REGISTER topic [channel]\\n``, or ``REGISTER topic partition [channel]\\n`` when
+    ``partition`` is given (only to a lookupd that :attr:`LookupdInfo.speaks_partitions`)."""
+    return _topic_command(b"REGISTER", topic, channel, partition)
 
 
-def encode_unregister(topic: str, channel: str | None = None) -> bytes:
-    """``UNREGISTER topic [channel]\\n``."""
-    return _topic_command(b"UNREGISTER", topic, channel)
+def encode_unregister(
+    topic: str, channel: str | None = None, partition: int | None = None
+) -> bytes:
+    """``UNREGISTER topic [channel]\\n``, or with a partition as :func:`encode_register`."""
+    return _topic_command(b"UNREGISTER", topic, channel, partition)
 
 
 def encode_ping() -> bytes:
@@ -334,6 +412,14 @@ class LookupdInfo:
     version: str
     broadcast_address: str
     hostname: str
+    #: nsqx's lookupd says ``"partitions": true`` to a peer that sent a distributed_id.
+    partitions: bool = False
+
+    @property
+    def speaks_partitions(self) -> bool:
+        """True if this lookupd reads ``REGISTER topic partition [channel]``: nsqx's
+        (``"partitions": true``) or Youzan's (a version containing ``HA``)."""
+        return self.partitions or "HA" in self.version
 
 
 def parse_identify_reply(data: bytes) -> LookupdInfo:
@@ -356,7 +442,17 @@ def parse_identify_reply(data: bytes) -> LookupdInfo:
         version=get("version", str, ""),
         broadcast_address=get("broadcast_address", str, ""),
         hostname=get("hostname", str, ""),
+        partitions=_get_bool(obj, "partitions"),
     )
+
+
+def _get_bool(obj: Mapping[str, Any], key: str) -> bool:
+    value = obj.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ValueError(f"IDENTIFY reply: bad {key} {value!r}")
+    return value
 
 
 class ReplyDecoder:

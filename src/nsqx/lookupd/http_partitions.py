@@ -1,0 +1,318 @@
+"""nsqlookupd's HTTP API for partitioned topics: Youzan's ``/lookup`` form,
+``/listlookup`` and the topic administration of Youzan's lookupd.
+
+Which requests are Youzan's: a ``/lookup`` with an ``access``, ``metainfo``,
+``partition`` or ``consistent`` parameter, ``/listlookup``, a ``/topic/create`` with
+``partition_num`` or ``replicator``, a ``/topic/delete`` with ``partition``, and
+``/topic/partition/expand`` and ``/topic/meta/update``. Everything else is NSQ 1.3's
+API, unchanged (:mod:`nsqx.lookupd.http`).
+
+The discovery answers (``/lookup``, ``/listlookup``) are negotiated as Youzan's are:
+V1 for a request with ``Accept: application/vnd.nsq; version=1.0`` (what both of
+Youzan's clients send), wrapped otherwise. Administrative answers are always V1, as in
+Youzan. Validation follows Youzan's nsqlookupd/http.go: same checks, order, codes and
+texts, except where this module says otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from nsqx.lookupd.coordinator import CoordinatorError
+from nsqx.lookupd.http_api import HTTPError, Negotiated, Params, go_atoi
+from nsqx.lookupd.registration_db import CHANNEL, TOPIC, Producer, Registration
+from nsqx.lookupd.topic_meta import (
+    MAX_LOAD_FACTOR,
+    MAX_PARTITION_NUM,
+    MAX_REPLICATOR,
+    UNKNOWN_TOPIC_META_JSON,
+    TopicMeta,
+)
+from nsqx.wire.lookupd import parse_partition_id
+from nsqx.wire.names import is_valid_name
+
+if TYPE_CHECKING:
+    from nsqx.lookupd.nsqlookupd import NSQLookupd
+
+#: Parameters that make a /lookup Youzan's.
+YOUZAN_LOOKUP_PARAMS = ("access", "metainfo", "partition", "consistent")
+
+#: nsqx has no replication yet: a replicator above 1 is refused with this text.
+REPLICATION_NOT_AVAILABLE = (
+    "INVALID_ARG_TOPIC_REPLICATOR replication is not available yet: replicator must be 1"
+)
+
+
+def youzan_peer_info(p: Producer) -> dict[str, Any]:
+    """Youzan's PeerInfo JSON (struct order): NSQ's six fields with ``id`` first and
+    ``distributed_id`` last."""
+    info = p.peer.info
+    return {
+        "id": p.peer.id,
+        "remote_address": p.peer.remote_address,
+        "hostname": info.hostname,
+        "broadcast_address": info.broadcast_address,
+        "tcp_port": info.tcp_port,
+        "http_port": info.http_port,
+        "version": info.version,
+        "distributed_id": info.distributed_id,
+    }
+
+
+def _error(err: CoordinatorError) -> HTTPError:
+    return HTTPError(err.status, err.message)
+
+
+def _int_param(
+    params: Params, key: str, default: str, low: int, high: int | None, code: str
+) -> int:
+    """An integer parameter as Youzan reads it (empty means ``default``); ``code`` for
+    anything that is not an integer in [low, high]."""
+    value = go_atoi(params.get(key) or default)
+    if value is None or value < low or (high is not None and value > high):
+        raise HTTPError(400, code)
+    return value
+
+
+class PartitionAPI:
+    """The handlers; :class:`~nsqx.lookupd.http.LookupdHTTP` routes to them."""
+
+    def __init__(self, lookupd: NSQLookupd) -> None:
+        self.lookupd = lookupd
+        self.db = lookupd.db
+        self.coordinator = lookupd.coordinator
+
+    # -- discovery --------------------------------------------------------------------
+
+    @staticmethod
+    def is_youzan_lookup(params: Params) -> bool:
+        """True for a /lookup with one of Youzan's parameters (even empty)."""
+        return any(params.get(k) is not None for k in YOUZAN_LOOKUP_PARAMS)
+
+    def lookup(self, params: Params) -> Negotiated:
+        """Youzan's /lookup: channels, meta (with ``metainfo``), producers, partitions.
+
+        ``partitions`` maps each partition to the node that serves it (its placed
+        leader when several registered it); ``producers`` lists every node once.
+        ``access=w`` leaves out tombstoned nodes, ``access=r`` (the default) keeps
+        them so that consumers drain them. An unknown topic is an empty answer, as in
+        Youzan (NSQ's form says 404).
+        """
+        try:
+            return Negotiated(self._lookup(params))
+        except HTTPError as err:
+            err.negotiate = True
+            raise
+
+    def _lookup(self, params: Params) -> dict[str, Any]:
+        topic = params.get("topic") or ""
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        access = params.get("access") or "r"
+        if access not in ("r", "w"):
+            raise HTTPError(400, "INVALID_ACCESS_MODE")
+        partition_param = params.get("partition") or ""
+        wanted: int | None = None
+        if partition_param:
+            wanted = parse_partition_id(partition_param)
+            if wanted is None:
+                # Youzan matches the text against its registrations: nothing matches
+                wanted = -1
+
+        opts = self.lookupd.options
+        now = time.time_ns()
+        inactive = int(opts.inactive_producer_timeout * 1e9)
+        lifetime = int(opts.tombstone_lifetime * 1e9)
+        everything = self.db.partition_producers(Registration(TOPIC, topic, ""))
+        entries = [
+            p
+            for p in everything
+            if (wanted is None or p.partition == wanted)
+            and now - p.peer.last_update <= inactive
+            and not (access == "w" and p.is_tombstoned(lifetime, now))
+        ]
+        record = self.coordinator.record(topic)
+        serving: dict[int, Producer] = {}
+        for p in entries:
+            current = serving.get(p.partition)
+            leader = record.leader(p.partition) if record is not None else None
+            if current is None or (p.peer.node_id == leader and current.peer.node_id != leader):
+                serving[p.partition] = p
+        producers: dict[str, Producer] = {}
+        for p in entries:
+            producers.setdefault(p.peer.id, p)
+
+        if wanted is None:
+            channels = [k.subkey for k in self.db.find_registrations(CHANNEL, topic, "*")]
+        else:
+            channels = [
+                k.subkey
+                for k in self.db.find_registrations(CHANNEL, topic, "*")
+                if any(p.partition == wanted for p in self.db.partition_producers(k))
+            ]
+        # Go marshals a map with its keys sorted as strings ("10" before "2")
+        partitions = {str(pid): youzan_peer_info(serving[pid]) for pid in sorted(serving, key=str)}
+        answer: dict[str, Any] = {"channels": channels}
+        if params.get("metainfo"):
+            if record is not None:
+                answer["meta"] = record.meta.lookup_json()
+            elif everything:
+                # partitions made directly on nsqd: what their registrations show
+                derived = TopicMeta(max(p.partition for p in everything) + 1)
+                answer["meta"] = derived.lookup_json()
+            else:
+                answer["meta"] = dict(UNKNOWN_TOPIC_META_JSON)
+        answer["partitions"] = partitions
+        answer["producers"] = [youzan_peer_info(p) for p in producers.values()]
+        return answer
+
+    def listlookup(self) -> Negotiated:
+        """Youzan's /listlookup: this nsqlookupd, the only node, and the leader.
+
+        Youzan's node id is ``ip:rpc_port:tcp_port:nsqlookup``; nsqx has no RPC port,
+        so ``RpcPort`` is empty. Clients use ``NodeIP`` and ``HttpPort``.
+        """
+        lk = self.lookupd
+        ip = lk.options.broadcast_address
+        node = {
+            "ID": f"{ip}::{lk.tcp_port}:nsqlookup",
+            "NodeIP": ip,
+            "TcpPort": str(lk.tcp_port),
+            "HttpPort": str(lk.http_port),
+            "RpcPort": "",
+            "Epoch": 0,
+        }
+        return Negotiated({"lookupdleader": node, "lookupdnodes": [dict(node)]})
+
+    # -- administration ---------------------------------------------------------------
+
+    @staticmethod
+    def is_youzan_create(params: Params) -> bool:
+        """True for a /topic/create of a partitioned topic."""
+        return params.get("partition_num") is not None or params.get("replicator") is not None
+
+    async def create_topic(self, params: Params) -> None:
+        """Youzan's ``/topic/create?topic&partition_num&replicator[&...]``."""
+        topic = params.get("topic") or ""
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not is_valid_name(topic):
+            raise HTTPError(400, "INVALID_ARG_TOPIC")
+        if not params.get("partition_num"):
+            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION_NUM")
+        pnum = _int_param(
+            params, "partition_num", "", 1, MAX_PARTITION_NUM, "INVALID_ARG_TOPIC_PARTITION_NUM"
+        )
+        if not params.get("replicator"):
+            raise HTTPError(400, "MISSING_ARG_TOPIC_REPLICATOR")
+        replica = _int_param(
+            params, "replicator", "", 1, MAX_REPLICATOR, "INVALID_ARG_TOPIC_REPLICATOR"
+        )
+        suggest = _int_param(
+            params, "suggestload", "0", 0, MAX_LOAD_FACTOR, "INVALID_ARG_TOPIC_LOAD_FACTOR"
+        )
+        # Youzan takes any integer here (and Go's parse error text for retention); a
+        # negative count of days or messages means nothing, so nsqx refuses it
+        sync_every = _int_param(params, "syncdisk", "0", 0, None, "INVALID_ARG_TOPIC_SYNC_DISK")
+        retention = _int_param(params, "retention", "0", 0, None, "INVALID_ARG_TOPIC_RETENTION")
+        if replica > 1:
+            raise HTTPError(400, REPLICATION_NOT_AVAILABLE)
+        meta = TopicMeta(
+            partition_num=pnum,
+            replica=replica,
+            suggest_lf=suggest,
+            sync_every=sync_every,
+            retention_days=retention,
+            ordered=params.get("orderedmulti") == "true",
+            multipart=params.get("multipart") == "true",
+            ext=params.get("extend") == "true",
+            disable_channel_auto_create=params.get("disable_channel_auto_create") == "true",
+        )
+        try:
+            await self.coordinator.create_topic(topic, meta)
+        except CoordinatorError as err:
+            raise _error(err) from None
+
+    async def delete_topic(self, topic: str, partition: str) -> None:
+        """Youzan's ``/topic/delete?topic&partition=**``; nsqx also takes one partition
+        (Youzan says REMOVE_SINGLE_PARTITION_NOT_ALLOWED)."""
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not partition:
+            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION")
+        pid: int | None = None
+        if partition != "**":
+            pid = parse_partition_id(partition)
+            if pid is None:
+                raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION")
+        try:
+            await self.coordinator.delete_topic(topic, pid)
+        except CoordinatorError as err:
+            raise _error(err) from None
+
+    async def expand_topic(self, request: web.Request) -> None:
+        """Youzan's ``/topic/partition/expand?topic&partition_num``."""
+        params = Params(request)
+        topic = params.get("topic") or ""
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not params.get("partition_num"):
+            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION_NUM")
+        pnum = _int_param(
+            params, "partition_num", "", 1, MAX_PARTITION_NUM, "INVALID_ARG_TOPIC_PARTITION_NUM"
+        )
+        try:
+            await self.coordinator.expand_topic(topic, pnum)
+        except CoordinatorError as err:
+            raise _error(err) from None
+
+    async def update_topic_meta(self, request: web.Request) -> None:
+        """Youzan's ``/topic/meta/update?topic[&replicator&syncdisk&retention&upgradeext
+        &disable_channel_auto_create]``: absent parameters stay as they are."""
+        params = Params(request)
+        topic = params.get("topic") or ""
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        replica: int | None = None
+        if params.get("replicator"):
+            replica = _int_param(
+                params, "replicator", "", 1, MAX_REPLICATOR, "INVALID_ARG_TOPIC_REPLICATOR"
+            )
+            if replica > 1:
+                raise HTTPError(400, REPLICATION_NOT_AVAILABLE)
+        sync_every: int | None = None
+        if params.get("syncdisk"):
+            sync_every = _int_param(params, "syncdisk", "", 0, None, "INVALID_ARG_TOPIC_SYNC_DISK")
+        retention: int | None = None
+        if params.get("retention"):
+            retention = _int_param(params, "retention", "", 0, None, "INVALID_ARG_TOPIC_RETENTION")
+        disable = params.get("disable_channel_auto_create")
+        try:
+            await self.coordinator.update_topic(
+                topic,
+                replica=replica,
+                sync_every=sync_every,
+                retention_days=retention,
+                upgrade_ext=params.get("upgradeext") == "true",
+                disable_channel_auto_create={"true": True, "false": False}.get(disable or ""),
+            )
+        except CoordinatorError as err:
+            raise _error(err) from None
+
+    async def create_channel(self, topic: str, channel: str) -> bool:
+        """A channel of a partitioned topic, on every partition; False if the topic is
+        not partitioned (NSQ's /channel/create then)."""
+        try:
+            return await self.coordinator.create_channel(topic, channel)
+        except CoordinatorError as err:
+            raise _error(err) from None
+
+    async def delete_channel(self, topic: str, channel: str) -> bool:
+        """The reverse of :meth:`create_channel`."""
+        try:
+            return await self.coordinator.delete_channel(topic, channel)
+        except CoordinatorError as err:
+            raise _error(err) from None
