@@ -159,7 +159,9 @@ async def fill(addr: tuple[str, int], topic: str, partitions: int, total: int, c
     pub.close()
 
 
-async def ordered_run(addr: tuple[str, int], base: str, partitions: int, cfg: Config) -> dict[str, Any]:
+async def ordered_run(
+    addr: tuple[str, int], base: str, partitions: int, cfg: Config
+) -> dict[str, Any]:
     topic = f"ordered-{partitions}-{secrets.token_hex(3)}"
     create_topic(base, topic, partitions, ordered=True)
     per = cfg.ordered_messages // partitions
@@ -205,7 +207,9 @@ async def ordered_run(addr: tuple[str, int], base: str, partitions: int, cfg: Co
     return _figures(total, elapsed, cpu0, cpu1)
 
 
-async def plain_run(addr: tuple[str, int], base: str, partitions: int, cfg: Config) -> dict[str, Any]:
+async def plain_run(
+    addr: tuple[str, int], base: str, partitions: int, cfg: Config
+) -> dict[str, Any]:
     topic = f"plain-{partitions}-{secrets.token_hex(3)}"
     create_topic(base, topic, partitions, ordered=False)
     body = message_body(cfg.size)
@@ -284,9 +288,7 @@ def _figures(n: int, seconds: float, cpu0: float | None, cpu1: float | None) -> 
 async def run(cfg: Config, addr: tuple[str, int], base: str) -> dict[str, Any]:
     report: dict[str, Any] = {}
     if "ordered" in cfg.phases:
-        report["ordered"] = {
-            str(p): await ordered_run(addr, base, p, cfg) for p in cfg.partitions
-        }
+        report["ordered"] = {str(p): await ordered_run(addr, base, p, cfg) for p in cfg.partitions}
     if "plain" in cfg.phases:
         report["plain"] = {
             str(p): await plain_run(addr, base, p, cfg) for p in cfg.plain_partitions

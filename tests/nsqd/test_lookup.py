@@ -187,8 +187,10 @@ def test_new_topic_precreates_lookupd_channels() -> None:
 class ScriptedLookupd:
     """Records what each connection sends; answers IDENTIFY like Go, anything else OK."""
 
-    def __init__(self, identify_reply: bytes | None = None) -> None:
+    def __init__(self, identify_reply: bytes | None = None, partitions: bool = False) -> None:
         self.identify_reply = identify_reply
+        #: answer as nsqx's lookupd does: it reads REGISTER <t> <p> [<c>]
+        self.partitions = partitions
         self.connections: list[bytearray] = []
         self.server: asyncio.AbstractServer | None = None
         self.port = 0
@@ -216,16 +218,16 @@ class ScriptedLookupd:
                         writer.write(self.identify_reply)
                         await writer.drain()
                         break  # Go closes after a fatal error
-                    reply = json.dumps(
-                        {
-                            "broadcast_address": "lookupd.example",
-                            "hostname": "lk",
-                            "http_port": 4161,
-                            "tcp_port": self.port,
-                            "version": "1.3.0",
-                        },
-                        separators=(",", ":"),
-                    ).encode()
+                    answer: dict[str, object] = {
+                        "broadcast_address": "lookupd.example",
+                        "hostname": "lk",
+                        "http_port": 4161,
+                        "tcp_port": self.port,
+                        "version": "1.3.0",
+                    }
+                    if self.partitions:
+                        answer["partitions"] = True
+                    reply = json.dumps(answer, separators=(",", ":")).encode()
                     writer.write(struct.pack(">i", len(reply)) + reply)
                 else:
                     writer.write(b"\x00\x00\x00\x02OK")
@@ -261,13 +263,15 @@ def test_exact_bytes_sent_to_a_go_lookupd(monkeypatch: pytest.MonkeyPatch) -> No
         assert seen.startswith(b"  V1IDENTIFY\n")
         size = struct.unpack(">i", seen[13:17])[0]
         body = json.loads(seen[17 : 17 + size])
-        # the five fields of Go nsqd's IDENTIFY; lookupd requires the first four
+        # the five fields of Go nsqd's IDENTIFY (lookupd requires the first four), and
+        # distributed_id, which a Go lookupd ignores and nsqx's reads as "partitions"
         assert body == {
             "broadcast_address": "10.1.2.3",
             "hostname": socket.gethostname(),
             "http_port": 4151,  # HTTP disabled in this test: NSQ's default is announced
             "tcp_port": nsqd.tcp_address[1],  # type: ignore[index]
             "version": NSQ_VERSION,
+            "distributed_id": f"10.1.2.3:{nsqd.tcp_address[1]}",  # type: ignore[index]
         }
         nsqd.get_topic("t1").get_channel("c1")
         nsqd.delete_topic("t1")
@@ -279,6 +283,40 @@ def test_exact_bytes_sent_to_a_go_lookupd(monkeypatch: pytest.MonkeyPatch) -> No
         assert nsqd.lookup.lookupd_http_addresses() == ["lookupd.example:4161"]
 
     run(with_scripted(ScriptedLookupd(), test))
+
+
+def test_partitions_are_registered_with_a_partition_aware_lookupd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lookup_mod, "PING_INTERVAL", 0.2)
+
+    async def test(nsqd: NSQD, script: ScriptedLookupd) -> None:
+        from nsqx.nsqd.topic_settings import TopicSettings
+
+        await wait_for(lambda: script.connections and b"PING\n" in script.connections[0])
+        seen = script.connections[0]
+        meta = TopicSettings(partition_num=3)
+        nsqd.create_partition("t", 0, meta)
+        nsqd.create_partition("t", 2, meta).get_channel("c")
+        nsqd.topics["t"].remove_partition(0)
+        nsqd.delete_topic("t")
+        await wait_for(lambda: b"UNREGISTER t 2 c\n" in seen)
+        start = seen.index(b"REGISTER t 0\n")
+        assert bytes(seen[start:]).replace(b"PING\n", b"") == (
+            b"REGISTER t 0\nREGISTER t 2\nREGISTER t 2 c\nUNREGISTER t 0\n"
+            b"UNREGISTER t 2\nUNREGISTER t 2 c\n"
+        )
+        # a reconnect registers what is there, partition by partition
+        nsqd.create_partition("u", 1, TopicSettings(partition_num=2)).get_channel("c")
+        nsqd.get_topic("plain")
+        assert nsqd.lookup.registration_commands(True) == [
+            b"REGISTER u 1\n",
+            b"REGISTER u 1 c\n",
+            b"REGISTER plain 0\n",
+        ]
+        assert nsqd.lookup.registration_commands(False) == [b"REGISTER u c\n", b"REGISTER plain\n"]
+
+    run(with_scripted(ScriptedLookupd(partitions=True), test))
 
 
 def test_refused_identify_is_retried(caplog: pytest.LogCaptureFixture) -> None:

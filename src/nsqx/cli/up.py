@@ -41,11 +41,15 @@ def _examples(tcp: str, lookupd_http: str) -> str:
 
 
 async def _run(args: argparse.Namespace) -> None:
+    # lookupd keeps partitioned topics' settings and placements here across restarts
+    lookupd_data = os.path.join(args.data_dir, "nsqlookupd")
+    os.makedirs(lookupd_data, exist_ok=True)
     lookupd = NSQLookupd(
         LookupdOptions(
             tcp_address=f"{HOST}:{args.lookupd_tcp_port}",
             http_address=f"{HOST}:{args.lookupd_http_port}",
             broadcast_address=HOST,
+            data_path=lookupd_data,
         )
     )
     await lookupd.start()

@@ -100,6 +100,11 @@ class LookupPeer:
         """True once IDENTIFY was answered on the current connection."""
         return self._identified
 
+    @property
+    def partitioned(self) -> bool:
+        """Whether this lookupd reads partitions in REGISTER (nsqx's or Youzan's)."""
+        return self.info is not None and self.info.speaks_partitions
+
     def send(self, command: bytes) -> None:
         """Send a command if connected; otherwise it is covered by the next registration."""
         if self._identified:
@@ -150,7 +155,8 @@ class LookupPeer:
         read_task = asyncio.create_task(self._read_loop(reader, inbox))
         try:
             writer.write(MAGIC_V1 + encode_identify(self.manager.peer_info()))
-            kind, reply = await asyncio.wait_for(inbox.get(), REPLY_TIMEOUT)
+            async with asyncio.timeout(REPLY_TIMEOUT):
+                kind, reply = await inbox.get()
             if kind != "reply":
                 raise ConnectionError("connection closed during IDENTIFY")
             if is_error_reply(reply):
@@ -162,7 +168,7 @@ class LookupPeer:
             # from here on topology events reach the inbox; the snapshot taken in the
             # same step (no await in between) covers everything before
             self._identified = True
-            await self._serve(writer, inbox, self.manager.registration_commands())
+            await self._serve(writer, inbox, self.manager.registration_commands(self.partitioned))
         finally:
             read_task.cancel()
 
@@ -210,8 +216,12 @@ class LookupPeer:
             if sent and now >= reply_deadline:
                 raise TimeoutError(f"no reply to {sent[0]!r} within {REPLY_TIMEOUT}s")
             timeout = min(next_ping, reply_deadline) - now if sent else next_ping - now
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+            # cancellation that races with the queue's answer, and close() then waits
+            # for this loop for ever
             try:
-                item = await asyncio.wait_for(inbox.get(), timeout)
+                async with asyncio.timeout(timeout):
+                    item = await inbox.get()
             except TimeoutError:
                 continue
             items = [item]
@@ -240,8 +250,9 @@ class LookupManager:
     def __init__(self, nsqd: NSQD) -> None:
         self.nsqd = nsqd
         self.peers: dict[str, LookupPeer] = {}
-        #: What lookupds were told: topic -> its channels (to unregister them with it).
-        self._registered: dict[str, dict[str, None]] = {}
+        #: What lookupds were told: topic -> partition -> its channels (to unregister
+        #: them with it).
+        self._registered: dict[str, dict[int, dict[str, None]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._http: Any = None  # aiohttp.ClientSession, created on first use
         self._started = False
@@ -254,7 +265,8 @@ class LookupManager:
             return
         self._started = True
         self._registered = {
-            name: dict.fromkeys(topic.channel_names()) for name, topic in self.nsqd.topics.items()
+            name: {pid: dict.fromkeys(p.channels) for pid, p in topic.partitions.items()}
+            for name, topic in self.nsqd.topics.items()
         }
         self.nsqd.watchers.append(self._on_topology)
         # PUT /config/nsqlookupd_tcp_addresses announces new lists through this hook
@@ -334,12 +346,22 @@ class LookupManager:
             http_port=http_port,
             version=NSQ_VERSION,
             hostname=socket.gethostname(),
+            # says "this nsqd registers partitions" to nsqx's lookupd (Go's ignores it)
+            distributed_id=f"{opts.broadcast_address}:{tcp_port}",
         )
 
-    def registration_commands(self) -> list[bytes]:
-        """REGISTER for each channel, or for the topic when it has none (NSQ's order)."""
+    def registration_commands(self, partitioned: bool) -> list[bytes]:
+        """Everything to register with a lookupd that just answered IDENTIFY: each
+        partition and its channels (``REGISTER t p [c]``) to a partition-aware lookupd;
+        to an NSQ 1.3 one, each channel of any partition or the bare topic when it has
+        none (NSQ's order)."""
         commands: list[bytes] = []
         for name, topic in self.nsqd.topics.items():
+            if partitioned:
+                for pid, part in topic.partitions.items():
+                    commands.append(encode_register(name, None, pid))
+                    commands.extend(encode_register(name, ch, pid) for ch in part.channels)
+                continue
             channels = topic.channel_names()
             if channels:
                 commands.extend(encode_register(name, ch) for ch in channels)
@@ -347,42 +369,62 @@ class LookupManager:
                 commands.append(encode_register(name))
         return commands
 
-    def _broadcast(self, command: bytes) -> None:
+    def _send(self, partitioned: list[bytes], vanilla: list[bytes]) -> None:
+        """Commands for partition-aware lookupds, and for NSQ 1.3 ones."""
         for peer in self.peers.values():
-            peer.send(command)
+            for command in partitioned if peer.partitioned else vanilla:
+                peer.send(command)
 
     # -- topology events --------------------------------------------------------------
 
     def _on_topology(self, event: TopologyEvent) -> None:
-        # NSQ 1.3's registration names topics and channels, not partitions: a topic is
-        # registered while any of its partitions is here, a channel while any has it
-        topic, channel = event.topic, event.channel
+        # A partition-aware lookupd hears of every partition and its channels. NSQ 1.3's
+        # registration names topics and channels only: a topic is registered while any
+        # of its partitions is here, a channel while any partition has it.
+        topic, channel, pid = event.topic, event.channel, event.partition
+        parts = self._registered.setdefault(topic, {})
         if event.kind == "create":
-            new_topic = topic not in self._registered
-            channels = self._registered.setdefault(topic, {})
+            new_topic = not parts
+            channels = parts.setdefault(pid, {})
             if channel is None:
-                if new_topic:
-                    self._broadcast(encode_register(topic))
-                self._precreate_channels(topic, event.partition)
+                self._send(
+                    [encode_register(topic, None, pid)],
+                    [encode_register(topic)] if new_topic else [],
+                )
+                self._precreate_channels(topic, pid)
             elif channel not in channels:
+                new_channel = not any(channel in c for c in parts.values())
                 channels[channel] = None
-                self._broadcast(encode_register(topic, channel))
+                self._send(
+                    [encode_register(topic, channel, pid)],
+                    [encode_register(topic, channel)] if new_channel else [],
+                )
             return
-        t = self.nsqd.topics.get(topic)
         if channel is not None:
-            if t is not None and channel in t.channel_names():
-                return  # still in another partition
-            self._registered.get(topic, {}).pop(channel, None)
-            self._broadcast(encode_unregister(topic, channel))
+            parts.get(pid, {}).pop(channel, None)
+            gone = not any(channel in c for c in parts.values())
+            self._send(
+                [encode_unregister(topic, channel, pid)],
+                [encode_unregister(topic, channel)] if gone else [],
+            )
             return
-        if t is not None and t.partitions:
-            return  # other partitions of the topic are still here
         # NSQ's order: the topic, then each of its channels (which lets lookupd drop
         # ephemeral channel keys)
-        channels = self._registered.pop(topic, {})
-        self._broadcast(encode_unregister(topic))
-        for ch in channels:
-            self._broadcast(encode_unregister(topic, ch))
+        channels = parts.pop(pid, {})
+        partitioned = [encode_unregister(topic, None, pid)]
+        partitioned += [encode_unregister(topic, ch, pid) for ch in channels]
+        vanilla: list[bytes] = []
+        if not parts:
+            del self._registered[topic]
+            vanilla = [encode_unregister(topic)]
+            vanilla += [encode_unregister(topic, ch) for ch in channels]
+        else:
+            vanilla = [
+                encode_unregister(topic, ch)
+                for ch in channels
+                if not any(ch in c for c in parts.values())
+            ]
+        self._send(partitioned, vanilla)
 
     # -- pre-creating channels ----------------------------------------------------------
 
