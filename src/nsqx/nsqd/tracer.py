@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 
 trace_log = logging.getLogger("nsqx.trace")
 
-#: events kept for /message/trace (the oldest go first)
-DEFAULT_CAPACITY = 100_000
+#: events kept for /message/trace (the oldest go first); a kept event is a small dict,
+#: about 400 bytes, so this bounds the memory at about 20 MB
+DEFAULT_CAPACITY = 50_000
 
 PUB = "PUB"
 START = "START"
