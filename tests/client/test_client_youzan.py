@@ -254,6 +254,9 @@ def test_ordered_consumer_keeps_per_key_order_under_req_and_restart() -> None:
                     for key in mine:
                         await p.publish("o", f"{key}:{i}".encode(), key=key)
 
+        async with PartitionProducer(lookupd.address) as p:
+            with pytest.raises(ValueError, match="ordered"):
+                await p.publish("o", b"no key")  # which partition? nsqd would refuse it too
         producing = asyncio.gather(*(produce(keys[j::3]) for j in range(3)))
         handled: dict[str, list[int]] = collections.defaultdict(list)
         active: collections.Counter[int] = collections.Counter()
