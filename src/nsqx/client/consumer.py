@@ -90,7 +90,7 @@ class _Link(Connection):
     its messages answer through."""
 
     def __init__(
-        self, consumer: Consumer, host: str, port: int, partition: int | None = None
+        self, consumer: Consumer, host: str, port: int, target: Target | None = None
     ) -> None:
         super().__init__(
             host,
@@ -103,9 +103,10 @@ class _Link(Connection):
         self.state: ConnRdy[str] | None = None
         #: nsqd answered our CLS: it sends nothing more.
         self.close_wait = False
-        self.partition = partition
-        if partition is not None:
-            self.key = f"{self.key}/{partition}"
+        #: the partition subscribed to (None: NSQ 1.3's SUB t c)
+        self.partition = target[1] if target is not None else None
+        if target is not None:
+            self.key = target_key(target)  # the consumer's name for it, as in _conns
         #: subscribed with SUB_ORDERED
         self.ordered = False
         #: the class of this subscription's messages (their frame layout)
@@ -195,6 +196,11 @@ class Consumer:
             self._start_all = start
         elif start is not None:
             self._starts = dict(start)
+            for pid, position in self._starts.items():
+                if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+                    raise ConfigError(f"start: {pid!r} is not a partition")
+                if not isinstance(position, ConsumeStart):
+                    raise ConfigError(f"start: {position!r} is not a ConsumeStart")
         self._start_given = start is not None
         #: partitions whose start position was sent (once is enough: see the class doc)
         self._started_partitions: set[int] = set()
@@ -532,7 +538,7 @@ class Consumer:
         key = target_key(target)
         host, port = split_address(addr)
         for _ in range(2):
-            conn = self._new_link(host, port, partition)
+            conn = self._new_link(host, port, target)
             try:
                 await conn.connect(
                     subscribe=self._sub_command(partition),
@@ -560,10 +566,11 @@ class Consumer:
             return conn
         return None
 
-    def _new_link(self, host: str, port: int, partition: int | None) -> _Link:
+    def _new_link(self, host: str, port: int, target: Target) -> _Link:
         """A connection, its subscription mode and its messages' layout."""
         cfg = self.config
-        conn = _Link(self, host, port, partition)
+        partition = target[1]
+        conn = _Link(self, host, port, target)
         detail = partition is not None and (
             cfg.enable_ordered or cfg.enable_trace or self._start_given
         )

@@ -34,7 +34,7 @@ from nsqx.client.errors import (
     NSQServerError,
     PublishError,
 )
-from nsqx.client.youzan import TRACED_RESPONSE_SIZE, TraceResult, _check_trace_id, ext_header
+from nsqx.client.youzan import TRACED_RESPONSE_SIZE, TraceResult, check_trace_id, ext_header
 from nsqx.wire import commands
 from nsqx.wire.errors import (
     E_FAILED_ON_NOT_LEADER,
@@ -258,7 +258,7 @@ class Producer:
         _check_body(data)
         _check_topic(topic)
         _check_partition(partition)
-        return self._request(commands.pub_trace(topic, partition, _check_trace_id(trace_id), data))
+        return self._request(commands.pub_trace(topic, partition, check_trace_id(trace_id), data))
 
     def multi_publish_trace(
         self,
@@ -270,7 +270,7 @@ class Producer:
         """MPUB_TRACE: several messages with a trace id each; the answer gives the first
         message's id and offset, and the raw size of the whole batch."""
         datas = _as_bytes_list(bodies)
-        traces = [_check_trace_id(t) for t in trace_ids]
+        traces = [check_trace_id(t) for t in trace_ids]
         if len(traces) != len(datas):
             raise ValueError(f"{len(traces)} trace ids for {len(datas)} messages")
         if 0 in set(map(len, datas)):

@@ -66,7 +66,8 @@ class TraceResult(NamedTuple):
         return cls(*_TRACED.unpack_from(data, 2))
 
 
-def _check_trace_id(trace_id: int) -> int:
+def check_trace_id(trace_id: int) -> int:
+    """``trace_id`` if it is a u64 (TypeError, ValueError otherwise)."""
     if isinstance(trace_id, bool) or not isinstance(trace_id, int):
         raise TypeError(f"a trace id is an int, not {type(trace_id).__name__}")
     if not 0 <= trace_id <= _U64_MAX:
@@ -112,7 +113,7 @@ def ext_header(
         check_tag(tag)
         header[CLIENT_DISPATCH_TAG_KEY] = tag
     if trace_id:
-        header[TRACE_ID_KEY] = str(_check_trace_id(trace_id))
+        header[TRACE_ID_KEY] = str(check_trace_id(trace_id))
     data = json.dumps(header, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
     if len(data) > MAX_EXT_LEN:
         raise ValueError(f"ext header too long ({len(data)} bytes, at most {MAX_EXT_LEN})")
