@@ -12,6 +12,12 @@
                         lookupd_http_addresses=["127.0.0.1:4161"], max_in_flight=100):
         ...
 
+Youzan's extensions (partitioned topics, ordered consumption, replay, tracing, ext
+headers): :class:`PartitionProducer` publishes by key through nsqlookupd; a
+:class:`Consumer` subscribes to every partition, in order with ``enable_ordered=True``,
+from a position with ``start=``; :class:`Message` has ``trace_id``, ``offset``,
+``raw_size``, ``ext_header``, ``partition``.
+
 See docs/client.md.
 """
 
@@ -19,6 +25,7 @@ from nsqx.client.backoff import Backoff
 from nsqx.client.codec import StreamCodec, register_codec
 from nsqx.client.config import Config, parse_duration
 from nsqx.client.consumer import Consumer, ConsumerStats, Handler
+from nsqx.client.discovery import LookupResult, TopicMeta
 from nsqx.client.errors import (
     AuthError,
     CodecUnavailableError,
@@ -27,12 +34,26 @@ from nsqx.client.errors import (
     HandshakeError,
     NSQError,
     NSQServerError,
+    OrderError,
+    PartitionUnavailableError,
     PublishError,
 )
 from nsqx.client.message import Message, MessageRespondedError
+from nsqx.client.partition_producer import PartitionProducer
 from nsqx.client.producer import HttpProducer, Producer
 from nsqx.client.rdy import RdyController
+from nsqx.client.sharding import murmur3_32, partition_for_key
 from nsqx.client.sync import BlockingConsumer, BlockingMessage, BlockingProducer
+from nsqx.client.youzan import (
+    ConsumeStart,
+    TraceResult,
+    ext_header,
+    set_channel_offset,
+    start_at_count,
+    start_at_end,
+    start_at_offset,
+    start_at_time,
+)
 
 __all__ = [
     "AuthError",
@@ -44,19 +65,34 @@ __all__ = [
     "Config",
     "ConfigError",
     "ConnectionClosedError",
+    "ConsumeStart",
     "Consumer",
     "ConsumerStats",
     "Handler",
     "HandshakeError",
     "HttpProducer",
+    "LookupResult",
     "Message",
     "MessageRespondedError",
     "NSQError",
     "NSQServerError",
+    "OrderError",
+    "PartitionProducer",
+    "PartitionUnavailableError",
     "Producer",
     "PublishError",
     "RdyController",
     "StreamCodec",
+    "TopicMeta",
+    "TraceResult",
+    "ext_header",
+    "murmur3_32",
     "parse_duration",
+    "partition_for_key",
     "register_codec",
+    "set_channel_offset",
+    "start_at_count",
+    "start_at_end",
+    "start_at_offset",
+    "start_at_time",
 ]

@@ -20,8 +20,10 @@ from typing import Any, Literal
 
 from nsqx import __version__
 from nsqx.client.errors import ConfigError
+from nsqx.wire.ext import ExtFilter, ExtFilterSpec, check_tag
 
 BackoffStrategy = Literal["exponential", "full_jitter"]
+OrderedCheck = Literal["log", "raise", "off"]
 
 _GO_UNITS = {
     "ns": 1e-9,
@@ -167,6 +169,26 @@ class Config:
     # -- auth --
     auth_secret: str | None = None
 
+    # -- Youzan's extensions (partitions, order, tracing, ext headers) --
+    #: Consume with SUB_ORDERED: one message at a time per partition, in order.
+    enable_ordered: bool = False
+    #: Subscribe to partitions with SUB_ADVANCED, so that messages carry their offset
+    #: and raw size (also implied by a start position or enable_ordered).
+    enable_trace: bool = False
+    #: What an ordered consumer does when a partition's offsets or ids go backwards:
+    #: "log" an error and go on, "raise" (stop the consumer with OrderError), or "off".
+    ordered_check: OrderedCheck = "log"
+    #: Ask nsqd for the messages with this dispatch tag (``##client_dispatch_tag``).
+    desired_tag: str = ""
+    #: Only the messages whose ext header matches (IDENTIFY's ext_filter, e.g.
+    #: ``{"type": 1, "filter_ext_key": "k", "filter_data": "v"}``).
+    ext_filter: Mapping[str, Any] | None = None
+    #: A publish through nsqlookupd is retried this many times after a leader change or
+    #: a lost connection, looking the topic up again each time.
+    pub_max_retry: int = 3
+    #: First wait before such a retry; doubles after each one.
+    pub_retry_delay: float = 0.05
+
     def __post_init__(self) -> None:
         for f in fields(self):
             if f.type in ("float", float):
@@ -256,6 +278,29 @@ class Config:
             raise ConfigError("tls_config must be an ssl.SSLContext")
         if self.local_addr is not None and not isinstance(self.local_addr, str):
             raise ConfigError("local_addr must be 'host' or 'host:port'")
+        self._validate_youzan()
+
+    def _validate_youzan(self) -> None:
+        if self.ordered_check not in ("log", "raise", "off"):
+            raise ConfigError(
+                f"ordered_check must be 'log', 'raise' or 'off' (got {self.ordered_check!r})"
+            )
+        if self.enable_ordered and self.sample_rate:
+            raise ConfigError("enable_ordered and sample_rate exclude each other (nsqd refuses)")
+        if not isinstance(self.desired_tag, str):
+            raise ConfigError("desired_tag must be a string")
+        try:
+            check_tag(self.desired_tag)
+        except ValueError as err:
+            raise ConfigError(f"desired_tag: {err}") from None
+        if self.ext_filter is not None:
+            try:
+                ExtFilter(ExtFilterSpec.from_json(dict(self.ext_filter)))
+            except (ValueError, TypeError) as err:
+                raise ConfigError(f"ext_filter: {err}") from None
+        self._int("pub_max_retry")
+        self._range("pub_max_retry", 0, 100)
+        self._range("pub_retry_delay", 0, 60)
 
     # -- derived values ---------------------------------------------------------------
 
@@ -299,6 +344,11 @@ class Config:
         }
         if self.msg_timeout:
             body["msg_timeout"] = ms(self.msg_timeout)
+        # Youzan's keys only when asked for: any of them makes nsqd send binary ids
+        if self.desired_tag:
+            body["desired_tag"] = self.desired_tag
+        if self.ext_filter is not None:
+            body["ext_filter"] = dict(self.ext_filter)
         return body
 
     def ssl_context(self) -> ssl.SSLContext:

@@ -126,8 +126,15 @@ class Connection(asyncio.Protocol):
 
     # -- opening ------------------------------------------------------------------------
 
-    async def connect(self, *, subscribe: tuple[str, str] | None = None) -> None:
-        """Open the TCP connection and run the handshake; SUB when ``subscribe`` is given.
+    async def connect(
+        self,
+        *,
+        subscribe: tuple[str, str] | bytes | None = None,
+        identify: dict[str, Any] | None = None,
+    ) -> None:
+        """Open the TCP connection and run the handshake; SUB when ``subscribe`` is given
+        (``(topic, channel)``, or a whole SUB / SUB_ORDERED / SUB_ADVANCED command).
+        ``identify`` adds fields to the config's IDENTIFY body.
 
         Raises :class:`ConnectionClosedError` (cannot connect, closed), asyncio's
         TimeoutError, :class:`HandshakeError`, or :class:`NSQServerError` (an error
@@ -149,7 +156,7 @@ class Connection(asyncio.Protocol):
             self._unopened()
             raise ConnectionClosedError(f"{self.key}: cannot connect: {exc}") from exc
         try:
-            await self._handshake(subscribe)
+            await self._handshake(subscribe, identify)
         except BaseException as exc:
             self.abort(exc if isinstance(exc, Exception) else None)
             raise
@@ -170,9 +177,14 @@ class Connection(asyncio.Protocol):
         if not self.lost.done():
             self.lost.set_result(None)
 
-    async def _handshake(self, subscribe: tuple[str, str] | None) -> None:
+    async def _handshake(
+        self, subscribe: tuple[str, str] | bytes | None, identify: dict[str, Any] | None
+    ) -> None:
         cfg = self.config
-        self.write(MAGIC_V2 + commands.identify(cfg.identify_body()))
+        body = cfg.identify_body()
+        if identify:
+            body.update(identify)
+        self.write(MAGIC_V2 + commands.identify(body))
         data = await self._response("IDENTIFY")
         if data != OK:
             try:
@@ -210,7 +222,10 @@ class Connection(asyncio.Protocol):
             # The protocol forbids AUTH when nsqd did not ask for it.
             log.warning("%s: auth_secret is set but nsqd does not require AUTH", self.key)
         if subscribe is not None:
-            self.write(commands.sub(*subscribe))
+            if isinstance(subscribe, bytes):
+                self.write(subscribe)
+            else:
+                self.write(commands.sub(*subscribe))
             await self._ok("SUB")
         self._arm_read_timer()
 

@@ -8,6 +8,12 @@ client guide's rules (:mod:`nsqx.client.rdy`), backs off after failures
 Speed: each read's frames are handled in one pass. A plain-function handler is called
 inline (no Task per message) and the FINs and RDY of the read leave in one write. A
 coroutine handler runs on a pool of worker tasks, at most ``concurrency`` at once.
+
+Partitions (Youzan's extension): when nsqlookupd lists the topic's partitions, there is
+one connection per partition (``SUB <t> <c> <p>``), each reconnected on its own; an
+ordered consumer subscribes with SUB_ORDERED (one message in flight per partition, one
+handler call at a time per partition, offsets checked to grow); a start position
+subscribes with SUB_ADVANCED. A topic without partitions is consumed as NSQ 1.3 does.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import collections
 import inspect
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +31,19 @@ from nsqx.client import codec
 from nsqx.client.backoff import Backoff, BackoffAction
 from nsqx.client.config import Config
 from nsqx.client.conn import Connection, Frames, split_address
-from nsqx.client.discovery import LookupdPoller
-from nsqx.client.errors import ConfigError, NSQError, NSQServerError
-from nsqx.client.message import Message
+from nsqx.client.discovery import LookupdPoller, LookupResult
+from nsqx.client.errors import ConfigError, NSQError, NSQServerError, OrderError
+from nsqx.client.message import Message, message_class
 from nsqx.client.rdy import ConnRdy, RdyController
 from nsqx.wire import commands
+from nsqx.wire.commands import ConsumeStart
+from nsqx.wire.errors import (
+    E_FAILED_ON_NOT_LEADER,
+    E_FAILED_ON_NOT_WRITABLE,
+    E_SUB_EXTEND_FORBIDDON,
+    E_SUB_EXTEND_NEED,
+    E_TOPIC_NOT_EXIST,
+)
 from nsqx.wire.frames import CLOSE_WAIT, FRAME_MESSAGE
 from nsqx.wire.names import is_valid_name
 
@@ -45,6 +59,20 @@ _CLS = commands.cls()
 
 _SUCCESS, _FAILURE, _NEUTRAL = 0, 1, 2
 
+#: An nsqd address and the partition subscribed there (None: NSQ 1.3's SUB t c).
+Target = tuple[str, int | None]
+#: A lost partition connection, or one that failed, asks nsqlookupd again this soon
+#: (go-nsq waits a second too): the partition may have a new leader.
+_RECHECK_DELAY = 1.0
+#: errors that mean "look the partition up again"
+_MOVED_CODES = frozenset({E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE, E_TOPIC_NOT_EXIST})
+
+
+def target_key(target: Target) -> str:
+    """A connection's name: ``host:port``, or ``host:port/partition``."""
+    address, partition = target
+    return address if partition is None else f"{address}/{partition}"
+
 
 @dataclass
 class ConsumerStats:
@@ -58,9 +86,12 @@ class ConsumerStats:
 
 
 class _Link(Connection):
-    """A consumer's connection: what its messages answer through."""
+    """A consumer's connection (to one partition, or NSQ 1.3's topic on one nsqd): what
+    its messages answer through."""
 
-    def __init__(self, consumer: Consumer, host: str, port: int) -> None:
+    def __init__(
+        self, consumer: Consumer, host: str, port: int, target: Target | None = None
+    ) -> None:
         super().__init__(
             host,
             port,
@@ -72,6 +103,16 @@ class _Link(Connection):
         self.state: ConnRdy[str] | None = None
         #: nsqd answered our CLS: it sends nothing more.
         self.close_wait = False
+        #: the partition subscribed to (None: NSQ 1.3's SUB t c)
+        self.partition = target[1] if target is not None else None
+        if target is not None:
+            self.key = target_key(target)  # the consumer's name for it, as in _conns
+        #: subscribed with SUB_ORDERED
+        self.ordered = False
+        #: the class of this subscription's messages (their frame layout)
+        self.msg_cls: type[Message] = Message
+        #: found through nsqlookupd (not given by address)
+        self.discovered = False
 
     def finish(self, msg: Message) -> None:
         self.consumer._answer(self, msg, _SUCCESS, None)
@@ -101,6 +142,15 @@ class Consumer:
     Options are :class:`Config`'s (``max_in_flight=...``); pass ``config=`` to share one.
     Messages delivered more than ``max_attempts`` times go to :meth:`giving_up` (or
     ``on_giving_up``) and are then finished.
+
+    Partitioned topics (Youzan's): found through nsqlookupd, every partition gets a
+    connection; ``partitions=`` keeps some of them, or, with ``nsqd_tcp_addresses``,
+    names the partitions to subscribe to on those nsqd. ``enable_ordered=True``
+    consumes in order (SUB_ORDERED). ``start=`` (a :class:`ConsumeStart`, see
+    :func:`~nsqx.client.youzan.start_at_time` and its siblings, or a dict of them by
+    partition) subscribes with SUB_ADVANCED from that position; nsqd applies it only
+    when this is the channel's first client on the partition, and this consumer sends
+    it once per partition (reconnections go on from where the channel is).
     """
 
     def __init__(
@@ -114,6 +164,8 @@ class Consumer:
         config: Config | None = None,
         concurrency: int | None = None,
         on_giving_up: GivingUpHook | None = None,
+        partitions: int | Iterable[int] | None = None,
+        start: ConsumeStart | Mapping[int, ConsumeStart] | None = None,
         **options: Any,
     ) -> None:
         if not is_valid_name(topic):
@@ -133,6 +185,40 @@ class Consumer:
             lookupd_http_addresses = [lookupd_http_addresses]
         self.nsqd_tcp_addresses = [self._norm(a) for a in nsqd_tcp_addresses]
         self.lookupd_http_addresses = list(lookupd_http_addresses)
+        if isinstance(partitions, int):
+            partitions = [partitions]
+        self.partitions = None if partitions is None else sorted(set(partitions))
+        if self.partitions is not None and any(p < 0 for p in self.partitions):
+            raise ConfigError(f"partitions are >= 0 (got {self.partitions})")
+        self._start_all: ConsumeStart | None = None
+        self._starts: dict[int, ConsumeStart] = {}
+        if isinstance(start, ConsumeStart):
+            self._start_all = start
+        elif start is not None:
+            self._starts = dict(start)
+            for pid, position in self._starts.items():
+                if isinstance(pid, bool) or not isinstance(pid, int) or pid < 0:
+                    raise ConfigError(f"start: {pid!r} is not a partition")
+                if not isinstance(position, ConsumeStart):
+                    raise ConfigError(f"start: {position!r} is not a ConsumeStart")
+        self._start_given = start is not None
+        #: partitions whose start position was sent (once is enough: see the class doc)
+        self._started_partitions: set[int] = set()
+        if self._start_given and cfg.enable_ordered:
+            # nsqd refuses SUB_ADVANCED on an ordered topic (E_SUB_ORDER_IS_MUST)
+            raise ConfigError(
+                "start= and enable_ordered exclude each other: move the channel with "
+                "set_channel_offset() (nsqd's /channel/setoffset), then consume in order"
+            )
+        if (
+            self.nsqd_tcp_addresses
+            and self.partitions is None
+            and (cfg.enable_ordered or self._start_given)
+        ):
+            raise ConfigError(
+                "ordered consumption and start positions need partitions: give partitions= "
+                "with nsqd_tcp_addresses, or use lookupd_http_addresses"
+            )
         if handler is not None and not callable(handler):
             raise ConfigError("handler must be callable")
         self._handler = handler
@@ -157,7 +243,21 @@ class Consumer:
         )
         self._conns: dict[str, _Link] = {}
         self._connecting: set[str] = set()
-        self._discovered: set[str] = set()
+        self._discovered: set[Target] = set()
+        #: the topic has ext headers: IDENTIFY with extend_support (from lookupd's meta,
+        #: or learnt from nsqd's E_SUB_EXTEND_NEED)
+        self._ext = False
+        #: ordered consumption: the last (offset, id) seen on each partition
+        self._positions: dict[int, tuple[int, int]] = {}
+        #: coroutine handlers of ordered partitions: one queue and one task each
+        self._ordered_queues: dict[int, collections.deque[Message]] = {}
+        self._ordered_busy: set[int] = set()
+        self._failure: BaseException | None = None
+        self._fail_task: asyncio.Task[None] | None = None
+        self._repoll: asyncio.Event | None = None
+        self._repoll_handle: asyncio.TimerHandle | None = None
+        self._warned_no_partitions = False
+        self._warned_rdy = False
         self._tasks: set[asyncio.Task[Any]] = set()
         #: handler and hook tasks: never cancelled, awaited on close
         self._handler_tasks: set[asyncio.Task[Any]] = set()
@@ -203,20 +303,28 @@ class Consumer:
             self.config.rdy_redistribute_interval, self._redistribute_tick
         )
         firsts: list[asyncio.Future[None]] = []
-        for addr in self.nsqd_tcp_addresses:
+        for target in self._fixed_targets():
             first: asyncio.Future[None] = loop.create_future()
             firsts.append(first)
-            self._spawn(self._maintain(addr, first))
+            self._spawn(self._maintain(target, first))
         if self.lookupd_http_addresses:
             self._poller = LookupdPoller(
                 self.lookupd_http_addresses,
                 self.topic,
                 timeout=self.config.lookupd_poll_timeout,
+                access="r",
             )
+            self._repoll = asyncio.Event()
             first = loop.create_future()
             firsts.append(first)
             self._spawn(self._discover(first))
         await asyncio.gather(*firsts)
+
+    def _fixed_targets(self) -> list[Target]:
+        """What nsqd_tcp_addresses name: each nsqd, or each partition asked for on it."""
+        if self.partitions is None:
+            return [(a, None) for a in self.nsqd_tcp_addresses]
+        return [(a, p) for a in self.nsqd_tcp_addresses for p in self.partitions]
 
     async def close(self, timeout: float = 30.0) -> None:
         """Stop gracefully: CLS, wait for messages in flight to be answered, close.
@@ -233,13 +341,13 @@ class Consumer:
             await asyncio.shield(self._closed)
             return
         self._closing = True
-        for timer in (self._redistribute_timer, self._backoff_timer):
+        for timer in (self._redistribute_timer, self._backoff_timer, self._repoll_handle):
             if timer is not None:
                 timer.cancel()
         for task in list(self._tasks):
             task.cancel()
         # not handed to anybody yet: straight back to nsqd
-        for pending in (self._inbox, self._queue):
+        for pending in (self._inbox, self._queue, *self._ordered_queues.values()):
             while pending:
                 msg = pending.popleft()
                 if not msg._responded:
@@ -274,10 +382,23 @@ class Consumer:
             self._closed.set_result(None)
 
     async def wait_closed(self) -> None:
-        """Wait until :meth:`close` has finished (for services that run until stopped)."""
+        """Wait until :meth:`close` has finished (for services that run until stopped).
+
+        Raises :class:`OrderError` when ``ordered_check="raise"`` stopped the consumer.
+        """
         if self._closed is None:
             raise RuntimeError("consumer not started")
         await asyncio.shield(self._closed)
+        if self._failure is not None:
+            raise self._failure
+
+    def _fail(self, error: BaseException) -> None:
+        """Stop the consumer because of ``error`` (raised by wait_closed and async for)."""
+        if self._failure is None:
+            self._failure = error
+        if not self._closing and self._fail_task is None:
+            # the close outlives this call: keep a reference to its task
+            self._fail_task = asyncio.ensure_future(self.close())
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -302,6 +423,8 @@ class Consumer:
                     continue  # nsqd has requeued it already
                 yield msg
             if self._closing or (self._closed is not None and self._closed.done()):
+                if self._failure is not None:
+                    raise self._failure
                 return
             waiter = self._inbox_waiter = loop.create_future()
             await waiter
@@ -326,7 +449,8 @@ class Consumer:
 
     @property
     def connections(self) -> list[str]:
-        """Addresses of the subscribed connections."""
+        """The subscribed connections: ``host:port`` (NSQ 1.3's SUB), or
+        ``host:port/partition``."""
         return list(self._conns)
 
     @property
@@ -346,9 +470,7 @@ class Consumer:
         be a coroutine. The message is finished afterwards unless the hook answered it.
         If the hook raises, the message is requeued instead.
         """
-        log.warning(
-            "giving up on message %s after %d attempts", msg.id.decode("ascii"), msg.attempts
-        )
+        log.warning("giving up on message %s after %d attempts", msg.hex_id.decode(), msg.attempts)
 
     # -- connections ----------------------------------------------------------------------
 
@@ -366,44 +488,131 @@ class Consumer:
     def _now(self) -> float:
         return self._loop.time() if self._loop is not None else 0.0
 
-    async def _connect(self, addr: str) -> _Link | None:
+    async def _connect(self, target: Target, *, discovered: bool = False) -> _Link | None:
         """One attempt: connect, IDENTIFY, SUB, then RDY 1. None when it failed."""
-        if addr in self._conns or addr in self._connecting or self._closing:
+        key = target_key(target)
+        if key in self._conns or key in self._connecting or self._closing:
             return None
-        host, port = split_address(addr)
-        conn = _Link(self, host, port)
-        self._connecting.add(addr)
+        self._connecting.add(key)
         try:
-            await conn.connect(subscribe=(self.topic, self.channel))
-        except (NSQError, OSError, TimeoutError) as exc:
-            level = logging.ERROR if isinstance(exc, NSQServerError) else logging.WARNING
-            log.log(level, "%s: cannot subscribe to %s/%s: %s", addr, self.topic, self.channel, exc)
-            return None
-        except Exception:
-            # a bug or a very odd server: keep the retry loop alive, say what happened
-            log.exception("%s: cannot subscribe to %s/%s", addr, self.topic, self.channel)
-            return None
+            conn = await self._subscribe(target)
         finally:
-            self._connecting.discard(addr)
+            self._connecting.discard(key)
+        if conn is None:
+            if discovered and target[1] is not None:
+                self._request_poll()  # the partition may have moved: ask again soon
+            return None
         if self._closing:
             conn.close()
             return None
-        self._conns[addr] = conn
+        conn.discovered = discovered
+        self._conns[key] = conn
         self.stats.connections = len(self._conns)
-        decisions = self._rdy.add(addr, conn.max_rdy_count, self._now())
-        conn.state = self._rdy.conns[addr]
-        log.info("%s: subscribed to %s/%s", addr, self.topic, self.channel)
+        if conn.ordered:
+            # nsqd sends an ordered partition's messages one at a time: RDY 1 is all it
+            # can use, and a larger RDY makes it hold each message for its output
+            # buffer's timeout (it waits for more that cannot come)
+            conn.max_rdy_count = 1
+            ordered = 1 + sum(c.ordered for c in self._conns.values())
+            if ordered > self._rdy.max_in_flight > 0 and not self._warned_rdy:
+                self._warned_rdy = True
+                log.warning(
+                    "%s/%s: max_in_flight %d < %d ordered partitions: they take turns; "
+                    "give max_in_flight >= the number of partitions",
+                    self.topic,
+                    self.channel,
+                    self._rdy.max_in_flight,
+                    ordered,
+                )
+        decisions = self._rdy.add(key, conn.max_rdy_count, self._now())
+        conn.state = self._rdy.conns[key]
+        log.info("%s: subscribed to %s/%s", key, self.topic, self.channel)
         self._send_rdy(decisions)
         conn.start_reading()
         return conn
 
-    async def _maintain(self, addr: str, first: asyncio.Future[None]) -> None:
+    async def _subscribe(self, target: Target) -> _Link | None:
+        """Connect and subscribe; an ext mismatch (nsqd's E_SUB_EXTEND_NEED or
+        E_SUB_EXTEND_FORBIDDON) is corrected and tried again at once."""
+        addr, partition = target
+        key = target_key(target)
+        host, port = split_address(addr)
+        for _ in range(2):
+            conn = self._new_link(host, port, target)
+            try:
+                await conn.connect(
+                    subscribe=self._sub_command(partition),
+                    identify={"extend_support": True} if self._ext else None,
+                )
+            except NSQServerError as exc:
+                if exc.code in (E_SUB_EXTEND_NEED, E_SUB_EXTEND_FORBIDDON):
+                    log.info("%s: %s: subscribing again", key, exc)
+                    self._ext = exc.code == E_SUB_EXTEND_NEED
+                    continue
+                level = logging.WARNING if exc.code in _MOVED_CODES else logging.ERROR
+                log.log(
+                    level, "%s: cannot subscribe to %s/%s: %s", key, self.topic, self.channel, exc
+                )
+                return None
+            except (NSQError, OSError, TimeoutError) as exc:
+                log.warning("%s: cannot subscribe to %s/%s: %s", key, self.topic, self.channel, exc)
+                return None
+            except Exception:
+                # a bug or a very odd server: keep the retry loop alive, say what happened
+                log.exception("%s: cannot subscribe to %s/%s", key, self.topic, self.channel)
+                return None
+            if partition is not None and self._start_for(partition) is not None:
+                self._started_partitions.add(partition)
+            return conn
+        return None
+
+    def _new_link(self, host: str, port: int, target: Target) -> _Link:
+        """A connection, its subscription mode and its messages' layout."""
+        cfg = self.config
+        partition = target[1]
+        conn = _Link(self, host, port, target)
+        detail = partition is not None and (
+            cfg.enable_ordered or cfg.enable_trace or self._start_given
+        )
+        # nsqd sends Youzan's binary ids to a client that subscribes to a partition or
+        # that IDENTIFYs with one of Youzan's keys
+        youzan = (
+            partition is not None
+            or self._ext
+            or bool(cfg.desired_tag)
+            or cfg.ext_filter is not None
+        )
+        conn.ordered = partition is not None and cfg.enable_ordered
+        conn.msg_cls = message_class(youzan, self._ext, detail)
+        return conn
+
+    def _start_for(self, partition: int) -> ConsumeStart | None:
+        """The start position still to send for a partition (None: none, or sent)."""
+        if partition in self._started_partitions:
+            return None
+        return self._starts.get(partition, self._start_all)
+
+    def _sub_command(self, partition: int | None) -> bytes:
+        cfg = self.config
+        topic, channel = self.topic, self.channel
+        if partition is None:
+            return commands.sub(topic, channel)
+        if cfg.enable_ordered:
+            return commands.sub_ordered(topic, channel, partition)
+        if self._start_given or cfg.enable_trace:
+            # after the start position was sent once, the same kind of subscription
+            # without one: messages keep their layout (offset and raw size)
+            return commands.sub_advanced(topic, channel, partition, self._start_for(partition))
+        return commands.sub(topic, channel, partition)
+
+    async def _maintain(self, target: Target, first: asyncio.Future[None]) -> None:
         """Keep a connection to an nsqd given by address: retry in 8 s, 16 s, 32 s, ..."""
         cfg = self.config
         failures = 0
+        key = target_key(target)
         try:
             while not self._closing:
-                conn = await self._connect(addr)
+                conn = await self._connect(target)
                 if not first.done():
                     first.set_result(None)
                 if conn is not None:
@@ -413,60 +622,137 @@ class Consumer:
                         return
                 delay = min(cfg.reconnect_delay * 2**failures, cfg.max_reconnect_delay)
                 failures = min(failures + 1, 64)
-                log.info("%s: reconnecting in %.3gs", addr, delay)
+                log.info("%s: reconnecting in %.3gs", key, delay)
                 await asyncio.sleep(delay)
         finally:
             if not first.done():
                 first.set_result(None)
 
     async def _discover(self, first: asyncio.Future[None]) -> None:
-        """Poll every lookupd now, then every lookupd_poll_interval (after a jitter)."""
+        """Poll every lookupd now, then every lookupd_poll_interval (after a jitter), or
+        sooner when a partition's connection was lost."""
         cfg = self.config
         poller = self._poller
-        assert poller is not None
+        repoll = self._repoll
+        assert poller is not None and repoll is not None
         try:
             await self._poll_once(poller)
             if not first.done():
                 first.set_result(None)
             # spread the polls of consumers started together (thundering herd)
             jitter = self._rng.random() * cfg.lookupd_poll_jitter * cfg.lookupd_poll_interval
-            await asyncio.sleep(jitter)
+            loop = asyncio.get_running_loop()
+            next_at = loop.time() + jitter + cfg.lookupd_poll_interval
             while not self._closing:
-                await asyncio.sleep(cfg.lookupd_poll_interval)
+                await self._wait_poll(repoll, next_at - loop.time())
                 await self._poll_once(poller)
+                next_at = loop.time() + cfg.lookupd_poll_interval
         finally:
             if not first.done():
                 first.set_result(None)
 
+    @staticmethod
+    async def _wait_poll(repoll: asyncio.Event, timeout: float) -> None:
+        """Sleep ``timeout`` seconds, or less if a poll was requested."""
+        if not repoll.is_set() and timeout > 0:
+            try:
+                await asyncio.wait_for(repoll.wait(), timeout)
+            except TimeoutError:
+                pass
+        repoll.clear()
+
+    def _request_poll(self) -> None:
+        """Ask nsqlookupd again soon (a partition's connection was lost or refused)."""
+        if self._repoll is None or self._repoll_handle is not None or self._closing:
+            return
+        assert self._loop is not None
+        delay = min(_RECHECK_DELAY, self.config.lookupd_poll_interval)
+        self._repoll_handle = self._loop.call_later(delay, self._repoll_now)
+
+    def _repoll_now(self) -> None:
+        self._repoll_handle = None
+        if self._repoll is not None:
+            self._repoll.set()
+
     async def _poll_once(self, poller: LookupdPoller) -> None:
-        found = await poller.poll()
-        if found is None:
+        result = await poller.lookup()
+        if result is None:
             return  # no lookupd answered: forget nothing
-        fixed = set(self.nsqd_tcp_addresses)
+        if result.meta is not None and result.meta.extend_support:
+            self._ext = True  # as go-nsq: the topic's meta turns extend_support on
+        found = self._targets(result)
+        fixed = set(self._fixed_targets())
         vanished = self._discovered - found
         if vanished:
-            log.info("lookupd no longer lists %s", ", ".join(sorted(vanished)))
+            log.info("lookupd no longer lists %s", ", ".join(sorted(map(target_key, vanished))))
+            # a partition served by another nsqd now: its old connection is stale
+            moved = {p for _, p in found if p is not None}
+            for target in vanished:
+                conn = self._conns.get(target_key(target))
+                if target[1] in moved and conn is not None and target not in fixed:
+                    log.info("%s: partition %d moved; closing", conn.key, target[1])
+                    conn.close()
         self._discovered = found
-        new = [a for a in found - fixed if a not in self._conns and a not in self._connecting]
+        new = [
+            t
+            for t in found - fixed
+            if target_key(t) not in self._conns and target_key(t) not in self._connecting
+        ]
         if new:
-            await asyncio.gather(*(self._connect(a) for a in sorted(new)))
+            new.sort(key=target_key)
+            await asyncio.gather(*(self._connect(t, discovered=True) for t in new))
+
+    def _targets(self, result: LookupResult) -> set[Target]:
+        """The connections a lookup answer asks for.
+
+        A partitioned topic (several partitions, ordered, or ext), or a consumer that
+        needs partitions (ordered, start positions, positions, ``partitions=``): one per
+        partition, on the nsqd that serves it, plus NSQ 1.3's SUB on nsqd that list the
+        topic without a partition (as go-nsq does). Otherwise NSQ 1.3's SUB on every nsqd.
+        """
+        cfg = self.config
+        wanted = self.partitions
+        needs = cfg.enable_ordered or cfg.enable_trace or self._start_given or wanted is not None
+        if not result.partitions:
+            if needs and result.producers and not self._warned_no_partitions:
+                self._warned_no_partitions = True
+                log.error(
+                    "nsqlookupd lists no partitions of %s: cannot subscribe to partitions "
+                    "(ordered, start position, partitions=)",
+                    self.topic,
+                )
+            return set() if needs else {(a, None) for a in result.producers}
+        if not (result.partitioned or needs):
+            return {(a, None) for a in result.producers | set(result.partitions.values())}
+        found: set[Target] = {
+            (addr, pid)
+            for pid, addr in result.partitions.items()
+            if wanted is None or pid in wanted
+        }
+        if not needs:
+            serving = set(result.partitions.values())
+            found |= {(a, None) for a in result.producers if a not in serving}
+        return found
 
     def _on_conn_lost(self, conn: Connection, exc: BaseException | None) -> None:
-        addr = conn.key
-        if self._conns.get(addr) is conn:
-            del self._conns[addr]
+        assert isinstance(conn, _Link)
+        key = conn.key
+        if self._conns.get(key) is conn:
+            del self._conns[key]
         self.stats.connections = len(self._conns)
         if exc is not None and not self._closing:
-            log.warning("%s: connection lost: %s", addr, exc)
+            log.warning("%s: connection lost: %s", key, exc)
         else:
-            log.info("%s: connection closed", addr)
-        self._send_rdy(self._rdy.remove(addr, self._now()))
+            log.info("%s: connection closed", key)
+        self._send_rdy(self._rdy.remove(key, self._now()))
         # Messages of this connection not handed out yet: nsqd requeues them itself.
-        for pending in (self._queue, self._inbox):
+        for pending in (self._queue, self._inbox, *self._ordered_queues.values()):
             if any(m._link is conn for m in pending):
                 kept = [m for m in pending if m._link is not conn]
                 pending.clear()
                 pending.extend(kept)
+        if conn.discovered and conn.partition is not None and not self._closing:
+            self._request_poll()  # a new leader, perhaps: look it up now, not in a minute
 
     def _send_rdy(self, decisions: list[tuple[str, int]]) -> None:
         rdy = commands.rdy
@@ -491,6 +777,8 @@ class Consumer:
         state = conn.state
         if state is None:
             return
+        if conn.ordered and self.config.ordered_check != "off":
+            frames = self._check_order(conn, frames)
         # Every message of this read is in flight (nsqd's view too) until answered;
         # counted before the handlers run so that is_starved() is right inside them.
         state.in_flight += len(frames)
@@ -518,6 +806,39 @@ class Consumer:
         else:
             conn.flush()
 
+    def _check_order(self, conn: _Link, frames: Frames) -> Frames:
+        """Each partition's messages must come with growing offsets and ids; the same
+        message again (a REQ, a timeout) is fine. Anything else is logged, or stops the
+        consumer (``ordered_check="raise"``; the message is requeued, not handled)."""
+        partition = conn.partition
+        assert partition is not None
+        positions = self._positions
+        make = conn.msg_cls
+        kept: Frames = []
+        for frame in frames:
+            if frame[0] != FRAME_MESSAGE:
+                kept.append(frame)
+                continue
+            msg = make(frame[1])
+            now = (msg.offset, msg.internal_id)
+            last = positions.get(partition)
+            positions[partition] = now
+            if last is None or last == now or (now[0] > last[0] and now[1] > last[1]):
+                kept.append(frame)
+                continue
+            error = OrderError(
+                f"{self.topic}/{self.channel} partition {partition}: message {now[1]} at "
+                f"offset {now[0]} after message {last[1]} at offset {last[0]} (from {conn.key})"
+            )
+            if self.config.ordered_check == "raise":
+                log.error("%s; stopping the consumer", error)
+                conn.queue(commands.req(msg.id, 0))
+                self._fail(error)
+                continue
+            log.error("out of order: %s", error)
+            kept.append(frame)
+        return kept
+
     def _control(self, conn: _Link, ftype: int, data: bytes) -> None:
         result = conn.handle_control(ftype, data)
         if result is None or isinstance(result, NSQServerError):
@@ -535,20 +856,21 @@ class Consumer:
         max_attempts = self.config.max_attempts or 65536
         bk = self._backoff
         counting = bk.level > 0 and not bk.in_window
+        make = conn.msg_cls
         n = fast = 0
         for ftype, data in frames:
             if ftype != FRAME_MESSAGE:
                 self._control(conn, ftype, data)
                 continue
             n += 1
-            msg = Message(data, conn)
+            msg = make(data, conn)
             if (data[8] << 8 | data[9]) > max_attempts:
                 self._give_up(msg)
                 continue
             try:
                 result = handler(msg)
             except Exception:
-                log.exception("handler failed on message %s", msg.id.decode("ascii"))
+                log.exception("handler failed on message %s", msg.hex_id.decode())
                 if not msg._responded:
                     msg.requeue()
                 continue
@@ -579,7 +901,7 @@ class Consumer:
         try:
             result = await aw
         except Exception:
-            log.exception("handler failed on message %s", msg.id.decode("ascii"))
+            log.exception("handler failed on message %s", msg.hex_id.decode())
             if not msg._responded:
                 msg.requeue()
             return
@@ -593,6 +915,7 @@ class Consumer:
         """The messages of a read within max_attempts (the others go to giving_up), and
         how many messages the read held; control frames are handled on the way."""
         max_attempts = self.config.max_attempts or 65536
+        make = conn.msg_cls
         admitted: list[Message] = []
         n = 0
         for ftype, data in frames:
@@ -600,7 +923,7 @@ class Consumer:
                 self._control(conn, ftype, data)
                 continue
             n += 1
-            msg = Message(data, conn)
+            msg = make(data, conn)
             if (data[8] << 8 | data[9]) > max_attempts:
                 self._give_up(msg)
                 continue
@@ -608,12 +931,36 @@ class Consumer:
         return admitted, n
 
     def _batch_workers(self, conn: _Link, frames: Frames) -> tuple[int, int]:
-        """A coroutine handler: messages queue for the worker pool."""
+        """A coroutine handler: messages queue for the worker pool (or, from an ordered
+        partition, for that partition's own task: one handler call at a time)."""
         admitted, n = self._admit(conn, frames)
+        if conn.ordered and admitted:
+            partition = conn.partition
+            assert partition is not None
+            queue = self._ordered_queues.get(partition)
+            if queue is None:
+                queue = self._ordered_queues[partition] = collections.deque()
+            queue.extend(admitted)
+            if partition not in self._ordered_busy:
+                self._ordered_busy.add(partition)
+                self._spawn_handler(self._ordered_worker(partition, queue))
+            return n, 0
         self._queue.extend(admitted)
         if self._queue:
             self._wake_workers()
         return n, 0
+
+    async def _ordered_worker(self, partition: int, queue: collections.deque[Message]) -> None:
+        """Runs one ordered partition's messages through the handler, one by one."""
+        try:
+            while queue:
+                msg = queue.popleft()
+                link = msg._link
+                if link is not None and link.closed:
+                    continue  # nsqd redelivers it
+                await self._run_handler(msg)
+        finally:
+            self._ordered_busy.discard(partition)
 
     def _batch_inbox(self, conn: _Link, frames: Frames) -> tuple[int, int]:
         """No handler: messages wait for ``async for``."""
@@ -667,10 +1014,11 @@ class Consumer:
             link = msg._link
             if link is not None and link.closed:
                 continue
+            # _run_handler's body, inline: one coroutine frame less per message
             try:
                 result = await handler(msg)
             except Exception:
-                log.exception("handler failed on message %s", msg.id.decode("ascii"))
+                log.exception("handler failed on message %s", msg.hex_id.decode())
                 if not msg._responded:
                     msg.requeue()
                 continue
@@ -681,6 +1029,24 @@ class Consumer:
             else:
                 msg.finish()
 
+    async def _run_handler(self, msg: Message) -> None:
+        """A coroutine handler on one message, and the answer its outcome means."""
+        handler = self._handler
+        assert handler is not None
+        try:
+            result = await handler(msg)
+        except Exception:
+            log.exception("handler failed on message %s", msg.hex_id.decode())
+            if not msg._responded:
+                msg.requeue()
+            return
+        if msg._responded or msg._async:
+            return
+        if result is False:
+            msg.requeue()
+        else:
+            msg.finish()
+
     # -- answers ------------------------------------------------------------------------
 
     def _give_up(self, msg: Message) -> None:
@@ -690,7 +1056,7 @@ class Consumer:
         try:
             result = hook(msg)
         except Exception:
-            log.exception("giving-up hook failed on message %s", msg.id.decode("ascii"))
+            log.exception("giving-up hook failed on message %s", msg.hex_id.decode())
             if not msg._responded:
                 msg.requeue()
             return
@@ -703,7 +1069,7 @@ class Consumer:
         try:
             await aw
         except Exception:
-            log.exception("giving-up hook failed on message %s", msg.id.decode("ascii"))
+            log.exception("giving-up hook failed on message %s", msg.hex_id.decode())
             if not msg._responded:
                 msg.requeue()
             return
@@ -720,9 +1086,14 @@ class Consumer:
             self.stats.finished += 1
         else:
             cfg = self.config
-            if delay is None:
-                delay = cfg.requeue_delay(msg.attempts)
-            delay_ms = int(min(max(delay, 0.0), cfg.max_requeue_delay) * 1000)
+            if conn.ordered:
+                # nsqd ignores a REQ delay on an ordered channel (the message would come
+                # back only after msg_timeout): ask for it now; backoff paces the retries
+                delay_ms = 0
+            else:
+                if delay is None:
+                    delay = cfg.requeue_delay(msg.attempts)
+                delay_ms = int(min(max(delay, 0.0), cfg.max_requeue_delay) * 1000)
             conn.queue(commands.req(msg.id, delay_ms))
             self.stats.requeued += 1
         state = conn.state

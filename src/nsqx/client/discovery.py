@@ -2,6 +2,11 @@
 
 Every configured nsqlookupd is queried each round; their producers are united by
 ``broadcast_address:tcp_port`` (lookupds do not share their data).
+
+Youzan's nsqlookupd (and nsqx's) also answers ``meta`` (partition_num, ordered,
+extend_support, ...) and ``partitions`` (the nsqd serving each partition) when asked
+with ``access=r|w&metainfo=true``; NSQ 1.3's ignores those parameters and answers
+``producers`` only, which reads as a topic without partitions (:class:`LookupResult`).
 """
 
 from __future__ import annotations
@@ -9,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
@@ -42,12 +48,18 @@ def producer_key(producer: dict[str, Any]) -> str | None:
     return f"{host}:{port}"
 
 
-def parse_lookup(body: Any) -> set[str]:
-    """The nsqd addresses of a /lookup response (NSQ >= 1.0, or the older envelope)."""
+def _unwrap(body: Any) -> dict[str, Any]:
+    """The answer inside the pre-1.0 (and Youzan's) ``{status_code, data}`` envelope."""
     if isinstance(body, dict) and "producers" not in body and isinstance(body.get("data"), dict):
         body = body["data"]
     if not isinstance(body, dict):
         raise ValueError("not a JSON object")
+    return body
+
+
+def parse_lookup(body: Any) -> set[str]:
+    """The nsqd addresses of a /lookup response (NSQ >= 1.0, or the older envelope)."""
+    body = _unwrap(body)
     producers = body.get("producers") or []
     if not isinstance(producers, list):
         raise ValueError("producers is not a list")
@@ -60,27 +72,149 @@ def parse_lookup(body: Any) -> set[str]:
     return out
 
 
-class LookupdPoller:
-    """Queries a set of nsqlookupd for one topic."""
+@dataclass(frozen=True)
+class TopicMeta:
+    """A topic's settings, from a Youzan-style /lookup's ``meta``."""
 
-    def __init__(self, addresses: Iterable[str], topic: str, *, timeout: float = 60.0) -> None:
+    partition_num: int = 1
+    replica: int = 1
+    extend_support: bool = False
+    ordered: bool = False
+    multi_part: bool = False
+    disable_channel_auto_create: bool = False
+
+    @classmethod
+    def from_json(cls, meta: Mapping[str, Any]) -> TopicMeta:
+        def num(name: str, default: int) -> int:
+            value = meta.get(name)
+            return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+        return cls(
+            partition_num=num("partition_num", 1),
+            replica=num("replica", 1),
+            extend_support=meta.get("extend_support") is True,
+            ordered=meta.get("ordered") is True,
+            multi_part=meta.get("multi_part") is True,
+            disable_channel_auto_create=meta.get("disable_channel_auto_create") is True,
+        )
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """What nsqlookupd said of a topic.
+
+    ``producers``: every nsqd that has it (``host:port``); ``partitions``: the nsqd
+    serving each partition (empty from NSQ 1.3's lookupd); ``meta``: the topic's
+    settings (None unless the lookupd knows partitions and was asked for them).
+    """
+
+    producers: frozenset[str] = frozenset()
+    partitions: Mapping[int, str] = field(default_factory=dict)
+    meta: TopicMeta | None = None
+    channels: tuple[str, ...] = ()
+
+    @property
+    def partitioned(self) -> bool:
+        """True when the topic needs partition-aware clients: several partitions, or
+        ordered, or with ext headers (a lone partition of a plain topic does not)."""
+        meta = self.meta
+        if meta is None or not self.partitions:
+            return False
+        return meta.partition_num > 1 or meta.ordered or meta.extend_support
+
+    @property
+    def partition_num(self) -> int:
+        """The topic's partition count (from meta, else from the partitions map, else 1)."""
+        if self.meta is not None and self.meta.partition_num > 0:
+            return self.meta.partition_num
+        return max(self.partitions, default=-1) + 1 or 1
+
+    def merge(self, other: LookupResult) -> LookupResult:
+        """Both answers (several lookupds): producers united; for a partition or the
+        meta, this one's answer first."""
+        partitions = dict(other.partitions)
+        partitions.update(self.partitions)
+        channels = tuple(dict.fromkeys((*self.channels, *other.channels)))
+        return LookupResult(
+            self.producers | other.producers,
+            partitions,
+            self.meta if self.meta is not None else other.meta,
+            channels,
+        )
+
+
+def parse_lookup_result(body: Any) -> LookupResult:
+    """A /lookup response, with Youzan's ``meta`` and ``partitions`` when present."""
+    body = _unwrap(body)
+    producers = frozenset(parse_lookup(body))
+    partitions: dict[int, str] = {}
+    raw_parts = body.get("partitions") or {}
+    if not isinstance(raw_parts, dict):
+        raise ValueError("partitions is not an object")
+    for pid_text, peer in raw_parts.items():
+        try:
+            pid = int(pid_text)
+        except (TypeError, ValueError):
+            log.warning("lookupd: ignoring partition %r (not a number)", pid_text)
+            continue
+        key = producer_key(peer) if isinstance(peer, dict) else None
+        if pid < 0 or key is None:
+            log.warning("lookupd: ignoring partition %r: %r", pid_text, peer)
+            continue
+        partitions[pid] = key
+    raw_meta = body.get("meta")
+    meta = TopicMeta.from_json(raw_meta) if isinstance(raw_meta, dict) else None
+    raw_channels = body.get("channels") or []
+    channels = (
+        tuple(c for c in raw_channels if isinstance(c, str))
+        if isinstance(raw_channels, list)
+        else ()
+    )
+    return LookupResult(producers, partitions, meta, channels)
+
+
+class LookupdPoller:
+    """Queries a set of nsqlookupd for one topic.
+
+    ``access`` is Youzan's: ``"r"`` for consumers (every partition's node), ``"w"`` for
+    producers (writable ones only); with it the lookupd is also asked for the meta.
+    """
+
+    def __init__(
+        self,
+        addresses: Iterable[str],
+        topic: str,
+        *,
+        timeout: float = 60.0,
+        access: Literal["r", "w"] = "r",
+        session: aiohttp.ClientSession | None = None,
+    ) -> None:
         self.urls = [lookup_url(a) for a in addresses]
         self.topic = topic
         self.timeout = timeout
-        self._session: aiohttp.ClientSession | None = None
+        # NSQ 1.3's lookupd ignores parameters it does not know
+        self.params = {"topic": topic, "access": access, "metainfo": "true"}
+        #: a session given by the owner (shared by several pollers) is not closed here
+        self._session = session
+        self._own_session = session is None
 
-    async def _query(self, session: aiohttp.ClientSession, url: str) -> set[str]:
-        async with session.get(url, params={"topic": self.topic}, headers=_HEADERS) as resp:
+    async def _query(self, session: aiohttp.ClientSession, url: str) -> LookupResult:
+        async with session.get(url, params=self.params, headers=_HEADERS) as resp:
             text = await resp.text()
             if resp.status == 404:
                 # TOPIC_NOT_FOUND: no nsqd has the topic yet; a valid, empty answer
-                return set()
+                return LookupResult()
             if resp.status != 200:
                 raise ValueError(f"HTTP {resp.status}: {text[:200]}")
-            return parse_lookup(json.loads(text))
+            return parse_lookup_result(json.loads(text))
 
     async def poll(self) -> set[str] | None:
         """The union of every lookupd's producers; None when no lookupd answered."""
+        result = await self.lookup()
+        return None if result is None else set(result.producers)
+
+    async def lookup(self) -> LookupResult | None:
+        """Every lookupd's answer, merged; None when no lookupd answered."""
         if self._session is None:
             import aiohttp  # only consumers that use lookupd pay for importing it
 
@@ -89,19 +223,17 @@ class LookupdPoller:
         results = await asyncio.gather(
             *(self._query(session, url) for url in self.urls), return_exceptions=True
         )
-        found: set[str] = set()
-        answered = False
+        found: LookupResult | None = None
         for url, result in zip(self.urls, results, strict=True):
             if isinstance(result, BaseException):
                 if isinstance(result, asyncio.CancelledError):
                     raise result
                 log.warning("lookupd %s: query for %r failed: %s", url, self.topic, result)
                 continue
-            answered = True
-            found |= result
-        return found if answered else None
+            found = result if found is None else found.merge(result)
+        return found
 
     async def close(self) -> None:
-        if self._session is not None:
+        if self._session is not None and self._own_session:
             await self._session.close()
-            self._session = None
+        self._session = None

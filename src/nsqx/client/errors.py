@@ -49,3 +49,13 @@ class HandshakeError(NSQError):
 
 class CodecUnavailableError(ConfigError):
     """snappy or deflate was asked for but no stream codec for it is installed."""
+
+
+class PartitionUnavailableError(NSQError):
+    """No nsqd serves the partition a publish must go to (nsqlookupd lists no leader for
+    it, or the topic is unknown), after the retries."""
+
+
+class OrderError(NSQError):
+    """An ordered subscription delivered a message whose offset and id do not follow the
+    last one of its partition (``ordered_check="raise"`` stops the consumer with it)."""

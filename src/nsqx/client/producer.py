@@ -5,6 +5,11 @@ their responses matched in order, so many can be outstanding: ``await`` each one
 round trips, or gather them to pipeline. A lost connection fails the publishes it was
 carrying (each with its own error) and the next publish reconnects, trying the
 configured addresses in turn.
+
+Youzan's extensions: a publish may name a partition (``PUB <t> <p>``), carry a trace id
+(PUB_TRACE / MPUB_TRACE, answered with a :class:`TraceResult`) or a JSON ext header
+(PUB_EXT / MPUB_EXT). Publishing by key, to whichever nsqd leads the key's partition,
+is :class:`~nsqx.client.partition_producer.PartitionProducer`'s job.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import collections
 import json
 import logging
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -29,7 +34,13 @@ from nsqx.client.errors import (
     NSQServerError,
     PublishError,
 )
+from nsqx.client.youzan import TRACED_RESPONSE_SIZE, TraceResult, check_trace_id, ext_header
 from nsqx.wire import commands
+from nsqx.wire.errors import (
+    E_FAILED_ON_NOT_LEADER,
+    E_FAILED_ON_NOT_WRITABLE,
+    NON_FATAL_ON_PUB,
+)
 from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE, HEARTBEAT, OK
 from nsqx.wire.names import is_valid_name
 
@@ -39,6 +50,9 @@ Body = bytes | bytearray | memoryview | str
 
 _I32 = struct.Struct(">i")
 _NOP = commands.nop()
+#: nsqd is not (or no longer) the partition's leader: its connection is retired once
+#: the publishes it carries are answered, and the next publish opens another
+_RETIRE_CODES = frozenset({E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE})
 
 
 def _as_bytes(body: Body) -> bytes:
@@ -57,6 +71,13 @@ def _check_topic(topic: str) -> None:
 def _check_body(body: bytes) -> None:
     if not body:
         raise ValueError("nsqd refuses empty messages")
+
+
+def _check_partition(partition: int | None) -> None:
+    if partition is None:
+        return
+    if isinstance(partition, bool) or not isinstance(partition, int) or partition < 0:
+        raise ValueError(f"a partition is an int >= 0 (got {partition!r})")
 
 
 def mpub_body(bodies: Sequence[bytes]) -> bytes:
@@ -102,8 +123,10 @@ class _PubConn(Connection):
             on_frames=producer._on_frames,
             on_lost=producer._on_lost,
         )
-        #: One future per command sent, answered in order.
-        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        #: One future per command sent, answered in order (None, or a TraceResult).
+        self.waiters: collections.deque[asyncio.Future[Any]] = collections.deque()
+        #: Refused as not the leader: no new publishes; closed once waiters are empty.
+        self.retired = False
 
 
 class Producer:
@@ -135,11 +158,15 @@ class Producer:
                 codec.codec_factory(name)
         self._conn: _PubConn | None = None
         self._next = 0
-        self._pending: list[tuple[bytes, asyncio.Future[None]]] = []
+        self._pending: list[tuple[bytes, asyncio.Future[Any]]] = []
         self._connecting: asyncio.Task[None] | None = None
         self._closed = False
         #: "PUB topic\n" of every topic published to (checked once)
         self._pub_heads: dict[str, bytes] = {}
+        #: the same with a partition: "PUB topic partition\n"
+        self._part_heads: dict[tuple[str, int], bytes] = {}
+        #: retired connections still waiting for answers
+        self._retired: set[_PubConn] = set()
 
     def __repr__(self) -> str:
         state = "connected" if self._conn is not None else "idle"
@@ -164,13 +191,14 @@ class Producer:
         self._closed = True
         if self._connecting is not None:
             await asyncio.shield(self._connecting)
-        conn = self._conn
-        if conn is not None:
+        for conn in [self._conn, *self._retired]:
+            if conn is None:
+                continue
             if conn.waiters:
                 await asyncio.gather(*conn.waiters, return_exceptions=True)
             conn.close()
             await conn.wait_closed()
-            self._conn = None
+        self._conn = None
 
     async def __aenter__(self) -> Producer:
         return self
@@ -180,26 +208,115 @@ class Producer:
 
     # -- publishing ---------------------------------------------------------------------
 
-    def publish(self, topic: str, body: Body) -> asyncio.Future[None]:
-        """PUB one message."""
+    def publish(self, topic: str, body: Body, partition: int | None = None) -> asyncio.Future[None]:
+        """PUB one message (to ``partition`` of the topic, or nsqd's default one)."""
         data = _as_bytes(body)
         _check_body(data)
-        head = self._pub_heads.get(topic)
-        if head is None:
-            _check_topic(topic)
-            head = self._pub_heads[topic] = b"PUB %s\n" % topic.encode()
+        if partition is None:
+            head = self._pub_heads.get(topic)
+            if head is None:
+                _check_topic(topic)
+                head = self._pub_heads[topic] = b"PUB %s\n" % topic.encode()
+        else:
+            head = self._part_head(topic, partition)
         return self._request(b"".join((head, _I32.pack(len(data)), data)))
 
-    def multi_publish(self, topic: str, bodies: Iterable[Body]) -> asyncio.Future[None]:
+    def _part_head(self, topic: str, partition: int) -> bytes:
+        head = self._part_heads.get((topic, partition))
+        if head is None:
+            _check_topic(topic)
+            _check_partition(partition)
+            head = self._part_heads[topic, partition] = b"PUB %s %d\n" % (
+                topic.encode(),
+                partition,
+            )
+        return head
+
+    def multi_publish(
+        self, topic: str, bodies: Iterable[Body], partition: int | None = None
+    ) -> asyncio.Future[None]:
         """MPUB: several messages, atomically."""
         datas = _as_bytes_list(bodies)
-        if topic not in self._pub_heads:
-            _check_topic(topic)
-            self._pub_heads[topic] = b"PUB %s\n" % topic.encode()
+        if partition is None:
+            if topic not in self._pub_heads:
+                _check_topic(topic)
+                self._pub_heads[topic] = b"PUB %s\n" % topic.encode()
+            line = b"MPUB " + topic.encode() + b"\n"
+        else:
+            line = b"M" + self._part_head(topic, partition)
         parts = _mpub_parts(datas)
         size = sum(map(len, parts))
         # one join: the 40 KB of a batch of 200 are copied once
-        return self._request(b"".join((b"MPUB ", topic.encode(), b"\n", _I32.pack(size), *parts)))
+        return self._request(b"".join((line, _I32.pack(size), *parts)))
+
+    def publish_trace(
+        self, topic: str, body: Body, trace_id: int, partition: int | None = None
+    ) -> asyncio.Future[TraceResult]:
+        """PUB_TRACE: one message with a trace id (a business u64, e.g. an order id);
+        nsqd answers with the message's id, offset and raw size."""
+        data = _as_bytes(body)
+        _check_body(data)
+        _check_topic(topic)
+        _check_partition(partition)
+        return self._request(commands.pub_trace(topic, partition, check_trace_id(trace_id), data))
+
+    def multi_publish_trace(
+        self,
+        topic: str,
+        bodies: Iterable[Body],
+        trace_ids: Iterable[int],
+        partition: int | None = None,
+    ) -> asyncio.Future[TraceResult]:
+        """MPUB_TRACE: several messages with a trace id each; the answer gives the first
+        message's id and offset, and the raw size of the whole batch."""
+        datas = _as_bytes_list(bodies)
+        traces = [check_trace_id(t) for t in trace_ids]
+        if len(traces) != len(datas):
+            raise ValueError(f"{len(traces)} trace ids for {len(datas)} messages")
+        if 0 in set(map(len, datas)):
+            raise ValueError("nsqd refuses empty messages")
+        _check_topic(topic)
+        _check_partition(partition)
+        return self._request(commands.mpub_trace(topic, partition, traces, datas))
+
+    def publish_ext(
+        self,
+        topic: str,
+        body: Body,
+        ext: Mapping[str, Any] | None = None,
+        *,
+        tag: str | None = None,
+        trace_id: int | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[TraceResult | None]:
+        """PUB_EXT: one message with a JSON ext header (see :func:`ext_header`: ``tag``
+        is the dispatch tag, ``trace_id`` the ``##trace_id``). The topic must have been
+        created with ext support. The answer is a :class:`TraceResult` when the header
+        has a trace id, else None."""
+        data = _as_bytes(body)
+        _check_body(data)
+        _check_topic(topic)
+        _check_partition(partition)
+        header = ext_header(ext, tag=tag, trace_id=trace_id)
+        return self._request(commands.pub_ext(topic, partition, header, data))
+
+    def multi_publish_ext(
+        self,
+        topic: str,
+        bodies: Iterable[Body],
+        exts: Iterable[Mapping[str, Any] | None],
+        partition: int | None = None,
+    ) -> asyncio.Future[None]:
+        """MPUB_EXT: several messages, each with its ext header (None: an empty one)."""
+        datas = _as_bytes_list(bodies)
+        headers = [ext_header(e) for e in exts]
+        if len(headers) != len(datas):
+            raise ValueError(f"{len(headers)} ext headers for {len(datas)} messages")
+        if 0 in set(map(len, datas)):
+            raise ValueError("nsqd refuses empty messages")
+        _check_topic(topic)
+        _check_partition(partition)
+        return self._request(commands.mpub_ext(topic, partition, headers, datas))
 
     def deferred_publish(self, topic: str, body: Body, delay: float) -> asyncio.Future[None]:
         """DPUB: a message delivered after ``delay`` seconds."""
@@ -215,9 +332,9 @@ class Producer:
     mpub = multi_publish
     dpub = deferred_publish
 
-    def _request(self, cmd: bytes) -> asyncio.Future[None]:
+    def _request(self, cmd: bytes) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: asyncio.Future[Any] = loop.create_future()
         if self._closed:
             fut.set_exception(ConnectionClosedError("the producer is closed"))
             return fut
@@ -285,6 +402,10 @@ class Producer:
                         fut.set_result(None)
                 elif data == HEARTBEAT:
                     conn.queue(_NOP)
+                elif len(data) == TRACED_RESPONSE_SIZE and data[:2] == OK and waiters:
+                    fut = waiters.popleft()
+                    if not fut.done():
+                        fut.set_result(TraceResult.from_response(data))
                 else:
                     log.warning("%s: unexpected response %r", conn.key, data[:100])
             elif ftype == FRAME_ERROR:
@@ -294,15 +415,32 @@ class Producer:
                     fut = waiters.popleft()
                     if not fut.done():
                         fut.set_exception(perr)
-                if perr.fatal:
+                if perr.code in _RETIRE_CODES:
+                    # Youzan's nsqd keeps the connection open and answers the publishes
+                    # behind this one; once they are answered, it is closed
+                    log.warning("%s: %s: this connection takes no more publishes", conn.key, perr)
+                    self._retire(conn)
+                elif perr.code in NON_FATAL_ON_PUB:
+                    log.warning("%s: nsqd refused a publish: %s", conn.key, perr)
+                elif perr.fatal:
                     log.error("%s: nsqd refused a publish: %s", conn.key, perr)
                     conn.close(perr)
             else:
                 conn.handle_control(ftype, data)
+        if conn.retired and not conn.waiters:
+            conn.close()
         conn.flush()
+
+    def _retire(self, conn: _PubConn) -> None:
+        conn.retired = True
+        self._retired.add(conn)
+        if self._conn is conn:
+            self._conn = None
+            self._next = (self._next + 1) % len(self.addresses)
 
     def _on_lost(self, conn: Connection, exc: BaseException | None) -> None:
         assert isinstance(conn, _PubConn)
+        self._retired.discard(conn)
         if self._conn is conn:
             self._conn = None
             # move on: the next connection starts with the next address

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 from nsqx.client.config import Config
 from nsqx.client.consumer import Consumer
 from nsqx.client.message import Message, MessageRespondedError
 from nsqx.client.producer import Body, Producer
+from nsqx.client.youzan import TraceResult
 
 T = TypeVar("T")
 
@@ -95,15 +96,46 @@ class BlockingProducer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def publish(self, topic: str, body: Body) -> None:
+    def publish(self, topic: str, body: Body, partition: int | None = None) -> None:
         """PUB one message; raises :class:`~nsqx.client.errors.PublishError` if refused."""
-        self._thread.run(self._wait(self._producer.publish, topic, body), self.timeout)
+        self._thread.run(self._wait(self._producer.publish, topic, body, partition), self.timeout)
 
-    def multi_publish(self, topic: str, bodies: Iterable[Body]) -> None:
+    def multi_publish(
+        self, topic: str, bodies: Iterable[Body], partition: int | None = None
+    ) -> None:
         """MPUB several messages at once."""
         self._thread.run(
-            self._wait(self._producer.multi_publish, topic, list(bodies)), self.timeout
+            self._wait(self._producer.multi_publish, topic, list(bodies), partition),
+            self.timeout,
         )
+
+    def publish_trace(
+        self, topic: str, body: Body, trace_id: int, partition: int | None = None
+    ) -> TraceResult:
+        """PUB_TRACE: the message's id, trace id, offset and raw size."""
+        return self._thread.run(
+            self._result(self._producer.publish_trace, topic, body, trace_id, partition),
+            self.timeout,
+        )
+
+    def publish_ext(
+        self,
+        topic: str,
+        body: Body,
+        ext: Mapping[str, Any] | None = None,
+        *,
+        tag: str | None = None,
+        trace_id: int | None = None,
+        partition: int | None = None,
+    ) -> TraceResult | None:
+        """PUB_EXT with a JSON ext header (see :meth:`Producer.publish_ext`)."""
+
+        def send() -> Awaitable[TraceResult | None]:
+            return self._producer.publish_ext(
+                topic, body, ext, tag=tag, trace_id=trace_id, partition=partition
+            )
+
+        return self._thread.run(self._result(send), self.timeout)
 
     def deferred_publish(self, topic: str, body: Body, delay: float) -> None:
         """DPUB: deliver after ``delay`` seconds."""
@@ -118,6 +150,10 @@ class BlockingProducer:
     @staticmethod
     async def _wait(fn: Callable[..., Any], *args: Any) -> None:
         await fn(*args)
+
+    @staticmethod
+    async def _result(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        return await fn(*args)
 
     def close(self) -> None:
         """Wait for outstanding publishes, close the connection and stop the thread."""
@@ -154,6 +190,42 @@ class BlockingMessage:
     @property
     def timestamp(self) -> int:
         return self._msg.timestamp
+
+    @property
+    def hex_id(self) -> bytes:
+        return self._msg.hex_id
+
+    @property
+    def internal_id(self) -> int:
+        return self._msg.internal_id
+
+    @property
+    def trace_id(self) -> int:
+        return self._msg.trace_id
+
+    @property
+    def offset(self) -> int:
+        return self._msg.offset
+
+    @property
+    def raw_size(self) -> int:
+        return self._msg.raw_size
+
+    @property
+    def partition(self) -> int | None:
+        return self._msg.partition
+
+    @property
+    def ext(self) -> bytes:
+        return self._msg.ext
+
+    @property
+    def ext_header(self) -> dict[str, Any]:
+        return self._msg.ext_header
+
+    @property
+    def tag(self) -> str:
+        return self._msg.tag
 
     def __repr__(self) -> str:
         return repr(self._msg)
