@@ -461,6 +461,31 @@ def test_ext_headers_tags_and_filters() -> None:
     run(body())
 
 
+def test_a_filtered_message_does_not_stall_a_client_with_rdy_1() -> None:
+    async def body() -> None:
+        async with served() as (nsqd, s, base):
+            await create(s, base, "f", 1, extend="true")
+            assert await post(s, f"{base}/channel/create?topic=f&channel=ch") == (200, b"")
+            pub = await Raw.connect(nsqd)
+            for i, k in enumerate([b"b", b"b", b"c", b"b", b"c"]):
+                pub.send(c.pub_ext("f", 0, b'{"k":"%s"}' % k, b"m%d" % i))
+                assert await pub.response() == b"OK"
+            sub = await Raw.connect(nsqd)
+            await sub.identify(
+                extend_support=True,
+                ext_filter={"type": 1, "filter_ext_key": "k", "filter_data": "c"},
+            )
+            sub.send(c.sub("f", "ch", 0))
+            assert await sub.response() == b"OK"
+            sub.send(c.rdy(1))
+            first = await sub.yz_message(with_ext=True)
+            assert first.body == b"m2"
+            sub.send(c.fin(first.id))
+            assert (await sub.yz_message(with_ext=True)).body == b"m4"
+
+    run(body())
+
+
 def test_channels_of_disable_channel_auto_create_topics_come_from_the_api() -> None:
     async def body() -> None:
         async with served() as (nsqd, s, base):

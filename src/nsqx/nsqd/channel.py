@@ -391,6 +391,7 @@ class Channel:
         frames = split_chunks(frames)
         out: dict[ClientV2, tuple[list[bytes], list[bytes]]] = {}
         back: list[tuple[int, int]] = []
+        skipped = 0
         rr = self._rr
         for frame, mid in zip(frames, ids, strict=True):
             _, ver, ext, _ = record_parts(frame)
@@ -408,6 +409,7 @@ class Channel:
             flt = c.settings.ext_filter
             if flt is not None and not flt.match(ver, ext):
                 self._skip_filtered(mid)
+                skipped += 1
                 continue
             room[c] -= 1
             f_list, i_list = out.setdefault(c, ([], []))
@@ -419,6 +421,10 @@ class Channel:
         for c, (f_list, i_list) in out.items():
             self._trace_start(f_list, i_list, c)
             c.send_messages(f_list, i_list, now)
+        if skipped and not back:
+            # what a filter skipped left room: take more (else a client with RDY 1
+            # whose next message is filtered would wait for ever)
+            self.notify()
 
     def _skip_filtered(self, mid: bytes) -> None:
         """A message a client's ext filter refused: finished for the channel, unsent."""
