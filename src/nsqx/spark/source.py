@@ -11,6 +11,8 @@ task's rows with MPUB batches (at-least-once: a retried task publishes again).
 from __future__ import annotations
 
 import logging
+import sys
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,15 @@ from pyspark.sql.types import StructType
 from nsqx.spark import rangeclient
 from nsqx.spark.options import NsqOptionError, NsqOptions
 from nsqx.spark.publisher import BlockingPublisher
+from nsqx.wire.frames import (
+    EXT_AT,
+    EXT_LEN_AT,
+    EXT_VER_AT,
+    ID_AT,
+    ID_END,
+    RECORD_EXTENDED,
+    TRACE_AT,
+)
 from nsqx.wire.range import RangeFrames
 
 log = logging.getLogger("nsqx.spark")
@@ -48,8 +59,6 @@ SCHEMA = (
 
 
 SCHEMA_NAMES = [c.split()[0] for c in SCHEMA.split(", ")]
-# a message frame's bytes before its body: size, type, timestamp, attempts, id
-_FRAME_HEAD = 34
 
 
 @dataclass(frozen=True)
@@ -125,8 +134,9 @@ def _bounds(opts: NsqOptions) -> dict[str, tuple[int, int]]:
 def frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int) -> Any:
     """An Arrow record batch of SCHEMA from a range read, built column by column with
     Arrow's kernels (no Python per record): ids and bodies are cut out of the frames,
-    timestamps expanded from the runs' table, offsets (sequences) counted from the start.
-    A malformed body raises RuntimeError naming the nsqd."""
+    timestamps expanded from the runs' table, offsets (sequences) counted from the start;
+    trace ids and ext headers come from extended records. A malformed body raises
+    RuntimeError naming the nsqd."""
     import pyarrow as pa
 
     try:
@@ -148,12 +158,20 @@ def _frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int)
     ends = pc.cumulative_sum_checked(sizes)
     bounds = pc.min_max(sizes).as_py()
     longest = bounds["max"] or 0
-    if n and (ends[-1].as_py() != len(res.frames) or bounds["min"] < _FRAME_HEAD):
+    if n and (ends[-1].as_py() != len(res.frames) or bounds["min"] < ID_END):
         raise RuntimeError(f"nsq: a range read from {address} has malformed frames")
     offsets = pa.concat_arrays([pa.array([0], pa.int32()), ends])
-    frames = pa.Array.from_buffers(
-        pa.binary(), n, [None, offsets.buffers()[1], pa.py_buffer(res.frames)]
-    )
+    data = pa.py_buffer(res.frames)
+    frames = pa.Array.from_buffers(pa.binary(), n, [None, offsets.buffers()[1], data])
+    extended = _extended_mask(data, offsets, n)
+    if extended is None:
+        # every frame is a plain message frame: one slice makes the bodies
+        trace_ids = pa.repeat(pa.scalar(0, pa.int64()), n)
+        # an explicit stop: without one pyarrow 26 miscomputes the output's size
+        bodies = pc.binary_slice(frames, ID_END, longest)
+        exts = pa.nulls(n, pa.string())
+    else:
+        trace_ids, exts, bodies = _extended_columns(data, offsets, sizes, extended, n, address)
     runs = len(res.run_lengths) // 4
     # each record's timestamp is its run's (one publish, one timestamp)
     run_ends = pc.cumulative_sum_checked(col(pa.int32(), res.run_lengths, runs))
@@ -167,16 +185,116 @@ def _frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int)
             pa.repeat(pa.scalar(address, pa.string()), n),
             pa.repeat(pa.scalar(partition, pa.int32()), n),
             pc.cumulative_sum(ones, start=res.start_sequence - 1),  # record i: start + i
-            pc.binary_slice(frames, 18, 34).cast(pa.string()),
-            pa.repeat(pa.scalar(0, pa.int64()), n),  # trace ids: none yet
+            pc.binary_slice(frames, ID_AT, ID_END).cast(pa.string()),
+            trace_ids,
             pc.divide(timestamps, 1000).cast(pa.timestamp("us", tz="UTC")),  # Spark's
             pa.repeat(pa.scalar(1, pa.int32()), n),  # a range read is not a delivery
-            # an explicit stop: without one pyarrow 26 miscomputes the output's size
-            pc.binary_slice(frames, _FRAME_HEAD, longest),
-            pa.nulls(n, pa.string()),
+            bodies,
+            exts,
         ],
         names=SCHEMA_NAMES,
     )
+
+
+def _u8(data: Any) -> Any:
+    """The frames' bytes as a uint8 array (a view), to gather single bytes from."""
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(pa.uint8(), data.size, [None, data])
+
+
+def _extended_mask(data: Any, offsets: Any, n: int) -> Any:
+    """Which frames are extended records (a boolean array), or None if none is.
+
+    The third byte of a frame's type field is 1 in an extended record's (0x102) and 0
+    in a message frame's (2); gathering that one byte per frame costs far less than the
+    columns, so plain topics keep the single-slice path.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not n:
+        return None
+    type_bytes = pc.take(_u8(data), pc.add(offsets.slice(0, n), pa.scalar(6, pa.int32())))
+    extended = pc.equal(type_bytes, pa.scalar(RECORD_EXTENDED >> 8, pa.uint8()))
+    return extended if pc.any(extended).as_py() else None
+
+
+def _extended_columns(
+    data: Any, offsets: Any, sizes: Any, extended: Any, n: int, address: str
+) -> tuple[Any, Any, Any]:
+    """Trace ids, ext headers and bodies of frames some of which are extended records
+    (``[header][id][u64 trace id][u8 ext version][u16 ext length][ext][body]``).
+
+    Bodies start at a different place in each frame, which Arrow's slicing kernels
+    cannot express; so every frame is cut into five consecutive pieces (header and id,
+    trace id, ext version and length, ext, body) by one offsets buffer of 5n + 1
+    entries over the same bytes, and each column is a ``take`` of every fifth piece.
+    A plain frame's trace piece is the last 8 bytes of its id (masked to 0) and its
+    version and ext pieces are empty.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    i32 = pa.int32()
+
+    def at(base: Any, ext_value: int, plain_value: int) -> Any:
+        return pc.add(
+            base, pc.if_else(extended, pa.scalar(ext_value, i32), pa.scalar(plain_value, i32))
+        )
+
+    starts = offsets.slice(0, n)
+    if pc.any(pc.and_(extended, pc.less(sizes, pa.scalar(EXT_AT, i32)))).as_py():
+        raise RuntimeError(f"nsq: a range read from {address} has malformed extended records")
+    u8 = _u8(data)
+    # gather the ext version and length bytes of extended records (a plain frame
+    # points at its own first byte, always there, and is masked out below)
+    ver = pc.take(u8, at(starts, EXT_VER_AT, 0))
+    hi = pc.take(u8, at(starts, EXT_LEN_AT, 0)).cast(i32)
+    lo = pc.take(u8, at(starts, EXT_LEN_AT + 1, 0)).cast(i32)
+    ext_len = pc.if_else(
+        extended, pc.add(pc.multiply(hi, pa.scalar(256, i32)), lo), pa.scalar(0, i32)
+    )
+    trace_at = at(starts, TRACE_AT, TRACE_AT - 8)
+    ext_at = at(starts, EXT_AT, ID_END)
+    body_at = pc.add(ext_at, ext_len)
+    if not pc.all(pc.less_equal(body_at, offsets.slice(1, n))).as_py():
+        raise RuntimeError(f"nsq: a range read from {address} has malformed extended records")
+    pieces_offsets = array("i", [0]) * (5 * n + 1)
+    for j, column in enumerate(
+        (starts, trace_at, pc.add(trace_at, pa.scalar(8, i32)), ext_at, body_at)
+    ):
+        pieces_offsets[j : 5 * n : 5] = _int32s(column)
+    pieces_offsets[5 * n] = data.size
+    pieces = pa.Array.from_buffers(pa.binary(), 5 * n, [None, pa.py_buffer(pieces_offsets), data])
+    fives = pc.cumulative_sum(pa.repeat(pa.scalar(5, i32), n), start=pa.scalar(-5, i32))
+
+    def piece(j: int) -> Any:
+        return pc.take(pieces, pc.add(fives, pa.scalar(j, i32)))
+
+    # trace ids: big-endian u64s, now 8 bytes apart; Spark's BIGINT is signed, so one
+    # at or above 2**63 reads as negative (the same 64 bits)
+    raw = array("q")
+    raw.frombytes(memoryview(piece(1).buffers()[2])[: 8 * n])
+    if sys.byteorder == "little":
+        raw.byteswap()
+    traces = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(raw)])
+    trace_ids = pc.if_else(extended, traces, pa.scalar(0, pa.int64()))
+    has_ext = pc.and_(extended, pc.not_equal(ver, pa.scalar(0, pa.uint8())))
+    exts = pc.if_else(has_ext, piece(3).cast(pa.string()), pa.scalar(None, pa.string()))
+    return trace_ids, exts, piece(4)
+
+
+def _int32s(column: Any) -> array[int]:
+    """An int32 Arrow array (no nulls) as a Python array, copied in one go."""
+    import pyarrow as pa
+
+    if column.type != pa.int32() or column.null_count:
+        raise TypeError(f"expected int32 offsets, got {column.type}")
+    out = array("i")
+    first = column.offset
+    out.frombytes(memoryview(column.buffers()[1])[4 * first : 4 * (first + len(column))])
+    return out
 
 
 def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
