@@ -93,8 +93,10 @@ def nsqd_http_addresses(opts: NsqOptions) -> list[str]:
     return found
 
 
-def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int) -> int:
-    """A sequence for ``key`` from an offsets spec, clamped to [lo, hi]."""
+def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int, *, ending: bool) -> int:
+    """A sequence for ``key`` from an offsets spec, clamped to [lo, hi]. A partition
+    that a JSON spec leaves out gets the option's default: earliest for
+    startingOffsets, latest for endingOffsets."""
     if spec == "earliest":
         return lo
     if spec == "latest":
@@ -105,7 +107,7 @@ def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int) -> int:
         return max(lo, min(hi, rangeclient.sequence_at_time(address, opts.topic, part, spec)))
     assert isinstance(spec, dict)
     if key not in spec:
-        return lo
+        return hi if ending else lo
     seq = int(spec[key])
     if seq == -2:
         return lo
@@ -117,17 +119,30 @@ def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int) -> int:
     return min(seq, hi)
 
 
-def _bounds(opts: NsqOptions) -> dict[str, tuple[int, int]]:
+def _bounds(opts: NsqOptions, *, tolerant: bool = False) -> dict[str, tuple[int, int]]:
+    """(first retained, end) sequences of every partition of the topic on every nsqd,
+    by ``host:httpport/partition`` key.
+
+    Each nsqd is asked which partitions it hosts (its /stats), then for their bounds: so
+    every partition of a partitioned topic is found wherever it lives, with any lookupd
+    or none. ``tolerant`` (a running stream) skips an nsqd that cannot be reached, with
+    a warning: its partitions keep their offsets and are read again once it answers.
+    """
     assert opts.topic is not None
     out = {}
     for address in nsqd_http_addresses(opts):
-        key = partition_key(address, 0)
         try:
-            out[key] = rangeclient.bounds(address, opts.topic, 0)
-        except rangeclient.NsqHttpError as err:
-            if "TOPIC_NOT_FOUND" in str(err):
-                continue  # this nsqd has no such topic (yet)
-            raise
+            for p in rangeclient.local_partitions(address, opts.topic):
+                try:
+                    out[partition_key(address, p)] = rangeclient.bounds(address, opts.topic, p)
+                except rangeclient.NsqHttpError as err:
+                    if "NOT_FOUND" in str(err):
+                        continue  # deleted since /stats listed it
+                    raise
+        except rangeclient.NsqUnreachable as err:
+            if not tolerant:
+                raise
+            log.warning("nsq: %s skipped in this micro-batch: %s", address, err)
     return out
 
 
@@ -342,8 +357,8 @@ class NsqBatchReader(DataSourceReader):
         opts = self.opts
         parts = []
         for key, (lo, hi) in sorted(_bounds(opts).items()):
-            start = _resolve(opts, opts.starting, key, lo, hi)
-            end = _resolve(opts, opts.ending, key, lo, hi)
+            start = _resolve(opts, opts.starting, key, lo, hi, ending=False)
+            end = _resolve(opts, opts.ending, key, lo, hi, ending=True)
             if end > start:
                 address, p = split_key(key)
                 parts.append(RangePartition(key, address, p, start, end))
@@ -364,7 +379,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, int]:
         opts = self.opts
         return {
-            key: _resolve(opts, opts.starting, key, lo, hi)
+            key: _resolve(opts, opts.starting, key, lo, hi, ending=False)
             for key, (lo, hi) in sorted(_bounds(opts).items())
         }
 
@@ -376,27 +391,56 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {k: hi for k, (_, hi) in _bounds(self.opts).items()}
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        bounds = _bounds(self.opts)
-        latest = {k: hi for k, (_, hi) in bounds.items()}
+        """The end of the next micro-batch: every known partition's end (at most the
+        pinned target of availableNow), its rows shared out under maxOffsetsPerTrigger.
+
+        A partition (or nsqd) first seen here enters at its first retained sequence and
+        is read from the next micro-batch on: the checkpointed offsets then say where
+        its reading starts, so the batch replays identically after a restart, and
+        segments deleted before the stream ever saw the partition are no data loss.
+        """
+        bounds = _bounds(self.opts, tolerant=True)
+        end = dict(start)
+        latest = {}
+        for k, (lo, hi) in bounds.items():
+            if k not in start:
+                end[k] = lo
+                if self._target is not None and k not in self._target:
+                    # appeared after availableNow started: not part of this run's data
+                    self._target[k] = lo
+                log.info("nsq: new partition %s, read from sequence %d", k, lo)
+            elif hi < start[k]:
+                log.warning(
+                    "nsq: %s ends at %d, below the stream's offset %d (deleted and created "
+                    "again?): reading resumes once it passes that offset",
+                    k,
+                    hi,
+                    start[k],
+                )
+            else:
+                latest[k] = hi
         if self._target is not None:
             latest = {k: min(v, self._target.get(k, v)) for k, v in latest.items()}
-        begin = {k: start.get(k, bounds[k][0]) for k in latest}
-        end = dict(start)
-        end.update(latest)
+        end.update({k: max(v, start[k]) for k, v in latest.items()})
         if isinstance(limit, ReadMaxRows):
             budget = limit.max_rows
-            backlog = {k: max(latest[k] - begin[k], 0) for k in latest}
+            backlog = {k: max(v - start[k], 0) for k, v in latest.items()}
             total = sum(backlog.values())
             if total > budget:
                 # share the budget in proportion to each partition's backlog
                 for k, b in backlog.items():
-                    end[k] = begin[k] + (b * budget) // total
+                    end[k] = start[k] + (b * budget) // total
         return end
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[RangePartition]:
+        """One input partition per (nsqd, topic partition) with rows in [start, end).
+
+        A key missing from ``start`` entered in this micro-batch at its first sequence
+        (see latestOffset): nothing of it is read before the next one.
+        """
         parts = []
         for key, hi in sorted(end.items()):
-            lo = start.get(key, 0)
+            lo = start.get(key, hi)
             if hi > lo:
                 address, p = split_key(key)
                 parts.append(RangePartition(key, address, p, lo, hi))
