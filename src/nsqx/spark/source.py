@@ -1,11 +1,14 @@
 """The PySpark data source "nsq": batch and Structured Streaming, read and write.
 
-Reading (mode "range", the default) is by offset ranges: the driver plans, for each
-(nsqd, topic partition), a range of message sequences, and executors fetch exactly that
-range with nsqd's stateless range reads (GET /range). A streaming query's offset is
-``{"host:httpport/partition": sequence}``; it lives in Spark's checkpoint, so a query
-restarted from its checkpoint resumes with no gap and no repeat. Writing publishes each
-task's rows with MPUB batches (at-least-once: a retried task publishes again).
+Reading (mode "range", the default) is by offset ranges: the driver finds every
+partition of the topic on every nsqd (each nsqd lists its own in /stats) and plans, for
+each (nsqd, topic partition), a range of message sequences; executors fetch exactly that
+range with nsqd's stateless range reads (GET /range), one task per range, in sequence
+order. A streaming query's offset is ``{"host:httpport/partition": sequence}``; it lives
+in Spark's checkpoint, so a query restarted from its checkpoint resumes with no gap and
+no repeat. A partition that appears while a stream runs joins at its first retained
+sequence. Writing publishes each task's rows with MPUB batches (at-least-once: a retried
+task publishes again).
 """
 
 from __future__ import annotations
