@@ -17,7 +17,7 @@ import pytest
 
 from nsqx.spark import rangeclient
 from nsqx.spark.options import NsqOptions
-from nsqx.spark.source import NsqStreamReader, read_range
+from nsqx.spark.source import NsqStreamReader, read_range, share_budget
 from nsqx.wire import commands as cmd
 from nsqx.wire.frames import FRAME_RESPONSE, MAGIC_V2, FrameDecoder
 
@@ -97,6 +97,24 @@ def fill(node: NsqdProcess, topic: str, partition: int, n: int, tag: str) -> lis
 
 
 # -- the reader's planning, without Spark ---------------------------------------------
+
+
+def test_a_small_budget_is_shared_out_exactly() -> None:
+    """maxOffsetsPerTrigger below the number of partitions still moves the stream."""
+    assert share_budget({"a": 1, "b": 1, "c": 1}, 2) in (
+        {"a": 1, "b": 1, "c": 0},
+        {"a": 1, "b": 0, "c": 1},
+        {"a": 0, "b": 1, "c": 1},
+    )
+    assert share_budget({"a": 100, "b": 1}, 10) == {"a": 10, "b": 0}
+    assert share_budget({"a": 30, "b": 20, "c": 10}, 7) == {"a": 4, "b": 2, "c": 1}
+    assert share_budget({"a": 3, "b": 0}, 10) == {"a": 3, "b": 0}
+    for n in range(1, 40):
+        backlog = {str(k): (k * 7919) % 13 + 1 for k in range(n)}
+        for budget in (1, 5, n, 3 * n):
+            shares = share_budget(backlog, budget)
+            assert sum(shares.values()) == min(budget, sum(backlog.values()))
+            assert all(0 <= shares[k] <= backlog[k] for k in backlog)
 
 
 def test_stream_reader_adds_a_partition_at_its_first_retained_sequence(

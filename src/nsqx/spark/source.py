@@ -139,8 +139,10 @@ def _bounds(opts: NsqOptions, *, tolerant: bool = False) -> dict[str, tuple[int,
                 try:
                     out[partition_key(address, p)] = rangeclient.bounds(address, opts.topic, p)
                 except rangeclient.NsqHttpError as err:
-                    if "NOT_FOUND" in str(err):
-                        continue  # deleted since /stats listed it
+                    # deleted since /stats listed it (a server without /range says
+                    # NOT_FOUND alone: that is an error)
+                    if "TOPIC_NOT_FOUND" in str(err) or "PARTITION_NOT_FOUND" in str(err):
+                        continue
                     raise
         except rangeclient.NsqUnreachable as err:
             if not tolerant:
@@ -350,6 +352,22 @@ def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
         seq = res.next_sequence
 
 
+def share_budget(backlog: dict[str, int], budget: int) -> dict[str, int]:
+    """Rows to read from each partition when their backlogs exceed ``budget``: shares in
+    proportion to the backlogs that add up to exactly ``budget`` (largest remainders
+    get the rows that rounding down leaves), so that a micro-batch always makes
+    progress, however many partitions share a small budget. Unchanged if within it."""
+    total = sum(backlog.values())
+    if total <= budget:
+        return dict(backlog)
+    shares = {k: b * budget // total for k, b in backlog.items()}
+    left = budget - sum(shares.values())
+    by_remainder = sorted(backlog, key=lambda k: (-(backlog[k] * budget % total), k))
+    for k in by_remainder[:left]:
+        shares[k] += 1
+    return shares
+
+
 class NsqBatchReader(DataSourceReader):
     """Batch read of [startingOffsets, endingOffsets) of every (nsqd, partition)."""
 
@@ -378,6 +396,8 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: NsqOptions) -> None:
         self.opts = opts
         self._target: dict[str, int] | None = None
+        # partitions found below the stream's offset, warned about once
+        self._behind: set[str] = set()
 
     def initialOffset(self) -> dict[str, int]:
         opts = self.opts
@@ -413,26 +433,24 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     self._target[k] = lo
                 log.info("nsq: new partition %s, read from sequence %d", k, lo)
             elif hi < start[k]:
-                log.warning(
-                    "nsq: %s ends at %d, below the stream's offset %d (deleted and created "
-                    "again?): reading resumes once it passes that offset",
-                    k,
-                    hi,
-                    start[k],
-                )
+                if k not in self._behind:
+                    self._behind.add(k)
+                    log.warning(
+                        "nsq: %s ends at %d, below the stream's offset %d (deleted and "
+                        "created again?): reading resumes once it passes that offset",
+                        k,
+                        hi,
+                        start[k],
+                    )
             else:
                 latest[k] = hi
         if self._target is not None:
             latest = {k: min(v, self._target.get(k, v)) for k, v in latest.items()}
         end.update({k: max(v, start[k]) for k, v in latest.items()})
         if isinstance(limit, ReadMaxRows):
-            budget = limit.max_rows
             backlog = {k: max(v - start[k], 0) for k, v in latest.items()}
-            total = sum(backlog.values())
-            if total > budget:
-                # share the budget in proportion to each partition's backlog
-                for k, b in backlog.items():
-                    end[k] = start[k] + (b * budget) // total
+            for k, share in share_budget(backlog, limit.max_rows).items():
+                end[k] = start[k] + share
         return end
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[RangePartition]:
