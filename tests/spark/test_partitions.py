@@ -3,6 +3,7 @@ partition that appears while a stream runs, ordered topics, trace ids and ext he
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import struct
@@ -10,6 +11,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 
 from nsqx.spark import rangeclient
 from nsqx.spark.options import NsqOptions
-from nsqx.spark.source import NsqStreamReader, read_range, share_budget
+from nsqx.spark.source import NsqStreamReader, nsqd_http_addresses, read_range, share_budget
 from nsqx.wire import commands as cmd
 from nsqx.wire.frames import FRAME_RESPONSE, MAGIC_V2, FrameDecoder
 
@@ -97,6 +99,51 @@ def fill(node: NsqdProcess, topic: str, partition: int, n: int, tag: str) -> lis
 
 
 # -- the reader's planning, without Spark ---------------------------------------------
+
+
+def test_lookup_finds_producers_and_partition_nodes() -> None:
+    """NSQ 1.3's /lookup (producers), Youzan's (plus the partitions map) and its V1
+    envelope: every nsqd once."""
+
+    def peer(port: int) -> dict[str, Any]:
+        return {"broadcast_address": "127.0.0.1", "tcp_port": port - 1, "http_port": port}
+
+    answers = [
+        {"channels": [], "producers": [peer(4151)]},
+        {
+            "channels": [],
+            "meta": {"partition_num": 3},
+            "producers": [peer(4151)],
+            "partitions": {"0": peer(4151), "1": peer(4251), "2": peer(4151)},
+        },
+        {"status_code": 200, "status_txt": "OK", "data": {"producers": [peer(4351)]}},
+    ]
+    asked: list[str] = []
+
+    class Lookupd(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = json.dumps(answers[len(asked) - 1]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Lookupd)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        lookupd = f"127.0.0.1:{server.server_address[1]}"
+        opts = NsqOptions.parse({"topic": "t", "lookupdHttpAddresses": lookupd})
+        assert nsqd_http_addresses(opts) == ["127.0.0.1:4151"]
+        assert nsqd_http_addresses(opts) == ["127.0.0.1:4151", "127.0.0.1:4251"]
+        assert [p["tcp_port"] for p in rangeclient.lookup(lookupd, "t")] == [4350]
+        assert all(a.startswith("/lookup?topic=t") for a in asked)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_small_budget_is_shared_out_exactly() -> None:
