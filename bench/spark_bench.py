@@ -1,11 +1,13 @@
 """Spark benchmark: rows/s of the "nsq" data source beside a raw consumer on the same data.
 
-Starts PARTITIONS nsqd processes (one topic partition each), publishes MESSAGES messages
-of SIZE bytes spread over them, then measures, on the same data:
+Starts PARTITIONS nsqd processes (one topic partition each, or --topic-partitions each
+of a partitioned topic), publishes MESSAGES messages of SIZE bytes spread over them, then
+measures, on the same data:
 
-- raw:    consuming every message with FINs over plain asyncio connections (one per nsqd,
-          RDY 2500, FINs of one read in one write): what a fast client does;
-- batch:  ``spark.read.format("nsq")...write.format("noop")`` (one Spark partition per nsqd);
+- raw:    consuming every message with FINs over plain asyncio connections (one per topic
+          partition, RDY 2500, FINs of one read in one write): what a fast client does;
+- batch:  ``spark.read.format("nsq")...write.format("noop")`` (one Spark partition per
+          topic partition);
 - stream: ``spark.readStream.format("nsq")`` with ``trigger(availableNow=True)`` into a
           noop sink (or --sink parquet).
 
@@ -16,6 +18,7 @@ A stream's rate is Spark's own (rows over the time its micro-batches ran, as in
 ``processedRowsPerSecond``); the wall time with the query's start-up is printed beside it.
 
     python bench/spark_bench.py --messages 1000000 --partitions 2
+    python bench/spark_bench.py --messages 1000000 --partitions 2 --topic-partitions 2
 """
 
 from __future__ import annotations
@@ -68,28 +71,32 @@ def start_nsqd(data: str) -> tuple[subprocess.Popen[str], int, int]:
     raise RuntimeError("nsqd did not start")
 
 
-def publish(http: int, topic: str, n: int, size: int) -> None:
+def publish(http: int, topic: str, n: int, size: int, partition: int | None = None) -> None:
     body_one = struct.pack(">i", size) + b"x" * size
     batch = 1000
+    where = "" if partition is None else f"&partition={partition}"
     for i in range(0, n, batch):
         k = min(batch, n - i)
         data = struct.pack(">i", k) + body_one * k
         req = urllib.request.Request(
-            f"http://127.0.0.1:{http}/mpub?topic={topic}&binary=true", data=data
+            f"http://127.0.0.1:{http}/mpub?topic={topic}&binary=true{where}", data=data
         )
         with urllib.request.urlopen(req) as resp:
             assert resp.read() == b"OK"
 
 
 class _Consumer(asyncio.Protocol):
-    def __init__(self, topic: str, want: int, done: asyncio.Future[None]) -> None:
-        self.topic, self.want, self.done = topic, want, done
+    def __init__(
+        self, topic: str, partition: int | None, want: int, done: asyncio.Future[None]
+    ) -> None:
+        self.topic, self.partition, self.want, self.done = topic, partition, want, done
         self.got = 0
         self.decoder = FrameDecoder()
 
     def connection_made(self, transport: Any) -> None:
         self.t = transport
-        transport.write(MAGIC_V2 + cmd.sub(self.topic, "raw") + cmd.rdy(2500))
+        sub = cmd.sub(self.topic, "raw", self.partition)
+        transport.write(MAGIC_V2 + sub + cmd.rdy(2500))
 
     def data_received(self, data: bytes) -> None:
         fins = []
@@ -133,14 +140,15 @@ async def client_consume(tcp_ports: list[int], topic: str, total: int) -> float:
     return elapsed
 
 
-async def raw_consume(tcp_ports: list[int], topic: str, per_partition: int) -> float:
+async def raw_consume(subs: list[tuple[int, int | None]], topic: str, per_partition: int) -> float:
+    """One connection per (tcp port, topic partition or None for an NSQ 1.3 SUB)."""
     loop = asyncio.get_running_loop()
     futures = []
     t0 = time.perf_counter()
-    for port in tcp_ports:
+    for port, partition in subs:
         fut: asyncio.Future[None] = loop.create_future()
         await loop.create_connection(
-            lambda f=fut: _Consumer(topic, per_partition, f), "127.0.0.1", port
+            lambda f=fut, p=partition: _Consumer(topic, p, per_partition, f), "127.0.0.1", port
         )
         futures.append(fut)
     await asyncio.gather(*futures)
@@ -151,7 +159,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=1_000_000)
     ap.add_argument("--size", type=int, default=200)
-    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--partitions", type=int, default=2, help="nsqd processes")
+    ap.add_argument(
+        "--topic-partitions",
+        type=int,
+        default=0,
+        help="make the topic partitioned, with this many partitions on each nsqd "
+        "(default: an NSQ 1.3 topic, partition 0 on each)",
+    )
     ap.add_argument("--sink", choices=["noop", "parquet"], default="noop")
     ap.add_argument(
         "--rounds",
@@ -168,24 +183,34 @@ def main() -> int:
     try:
         nodes = [start_nsqd(os.path.join(tmp, f"n{i}")) for i in range(args.partitions)]
         procs = [p for p, _, _ in nodes]
-        per = args.messages // args.partitions
+        k = args.topic_partitions
+        # (nsqd index, topic partition): an NSQ 1.3 topic is partition 0 on each nsqd; a
+        # partitioned one has its own partitions on each, as lookupd would place them
+        layout = [(i, i * k + j if k else None) for i in range(len(nodes)) for j in range(k or 1)]
+        per = args.messages // len(layout)
         t0 = time.perf_counter()
-        for _, _, http in nodes:
+        for i, (_, _, http) in enumerate(nodes):
             # the consumers' channels exist before publishing: a later channel starts at
             # the end of the topic and would see none of it
-            for path in (
-                "/topic/create?topic=bench",
+            paths = [
+                f"/topic/create?topic=bench&partition={p}&partition_num={k * len(nodes)}"
+                for n, p in layout
+                if n == i and p is not None
+            ] or ["/topic/create?topic=bench"]
+            paths += [
                 "/channel/create?topic=bench&channel=raw",
                 "/channel/create?topic=bench&channel=client",
-            ):
+            ]
+            for path in paths:
                 urllib.request.urlopen(
                     urllib.request.Request(f"http://127.0.0.1:{http}{path}", method="POST")
                 ).close()
-            publish(http, "bench", per, args.size)
-        total = per * args.partitions
+        for i, p in layout:
+            publish(nodes[i][2], "bench", per, args.size, p)
+        total = per * len(layout)
         print(
-            f"published {total:,} messages of {args.size} B over {args.partitions} nsqd "
-            f"in {time.perf_counter() - t0:.1f}s"
+            f"published {total:,} messages of {args.size} B over {args.partitions} nsqd, "
+            f"{len(layout)} topic partitions, in {time.perf_counter() - t0:.1f}s"
         )
 
         try:
@@ -194,12 +219,15 @@ def main() -> int:
             uvloop.install()
         except ImportError:
             pass
-        raw_s = asyncio.run(raw_consume([t for _, t, _ in nodes], "bench", per))
+        subs = [(nodes[i][1], p) for i, p in layout]
+        raw_s = asyncio.run(raw_consume(subs, "bench", per))
         raw = total / raw_s
         print(f"raw     : {raw:>11,.0f} msgs/s  ({raw_s:.2f}s, bare asyncio, consume + FIN)")
-        client_s = asyncio.run(client_consume([t for _, t, _ in nodes], "bench", total))
-        client = total / client_s
-        print(f"client  : {client:>11,.0f} msgs/s  ({client_s:.2f}s, nsqx.client Consumer)")
+        client = 0.0
+        if not k:  # nsqx.client's Consumer reads one partition per nsqd here
+            client_s = asyncio.run(client_consume([t for _, t, _ in nodes], "bench", total))
+            client = total / client_s
+            print(f"client  : {client:>11,.0f} msgs/s  ({client_s:.2f}s, nsqx.client Consumer)")
 
         from pyspark.sql import SparkSession
 
@@ -274,8 +302,8 @@ def main() -> int:
             warm_s = statistics.median(stream_rates[1:])
             print(
                 f"median of warm rounds: batch {warm_b:,.0f} rows/s = {warm_b / raw:.0%} of "
-                f"raw, stream {warm_s:,.0f} rows/s = {warm_s / raw:.0%} of raw "
-                f"(client {client / raw:.0%} of raw)"
+                f"raw, stream {warm_s:,.0f} rows/s = {warm_s / raw:.0%} of raw"
+                + (f" (client {client / raw:.0%} of raw)" if client else "")
             )
         spark.stop()
         return 0

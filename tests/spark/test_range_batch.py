@@ -12,7 +12,7 @@ from nsqx.nsqd.http import range_body
 from nsqx.spark.source import SCHEMA_NAMES, frames_to_batch
 from nsqx.store.disklog import DiskLog
 from nsqx.wire.errors import ProtocolError
-from nsqx.wire.frames import encode_message_batch
+from nsqx.wire.frames import encode_extended_batch, encode_message_batch
 from nsqx.wire.range import decode_range, decode_range_frames
 
 TS = 1_700_000_000_123_456_789
@@ -53,6 +53,54 @@ def test_arrow_batch_matches_the_records(tmp_path: Path) -> None:
     ]
     assert set(cols["attempts"]) == {1} and set(cols["topic"]) == {"t"}
     assert set(cols["ext"]) == {None} and set(cols["trace_id"]) == {0}
+
+
+def test_extended_records_give_trace_ids_and_ext_headers(tmp_path: Path) -> None:
+    """Plain and extended batches mixed in one read: trace ids and ext headers from the
+    extended records (nothing from the plain ones), the body only in ``body``, the same
+    16-hex-digit ids; Arrow's columns agree with the record decoder."""
+    log = DiskLog(str(tmp_path), cache_size=2)
+    expected = []  # (body, trace id, ext)
+    for i in range(6):
+        n = 3
+        bodies = [b"m%d-%d" % (i, k) * (k + 1) for k in range(n)]
+        ids = make_ids(log.end, n)
+        if i % 3 == 0:
+            chunk, stride = encode_message_batch(TS + i, ids, bodies)
+            expected += [(b, 0, None) for b in bodies]
+        elif i % 3 == 1:
+            traces = [(1 << 63) + 7 * k + i for k in range(n)]  # one past BIGINT: wraps
+            exts = [f'{{"k":"é{i}","n":{k}}}'.encode() for k in range(n)]
+            chunk, stride = encode_extended_batch(TS + i, ids, bodies, traces, [4] * n, exts)
+            expected += [
+                (b, t - (1 << 64), e.decode()) for b, t, e in zip(bodies, traces, exts, strict=True)
+            ]
+        else:  # traced, no ext header
+            chunk, stride = encode_extended_batch(
+                TS + i, ids, bodies, [1000 + k for k in range(n)], [0] * n, [b""] * n
+            )
+            expected += [(b, 1000 + k, None) for k, b in enumerate(bodies)]
+        log.append(chunk, ids, 0, stride)
+    body = _body(log, 0, 100)
+    records = decode_range(body).records
+    assert [r.body for r in records] == [e[0] for e in expected]
+    assert [r.trace_id for r in records] == [e[1] % (1 << 64) for e in expected]
+    cols = frames_to_batch(decode_range_frames(body), "t", "h:1", 0).to_pydict()
+    assert cols["body"] == [e[0] for e in expected]
+    assert cols["trace_id"] == [e[1] for e in expected]
+    assert cols["ext"] == [e[2] for e in expected]
+    assert cols["id"] == [f"{s:016x}" for s in range(len(expected))]
+    assert cols["offset"] == list(range(len(expected)))
+    # a read that starts inside the extended batches: the same columns from there
+    tail = frames_to_batch(decode_range_frames(_body(log, 4, 100)), "t", "h:1", 0).to_pydict()
+    assert tail["ext"] == cols["ext"][4:] and tail["body"] == cols["body"][4:]
+    # an ext length that runs past its frame is refused, not read past
+    pos = body.index(b'{"k"')
+    bad = body[: pos - 2] + b"\xff\xff" + body[pos:]
+    with pytest.raises(RuntimeError, match="malformed extended records"):
+        frames_to_batch(decode_range_frames(bad), "t", "h:1", 0)
+    with pytest.raises(ProtocolError):
+        decode_range(bad)
 
 
 def test_malformed_bodies_are_refused(tmp_path: Path) -> None:

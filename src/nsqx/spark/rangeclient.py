@@ -19,6 +19,10 @@ class NsqHttpError(Exception):
     """nsqd or nsqlookupd answered with an error (or could not be reached)."""
 
 
+class NsqUnreachable(NsqHttpError):
+    """nsqd or nsqlookupd could not be reached (no answer at all)."""
+
+
 _local = threading.local()
 
 
@@ -47,7 +51,7 @@ def request(
             conn.close()
             _local.pool.pop(address, None)
             if attempt == 2:
-                raise NsqHttpError(f"{method} http://{address}{path}: {err}") from err
+                raise NsqUnreachable(f"{method} http://{address}{path}: {err}") from err
             continue
         if resp.status != 200:
             try:
@@ -109,13 +113,47 @@ def set_channel_offset(address: str, topic: str, channel: str, partition: int, s
     )
 
 
+def local_partitions(address: str, topic: str) -> list[int]:
+    """The partitions of ``topic`` that the nsqd at ``address`` hosts (empty if none).
+
+    Asked of nsqd's own /stats, which works with any lookupd or none: a partitioned
+    topic has one entry per local partition with its ``topic_partition``; an NSQ 1.3
+    topic's entry has no such field and is partition 0.
+    """
+    params = {"format": "json", "topic": topic, "include_clients": "false", "include_mem": "false"}
+    data = json.loads(request(address, "GET", "/stats", params))
+    if isinstance(data.get("data"), dict):  # the V1 envelope of older servers
+        data = data["data"]
+    found = {
+        int(t.get("topic_partition") or 0)
+        for t in data.get("topics") or ()
+        if t.get("topic_name") == topic
+    }
+    return sorted(found)
+
+
 def lookup(lookupd: str, topic: str) -> list[dict[str, Any]]:
-    """Producers of ``topic`` according to one nsqlookupd (empty if it has none)."""
+    """The nsqd that serve ``topic`` according to one nsqlookupd (empty if none): its
+    producers, plus the nodes of its partitions map where the lookupd has one
+    (Youzan's), each once."""
     try:
-        body = request(lookupd, "GET", "/lookup", {"topic": topic})
+        body = request(lookupd, "GET", "/lookup", {"topic": topic, "access": "r"})
     except NsqHttpError as err:
         if "404" in str(err):
             return []
         raise
-    producers = json.loads(body).get("producers") or []
-    return list(producers)
+    data = json.loads(body)
+    if isinstance(data.get("data"), dict):  # the V1 envelope
+        data = data["data"]
+    peers = list(data.get("producers") or [])
+    partitions = data.get("partitions")
+    if isinstance(partitions, dict):
+        peers += partitions.values()
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for p in peers:
+        node = (p["broadcast_address"], p["http_port"])
+        if node not in seen:
+            seen.add(node)
+            out.append(p)
+    return out

@@ -1,16 +1,21 @@
 """The PySpark data source "nsq": batch and Structured Streaming, read and write.
 
-Reading (mode "range", the default) is by offset ranges: the driver plans, for each
-(nsqd, topic partition), a range of message sequences, and executors fetch exactly that
-range with nsqd's stateless range reads (GET /range). A streaming query's offset is
-``{"host:httpport/partition": sequence}``; it lives in Spark's checkpoint, so a query
-restarted from its checkpoint resumes with no gap and no repeat. Writing publishes each
-task's rows with MPUB batches (at-least-once: a retried task publishes again).
+Reading (mode "range", the default) is by offset ranges: the driver finds every
+partition of the topic on every nsqd (each nsqd lists its own in /stats) and plans, for
+each (nsqd, topic partition), a range of message sequences; executors fetch exactly that
+range with nsqd's stateless range reads (GET /range), one task per range, in sequence
+order. A streaming query's offset is ``{"host:httpport/partition": sequence}``; it lives
+in Spark's checkpoint, so a query restarted from its checkpoint resumes with no gap and
+no repeat. A partition that appears while a stream runs joins at its first retained
+sequence. Writing publishes each task's rows with MPUB batches (at-least-once: a retried
+task publishes again).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +41,15 @@ from pyspark.sql.types import StructType
 from nsqx.spark import rangeclient
 from nsqx.spark.options import NsqOptionError, NsqOptions
 from nsqx.spark.publisher import BlockingPublisher
+from nsqx.wire.frames import (
+    EXT_AT,
+    EXT_LEN_AT,
+    EXT_VER_AT,
+    ID_AT,
+    ID_END,
+    RECORD_EXTENDED,
+    TRACE_AT,
+)
 from nsqx.wire.range import RangeFrames
 
 log = logging.getLogger("nsqx.spark")
@@ -48,8 +62,6 @@ SCHEMA = (
 
 
 SCHEMA_NAMES = [c.split()[0] for c in SCHEMA.split(", ")]
-# a message frame's bytes before its body: size, type, timestamp, attempts, id
-_FRAME_HEAD = 34
 
 
 @dataclass(frozen=True)
@@ -84,8 +96,10 @@ def nsqd_http_addresses(opts: NsqOptions) -> list[str]:
     return found
 
 
-def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int) -> int:
-    """A sequence for ``key`` from an offsets spec, clamped to [lo, hi]."""
+def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int, *, ending: bool) -> int:
+    """A sequence for ``key`` from an offsets spec, clamped to [lo, hi]. A partition
+    that a JSON spec leaves out gets the option's default: earliest for
+    startingOffsets, latest for endingOffsets."""
     if spec == "earliest":
         return lo
     if spec == "latest":
@@ -96,7 +110,7 @@ def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int) -> int:
         return max(lo, min(hi, rangeclient.sequence_at_time(address, opts.topic, part, spec)))
     assert isinstance(spec, dict)
     if key not in spec:
-        return lo
+        return hi if ending else lo
     seq = int(spec[key])
     if seq == -2:
         return lo
@@ -108,25 +122,41 @@ def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int) -> int:
     return min(seq, hi)
 
 
-def _bounds(opts: NsqOptions) -> dict[str, tuple[int, int]]:
+def _bounds(opts: NsqOptions, *, tolerant: bool = False) -> dict[str, tuple[int, int]]:
+    """(first retained, end) sequences of every partition of the topic on every nsqd,
+    by ``host:httpport/partition`` key.
+
+    Each nsqd is asked which partitions it hosts (its /stats), then for their bounds: so
+    every partition of a partitioned topic is found wherever it lives, with any lookupd
+    or none. ``tolerant`` (a running stream) skips an nsqd that cannot be reached, with
+    a warning: its partitions keep their offsets and are read again once it answers.
+    """
     assert opts.topic is not None
     out = {}
     for address in nsqd_http_addresses(opts):
-        key = partition_key(address, 0)
         try:
-            out[key] = rangeclient.bounds(address, opts.topic, 0)
-        except rangeclient.NsqHttpError as err:
-            if "TOPIC_NOT_FOUND" in str(err):
-                continue  # this nsqd has no such topic (yet)
-            raise
+            for p in rangeclient.local_partitions(address, opts.topic):
+                try:
+                    out[partition_key(address, p)] = rangeclient.bounds(address, opts.topic, p)
+                except rangeclient.NsqHttpError as err:
+                    # deleted since /stats listed it (a server without /range says
+                    # NOT_FOUND alone: that is an error)
+                    if "TOPIC_NOT_FOUND" in str(err) or "PARTITION_NOT_FOUND" in str(err):
+                        continue
+                    raise
+        except rangeclient.NsqUnreachable as err:
+            if not tolerant:
+                raise
+            log.warning("nsq: %s skipped in this micro-batch: %s", address, err)
     return out
 
 
 def frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int) -> Any:
     """An Arrow record batch of SCHEMA from a range read, built column by column with
     Arrow's kernels (no Python per record): ids and bodies are cut out of the frames,
-    timestamps expanded from the runs' table, offsets (sequences) counted from the start.
-    A malformed body raises RuntimeError naming the nsqd."""
+    timestamps expanded from the runs' table, offsets (sequences) counted from the start;
+    trace ids and ext headers come from extended records. A malformed body raises
+    RuntimeError naming the nsqd."""
     import pyarrow as pa
 
     try:
@@ -148,12 +178,20 @@ def _frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int)
     ends = pc.cumulative_sum_checked(sizes)
     bounds = pc.min_max(sizes).as_py()
     longest = bounds["max"] or 0
-    if n and (ends[-1].as_py() != len(res.frames) or bounds["min"] < _FRAME_HEAD):
+    if n and (ends[-1].as_py() != len(res.frames) or bounds["min"] < ID_END):
         raise RuntimeError(f"nsq: a range read from {address} has malformed frames")
     offsets = pa.concat_arrays([pa.array([0], pa.int32()), ends])
-    frames = pa.Array.from_buffers(
-        pa.binary(), n, [None, offsets.buffers()[1], pa.py_buffer(res.frames)]
-    )
+    data = pa.py_buffer(res.frames)
+    frames = pa.Array.from_buffers(pa.binary(), n, [None, offsets.buffers()[1], data])
+    extended = _extended_mask(data, offsets, n)
+    if extended is None:
+        # every frame is a plain message frame: one slice makes the bodies
+        trace_ids = pa.repeat(pa.scalar(0, pa.int64()), n)
+        # an explicit stop: without one pyarrow 26 miscomputes the output's size
+        bodies = pc.binary_slice(frames, ID_END, longest)
+        exts = pa.nulls(n, pa.string())
+    else:
+        trace_ids, exts, bodies = _extended_columns(data, offsets, sizes, extended, n, address)
     runs = len(res.run_lengths) // 4
     # each record's timestamp is its run's (one publish, one timestamp)
     run_ends = pc.cumulative_sum_checked(col(pa.int32(), res.run_lengths, runs))
@@ -167,16 +205,116 @@ def _frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int)
             pa.repeat(pa.scalar(address, pa.string()), n),
             pa.repeat(pa.scalar(partition, pa.int32()), n),
             pc.cumulative_sum(ones, start=res.start_sequence - 1),  # record i: start + i
-            pc.binary_slice(frames, 18, 34).cast(pa.string()),
-            pa.repeat(pa.scalar(0, pa.int64()), n),  # trace ids: none yet
+            pc.binary_slice(frames, ID_AT, ID_END).cast(pa.string()),
+            trace_ids,
             pc.divide(timestamps, 1000).cast(pa.timestamp("us", tz="UTC")),  # Spark's
             pa.repeat(pa.scalar(1, pa.int32()), n),  # a range read is not a delivery
-            # an explicit stop: without one pyarrow 26 miscomputes the output's size
-            pc.binary_slice(frames, _FRAME_HEAD, longest),
-            pa.nulls(n, pa.string()),
+            bodies,
+            exts,
         ],
         names=SCHEMA_NAMES,
     )
+
+
+def _u8(data: Any) -> Any:
+    """The frames' bytes as a uint8 array (a view), to gather single bytes from."""
+    import pyarrow as pa
+
+    return pa.Array.from_buffers(pa.uint8(), data.size, [None, data])
+
+
+def _extended_mask(data: Any, offsets: Any, n: int) -> Any:
+    """Which frames are extended records (a boolean array), or None if none is.
+
+    The third byte of a frame's type field is 1 in an extended record's (0x102) and 0
+    in a message frame's (2); gathering that one byte per frame costs far less than the
+    columns, so plain topics keep the single-slice path.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not n:
+        return None
+    type_bytes = pc.take(_u8(data), pc.add(offsets.slice(0, n), pa.scalar(6, pa.int32())))
+    extended = pc.equal(type_bytes, pa.scalar(RECORD_EXTENDED >> 8, pa.uint8()))
+    return extended if pc.any(extended).as_py() else None
+
+
+def _extended_columns(
+    data: Any, offsets: Any, sizes: Any, extended: Any, n: int, address: str
+) -> tuple[Any, Any, Any]:
+    """Trace ids, ext headers and bodies of frames some of which are extended records
+    (``[header][id][u64 trace id][u8 ext version][u16 ext length][ext][body]``).
+
+    Bodies start at a different place in each frame, which Arrow's slicing kernels
+    cannot express; so every frame is cut into five consecutive pieces (header and id,
+    trace id, ext version and length, ext, body) by one offsets buffer of 5n + 1
+    entries over the same bytes, and each column is a ``take`` of every fifth piece.
+    A plain frame's trace piece is the last 8 bytes of its id (masked to 0) and its
+    version and ext pieces are empty.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    i32 = pa.int32()
+
+    def at(base: Any, ext_value: int, plain_value: int) -> Any:
+        return pc.add(
+            base, pc.if_else(extended, pa.scalar(ext_value, i32), pa.scalar(plain_value, i32))
+        )
+
+    starts = offsets.slice(0, n)
+    if pc.any(pc.and_(extended, pc.less(sizes, pa.scalar(EXT_AT, i32)))).as_py():
+        raise RuntimeError(f"nsq: a range read from {address} has malformed extended records")
+    u8 = _u8(data)
+    # gather the ext version and length bytes of extended records (a plain frame
+    # points at its own first byte, always there, and is masked out below)
+    ver = pc.take(u8, at(starts, EXT_VER_AT, 0))
+    hi = pc.take(u8, at(starts, EXT_LEN_AT, 0)).cast(i32)
+    lo = pc.take(u8, at(starts, EXT_LEN_AT + 1, 0)).cast(i32)
+    ext_len = pc.if_else(
+        extended, pc.add(pc.multiply(hi, pa.scalar(256, i32)), lo), pa.scalar(0, i32)
+    )
+    trace_at = at(starts, TRACE_AT, TRACE_AT - 8)
+    ext_at = at(starts, EXT_AT, ID_END)
+    body_at = pc.add(ext_at, ext_len)
+    if not pc.all(pc.less_equal(body_at, offsets.slice(1, n))).as_py():
+        raise RuntimeError(f"nsq: a range read from {address} has malformed extended records")
+    pieces_offsets = array("i", [0]) * (5 * n + 1)
+    for j, column in enumerate(
+        (starts, trace_at, pc.add(trace_at, pa.scalar(8, i32)), ext_at, body_at)
+    ):
+        pieces_offsets[j : 5 * n : 5] = _int32s(column)
+    pieces_offsets[5 * n] = data.size
+    pieces = pa.Array.from_buffers(pa.binary(), 5 * n, [None, pa.py_buffer(pieces_offsets), data])
+    fives = pc.cumulative_sum(pa.repeat(pa.scalar(5, i32), n), start=pa.scalar(-5, i32))
+
+    def piece(j: int) -> Any:
+        return pc.take(pieces, pc.add(fives, pa.scalar(j, i32)))
+
+    # trace ids: big-endian u64s, now 8 bytes apart; Spark's BIGINT is signed, so one
+    # at or above 2**63 reads as negative (the same 64 bits)
+    raw = array("q")
+    raw.frombytes(memoryview(piece(1).buffers()[2])[: 8 * n])
+    if sys.byteorder == "little":
+        raw.byteswap()
+    traces = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(raw)])
+    trace_ids = pc.if_else(extended, traces, pa.scalar(0, pa.int64()))
+    has_ext = pc.and_(extended, pc.not_equal(ver, pa.scalar(0, pa.uint8())))
+    exts = pc.if_else(has_ext, piece(3).cast(pa.string()), pa.scalar(None, pa.string()))
+    return trace_ids, exts, piece(4)
+
+
+def _int32s(column: Any) -> array[int]:
+    """An int32 Arrow array (no nulls) as a Python array, copied in one go."""
+    import pyarrow as pa
+
+    if column.type != pa.int32() or column.null_count:
+        raise TypeError(f"expected int32 offsets, got {column.type}")
+    out = array("i")
+    first = column.offset
+    out.frombytes(memoryview(column.buffers()[1])[4 * first : 4 * (first + len(column))])
+    return out
 
 
 def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
@@ -214,6 +352,22 @@ def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
         seq = res.next_sequence
 
 
+def share_budget(backlog: dict[str, int], budget: int) -> dict[str, int]:
+    """Rows to read from each partition when their backlogs exceed ``budget``: shares in
+    proportion to the backlogs that add up to exactly ``budget`` (largest remainders
+    get the rows that rounding down leaves), so that a micro-batch always makes
+    progress, however many partitions share a small budget. Unchanged if within it."""
+    total = sum(backlog.values())
+    if total <= budget:
+        return dict(backlog)
+    shares = {k: b * budget // total for k, b in backlog.items()}
+    left = budget - sum(shares.values())
+    by_remainder = sorted(backlog, key=lambda k: (-(backlog[k] * budget % total), k))
+    for k in by_remainder[:left]:
+        shares[k] += 1
+    return shares
+
+
 class NsqBatchReader(DataSourceReader):
     """Batch read of [startingOffsets, endingOffsets) of every (nsqd, partition)."""
 
@@ -224,8 +378,8 @@ class NsqBatchReader(DataSourceReader):
         opts = self.opts
         parts = []
         for key, (lo, hi) in sorted(_bounds(opts).items()):
-            start = _resolve(opts, opts.starting, key, lo, hi)
-            end = _resolve(opts, opts.ending, key, lo, hi)
+            start = _resolve(opts, opts.starting, key, lo, hi, ending=False)
+            end = _resolve(opts, opts.ending, key, lo, hi, ending=True)
             if end > start:
                 address, p = split_key(key)
                 parts.append(RangePartition(key, address, p, start, end))
@@ -242,11 +396,13 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: NsqOptions) -> None:
         self.opts = opts
         self._target: dict[str, int] | None = None
+        # partitions found below the stream's offset, warned about once
+        self._behind: set[str] = set()
 
     def initialOffset(self) -> dict[str, int]:
         opts = self.opts
         return {
-            key: _resolve(opts, opts.starting, key, lo, hi)
+            key: _resolve(opts, opts.starting, key, lo, hi, ending=False)
             for key, (lo, hi) in sorted(_bounds(opts).items())
         }
 
@@ -258,27 +414,54 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = {k: hi for k, (_, hi) in _bounds(self.opts).items()}
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        bounds = _bounds(self.opts)
-        latest = {k: hi for k, (_, hi) in bounds.items()}
+        """The end of the next micro-batch: every known partition's end (at most the
+        pinned target of availableNow), its rows shared out under maxOffsetsPerTrigger.
+
+        A partition (or nsqd) first seen here enters at its first retained sequence and
+        is read from the next micro-batch on: the checkpointed offsets then say where
+        its reading starts, so the batch replays identically after a restart, and
+        segments deleted before the stream ever saw the partition are no data loss.
+        """
+        bounds = _bounds(self.opts, tolerant=True)
+        end = dict(start)
+        latest = {}
+        for k, (lo, hi) in bounds.items():
+            if k not in start:
+                end[k] = lo
+                if self._target is not None and k not in self._target:
+                    # appeared after availableNow started: not part of this run's data
+                    self._target[k] = lo
+                log.info("nsq: new partition %s, read from sequence %d", k, lo)
+            elif hi < start[k]:
+                if k not in self._behind:
+                    self._behind.add(k)
+                    log.warning(
+                        "nsq: %s ends at %d, below the stream's offset %d (deleted and "
+                        "created again?): reading resumes once it passes that offset",
+                        k,
+                        hi,
+                        start[k],
+                    )
+            else:
+                latest[k] = hi
         if self._target is not None:
             latest = {k: min(v, self._target.get(k, v)) for k, v in latest.items()}
-        begin = {k: start.get(k, bounds[k][0]) for k in latest}
-        end = dict(start)
-        end.update(latest)
+        end.update({k: max(v, start[k]) for k, v in latest.items()})
         if isinstance(limit, ReadMaxRows):
-            budget = limit.max_rows
-            backlog = {k: max(latest[k] - begin[k], 0) for k in latest}
-            total = sum(backlog.values())
-            if total > budget:
-                # share the budget in proportion to each partition's backlog
-                for k, b in backlog.items():
-                    end[k] = begin[k] + (b * budget) // total
+            backlog = {k: max(v - start[k], 0) for k, v in latest.items()}
+            for k, share in share_budget(backlog, limit.max_rows).items():
+                end[k] = start[k] + share
         return end
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[RangePartition]:
+        """One input partition per (nsqd, topic partition) with rows in [start, end).
+
+        A key missing from ``start`` entered in this micro-batch at its first sequence
+        (see latestOffset): nothing of it is read before the next one.
+        """
         parts = []
         for key, hi in sorted(end.items()):
-            lo = start.get(key, 0)
+            lo = start.get(key, hi)
             if hi > lo:
                 address, p = split_key(key)
                 parts.append(RangePartition(key, address, p, lo, hi))

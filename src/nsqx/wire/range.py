@@ -11,11 +11,14 @@ vectorised code (Arrow) instead of a Python loop per record::
     run timestamps   b x i64 (ns; one publish, one timestamp)
     run offsets      b x i64 (virtual offset of the run's first frame)
     frame sizes      n x i32
-    frames           the n message frames, concatenated ([size][type][ts][attempts=1][id][body])
+    frames           the n stored frames, concatenated
 
 Record i has sequence ``start + i``; within a run its virtual offset grows with the
 frames' sizes. The header is big-endian like the rest of NSQ's wire; the tables are
-little-endian (Arrow's layout). The trace id is 0 until tracing lands.
+little-endian (Arrow's layout). Frames are as nsqd stores them: message frames
+(``[size][type 2][ts][attempts=1][id][body]``) or, for a message with a trace id or an
+ext header, extended records (type 0x102, with ``[u64 trace id][u8 ext version][u16 ext
+length][ext]`` before the body; see nsqx.wire.frames). A reader decodes both.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from array import array
 from typing import NamedTuple
 
 from nsqx.wire.errors import ProtocolError
+from nsqx.wire.frames import EXTENDED_FRAME_OVERHEAD, ID_AT, ID_END, is_extended, record_parts
 
 _HEAD = struct.Struct(">QQQII")
 _LITTLE = sys.byteorder == "little"
@@ -43,6 +47,9 @@ class RangeRecord(NamedTuple):
     id: bytes
     trace_id: int
     body: bytes
+    #: Youzan's ext version (0: no ext header) and ext data, from an extended record
+    ext_ver: int = 0
+    ext: bytes = b""
 
 
 class RangeResult(NamedTuple):
@@ -172,12 +179,25 @@ def decode_range(data: bytes) -> RangeResult:
         run_start = pos
         for _ in range(length):
             frame = frames[pos : pos + sizes[seq - r.start_sequence]]
-            if len(frame) < 34 or 4 + _I32.unpack_from(frame, 0)[0] != len(frame):
+            if len(frame) < ID_END or 4 + _I32.unpack_from(frame, 0)[0] != len(frame):
                 raise ProtocolError("E_BAD_RANGE", f"bad frame at sequence {seq}")
+            if is_extended(frame) and len(frame) < EXTENDED_FRAME_OVERHEAD:
+                raise ProtocolError("E_BAD_RANGE", f"bad extended record at sequence {seq}")
+            trace, ver, ext, body_at = record_parts(frame)
+            if body_at > len(frame):
+                raise ProtocolError("E_BAD_RANGE", f"bad extended record at sequence {seq}")
             ts, attempts = _MSG.unpack_from(frame, 8)
             records.append(
                 RangeRecord(
-                    seq, offset + pos - run_start, ts, attempts, frame[18:34], 0, frame[34:]
+                    seq,
+                    offset + pos - run_start,
+                    ts,
+                    attempts,
+                    frame[ID_AT:ID_END],
+                    trace,
+                    frame[body_at:],
+                    ver,
+                    ext,
                 )
             )
             pos += len(frame)
