@@ -125,7 +125,7 @@ def test_lookupd_places_partitions_and_lookup_finds_them(
     conn = Conn(other)
     conn.send(c.pub("orders", b"x", pid))
     ftype, data = conn.frame()
-    assert (ftype, data) == (1, b"E_TOPIC_NOT_EXIST")
+    assert (ftype, data) == (1, b"E_TOPIC_NOT_EXIST ")
     # the ordered multipart topic: 4 partitions on 2 nodes, ordered in its meta
     many = until(
         lambda: (

@@ -89,7 +89,7 @@ def test_partitions_have_their_own_logs_ids_and_cursors() -> None:
             # errors: an unknown partition, a bad one, the node's default partition
             bad = await Raw.connect(nsqd)
             bad.send(c.pub("t", b"x", 7))
-            assert await bad.error() == b"E_TOPIC_NOT_EXIST"
+            assert await bad.error() == b"E_TOPIC_NOT_EXIST "  # Youzan's trailing space
             assert await bad.closed()
             bad = await Raw.connect(nsqd)
             bad.send(b"SUB t ch seven\n")
@@ -132,7 +132,7 @@ def test_partitioned_topics_survive_a_restart(tmp_path: Any) -> None:
         sub = await Raw.connect(nsqd)
         await sub.identify(desired_tag="")
         sub.send(c.sub_ordered("plain", "ordered", 0))
-        assert await sub.error() == b"E_TOPIC_NOT_EXIST"
+        assert await sub.error() == b"E_TOPIC_NOT_EXIST "  # Youzan's trailing space
         await pub.publish("plain", b"x")
         sub = await Raw.connect(nsqd)
         await sub.identify(desired_tag="")
@@ -245,7 +245,8 @@ def test_replay_by_time_offset_count_and_setoffset() -> None:
 
             assert await first_body(f"timestamp:{split}") == b"m3"
             assert await first_body(f"virtual_queue:{answers[4][2]}") == b"m4"
-            assert await first_body("msgcount:1") == b"m1"
+            assert await first_body("msgcount:2") == b"m1"  # counted from 1, as Youzan
+            assert await first_body("msgcount:0") == b"m0"
             # SUB_ADVANCED reads back what PUB_TRACE answered: id, offset, raw size
             sub = await Raw.connect(nsqd)
             await sub.identify(desired_tag="")
@@ -266,7 +267,7 @@ def test_replay_by_time_offset_count_and_setoffset() -> None:
             sub.send(b"".join(c.fin(m.id) for m in got))
             await wait_for(lambda: ch.depth == 0 and ch.in_flight_count == 0)
             url = f"{base}/channel/setoffset?topic=r&channel=all&partition=0"
-            assert await post(s, url, b"msgcount:4") == (200, b"")
+            assert await post(s, url, b"msgcount:5") == (200, b"")
             m = await sub.yz_message(detail=True)
             assert m.body == b"m4"
             assert await post(s, url, f"virtual_queue:{answers[1][2]}".encode()) == (200, b"")
@@ -276,7 +277,7 @@ def test_replay_by_time_offset_count_and_setoffset() -> None:
             assert (status, json.loads(text)) == (404, {"message": "CHANNEL_NOT_FOUND"})
             # /message/get: one message by count, id or offset
             for mode, pos in (
-                ("count", 2),
+                ("count", 3),  # counted from 1, as Youzan
                 ("id", answers[2][0]),
                 ("virtual_offset", answers[2][2]),
             ):
@@ -284,7 +285,7 @@ def test_replay_by_time_offset_count_and_setoffset() -> None:
                     s, f"{base}/message/get?topic=r&partition=0&search_mode={mode}&search_pos={pos}"
                 )
                 assert status == 200 and msg["body"] == "m2" and msg["offset"] == answers[2][2]
-                assert msg["id"] == answers[2][0] and msg["queue_cnt_index"] == 2
+                assert msg["id"] == answers[2][0] and msg["queue_cnt_index"] == 3
             status, _ = await get(s, f"{base}/message/get?topic=r&search_mode=count&search_pos=99")
             assert status == 404
             # a bad position on SUB_ADVANCED is a fatal E_INVALID

@@ -1467,8 +1467,9 @@ async def scenario_http(
         return r if r.status != 200 else None
 
     try:
-        # 200 (from the coordinator's data) until nsqd registers the partition with lookupd
-        r = await until("access=w refused", refused, 90)
+        # 200 (from the coordinator's data) until nsqd registers the partition with lookupd;
+        # every topic is ready by now, so its partitions are registered: a short wait
+        r = await until("access=w refused", refused, 10)
         answers["/lookup access=w before any channel"] = short(r)
     except ScenarioError:
         r = await cluster.lookup(nochan.name, "w")

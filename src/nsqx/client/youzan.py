@@ -139,7 +139,8 @@ def start_at_offset(offset: int) -> ConsumeStart:
 
 
 def start_at_count(count: int) -> ConsumeStart:
-    """Start at the partition's ``count``-th message (0: the oldest ever published)."""
+    """Start at the partition's ``count``-th message, counted from 1 over the partition's
+    life as Youzan's nsqd counts (0 and 1 both mean the first message ever published)."""
     if count < 0:
         raise ValueError(f"a message count is >= 0 (got {count})")
     return ConsumeStart(OFFSET_MSGCOUNT, count)

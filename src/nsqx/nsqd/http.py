@@ -510,8 +510,13 @@ class HTTPServer:
         ``special:-1``, backwards to replay or forwards to skip; the channel must exist),
         or forward to ``sequence`` (nsqx: a range consumer such as Spark reports what it
         consumed, so lag shows in /stats; the channel is made if needed)."""
-        _topic, channel = self._topic_and_channel(params)
-        part = self._one_partition(params)
+        try:
+            _, channel = self._topic_and_channel(params)
+            part = self._one_partition(params)
+        except HTTPError as err:
+            if err.message in ("TOPIC_NOT_FOUND", "PARTITION_NOT_FOUND"):
+                raise HTTPError(404, "E_TOPIC_NOT_EXIST") from None  # Youzan's answer
+            raise
         if "sequence" in params:
             seq = _int_param(params, "sequence", -1)
             if seq < 0:
@@ -564,16 +569,14 @@ class HTTPServer:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
         log_ = part.log
         if mode == "count":
-            seq = pos
+            seq = max(pos - 1, 0)  # counted from 1, as Youzan counts
         elif mode == "id":
             seq = pos & SEQ_MASK
         elif mode == "virtual_offset":
-            seq = log_.seek_offset(pos)
-            if log_.offset_of(seq) != pos:
-                raise HTTPError(404, "MESSAGE_NOT_FOUND")
+            seq = log_.seek_offset(pos)  # not at a message's start: the next message
         else:
             raise HTTPError(400, "search mode should be one of id/count/virtual_offset")
-        frame = log_.get(seq) if seq >= 0 else None
+        frame = log_.get(seq)
         offset = log_.offset_of(seq) if frame is not None else None
         if frame is None or offset is None:
             raise HTTPError(404, "MESSAGE_NOT_FOUND")
@@ -584,9 +587,10 @@ class HTTPServer:
             "trace_id": trace_id,
             "body": body.decode("utf-8", "replace"),
             "timestamp": int.from_bytes(frame[8:16], "big", signed=True),
-            "attempts": int.from_bytes(frame[16:18], "big"),
+            # as Youzan's: a message in the log has no deliveries
+            "attempts": 0,
             "offset": offset,
-            "queue_cnt_index": seq,
+            "queue_cnt_index": seq + 1,
             "ext": ext.decode("utf-8", "replace")
             if params.get("needext", [""])[0] == "true"
             else "",
@@ -602,7 +606,7 @@ class HTTPServer:
         name = self._get(params, "topic", "MISSING_ARG_TOPIC")
         topic = self.nsqd.topics.get(name)
         if topic is None:
-            raise HTTPError(404, "TOPIC_NOT_FOUND")
+            return ok_empty()  # nothing to trace, as Youzan's nsqd answers
         channel = params.get("channel", [""])[0]
         if channel:
             for part in topic.partitions.values():

@@ -215,12 +215,17 @@ class Partition:
 
     def position(self, start: ConsumeStart) -> int:
         """The sequence a SUB_ADVANCED / /channel/setoffset position names: the first
-        message at or after a time (seconds) or a virtual offset, a message count, or
-        the end (special:-1). ValueError for anything else."""
+        message at or after a time (seconds) or a virtual offset, the n-th message of the
+        partition's life (``msgcount``, counted from 1 as Youzan counts: 0 and 1 are both
+        the first), or the end (``special:-1``). ValueError, with Youzan's texts, for
+        anything else."""
         log_ = self.log
         kind, value = start
         if kind == OFFSET_TIMESTAMP:
-            return log_.seek_time(value * 1_000_000_000)
+            ns = value * 1_000_000_000
+            if not 0 <= ns < 1 << 63:
+                raise ValueError(f"Invalid timestamp {value}")
+            return log_.seek_time(ns)
         if kind == OFFSET_VIRTUAL_QUEUE:
             if value < 0:
                 raise ValueError(f"invalid virtual queue offset: {value}")
@@ -228,10 +233,10 @@ class Partition:
         if kind == OFFSET_MSGCOUNT:
             if value < 0:
                 raise ValueError(f"invalid message count: {value}")
-            return min(max(value, log_.start), log_.end)
+            return min(max(value - 1, log_.start), log_.end)
         if kind == OFFSET_SPECIAL and value == -1:
             return log_.end
-        raise ValueError(f"not supported consume offset: {start}")
+        raise ValueError("not supported offset type")
 
     # -- channels -----------------------------------------------------------------------
 

@@ -57,6 +57,11 @@ NON_FATAL_ON_PUB = frozenset(
 )
 
 
+#: Youzan's codes that its nsqd sends with an empty description as ``CODE `` (Go's
+#: ``code + " " + desc``); NSQ 1.3's bare codes keep their exact bytes
+_SPACED = frozenset({E_TOPIC_NOT_EXIST, E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE})
+
+
 class ProtocolError(Exception):
     """A client error as nsqd reports it: ``CODE description`` in an error frame."""
 
@@ -74,7 +79,9 @@ class ProtocolError(Exception):
         return self.code not in NON_FATAL
 
     def __str__(self) -> str:
-        return f"{self.code} {self.description}" if self.description else self.code
+        if self.description or self.code in _SPACED:
+            return f"{self.code} {self.description}"
+        return self.code
 
     def to_bytes(self) -> bytes:
         """The error frame's payload."""
