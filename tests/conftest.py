@@ -48,3 +48,14 @@ def lookupd_factory() -> Iterator[object]:
     yield factory
     for lookupd in started:
         lookupd.stop(signal.SIGKILL)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked slow run only when asked for (``-m slow``): a faster honest test
+    covers what each checks (see its docstring)."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

@@ -3,7 +3,9 @@ what the reference gave, so they are the spec nsqx's cluster must give too.
 
 Needs the reference binaries at <repo>/../shared/reference/youzan-nsq-bin and etcd
 (Debian: etcd-server); skipped otherwise, or when cluster.sh's fixed ports are busy.
-A fresh reference cluster takes 60-120 s before new partitions accept writes.
+A fresh reference cluster takes 60-120 s before new partitions accept writes, so this
+runs only with ``-m slow`` (``make test PYTEST_ARGS='-m slow tests/youzan'``); the answers
+it checks are the ones test_side_by_side_nsqx.py holds nsqx's cluster to on every run.
 """
 
 from __future__ import annotations
