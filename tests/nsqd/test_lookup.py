@@ -9,6 +9,7 @@ import json
 import socket
 import struct
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -327,3 +328,18 @@ def test_refused_identify_is_retried(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("ERROR", logger="nsqx.nsqd"):
         run(with_scripted(ScriptedLookupd(b"E_BAD_BODY IDENTIFY missing fields"), test))
     assert "IDENTIFY refused: E_BAD_BODY IDENTIFY missing fields" in caplog.text
+
+
+def test_node_id_is_kept_across_restarts_on_another_port(tmp_path: Path) -> None:
+    async def body() -> None:
+        first = await start_nsqd(data_path=str(tmp_path), broadcast_address="10.0.0.1")
+        node_id = first.node_id
+        assert node_id == f"10.0.0.1:{first.tcp_address[1]}"  # type: ignore[index]
+        await first.close()
+        again = await start_nsqd(data_path=str(tmp_path), broadcast_address="10.0.0.1")
+        assert again.tcp_address != first.tcp_address  # port 0: another free port
+        assert again.node_id == node_id
+        assert again.lookup.peer_info().distributed_id == node_id
+        await again.close()
+
+    run(body())

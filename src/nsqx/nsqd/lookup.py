@@ -347,7 +347,8 @@ class LookupManager:
             version=NSQ_VERSION,
             hostname=socket.gethostname(),
             # says "this nsqd registers partitions" to nsqx's lookupd (Go's ignores it)
-            distributed_id=f"{opts.broadcast_address}:{tcp_port}",
+            distributed_id=getattr(self.nsqd, "node_id", "")
+            or f"{opts.broadcast_address}:{tcp_port}",
         )
 
     def registration_commands(self, partitioned: bool) -> list[bytes]:

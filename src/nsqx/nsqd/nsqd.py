@@ -52,6 +52,8 @@ READ_BUDGET_PER_ITERATION = 64 * 1024
 CHECKPOINT_INTERVAL = 0.1
 #: How often consumed log segments are looked for and deleted.
 RECLAIM_INTERVAL = 1.0
+#: The file in the data directory that keeps this node's id for nsqlookupd.
+NODE_ID_FILE = "nsqd.node_id"
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -118,6 +120,8 @@ class NSQD:
                 options.http_client_request_timeout,
             )
         self._tasks: set[asyncio.Task[None]] = set()
+        #: how nsqlookupd knows this node (set by start(); see _node_id)
+        self.node_id = ""
 
     def spend_read_budget(self, nbytes: int) -> bool:
         """Count bytes read in this loop iteration; True once over the budget."""
@@ -330,8 +334,30 @@ class NSQD:
         self._scan_task = asyncio.create_task(self._scan_loop())
         if self.options.statsd_address:
             self._statsd_task = asyncio.create_task(statsd_loop(self))
+        self.node_id = self._node_id()
         # last, once every listener is bound: IDENTIFY announces the real ports
         self.lookup.start()
+
+    def _node_id(self) -> str:
+        """This node's id for nsqlookupd (its distributed_id): chosen at the first start
+        (broadcast address and TCP port) and kept in the data directory, so that the
+        partitions nsqlookupd placed here stay this node's if its port changes."""
+        path = os.path.join(self.data_path, NODE_ID_FILE)
+        try:
+            with open(path, encoding="utf-8") as f:
+                node_id = f.read().strip()
+            if node_id:
+                return node_id
+        except FileNotFoundError:
+            pass
+        port = self.tcp_address[1] if self.tcp_address else 0
+        node_id = f"{self.options.broadcast_address}:{port}"
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.write(node_id + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+        return node_id
 
     async def _scan_loop(self) -> None:
         opts = self.options
