@@ -26,11 +26,13 @@ from nsqx.wire.frames import (
     decode_youzan_message,
     encode_extended_batch,
     encode_message_batch,
+    equal_frame_size,
     hex_id,
     is_extended,
     record_parts,
     vanilla_frame,
     youzan_frame,
+    youzan_ids,
 )
 from nsqx.wire.identify import ServerLimits, negotiate
 
@@ -220,3 +222,16 @@ def test_glob_translation() -> None:
     for bad in ("[ab", "{a,b"):
         with pytest.raises(ValueError):
             glob_to_regex(bad)
+
+
+@given(st.lists(st.integers(0, (1 << 58) - 1), min_size=1, max_size=50), st.integers(0, 40))
+def test_youzan_ids_rewrites_runs_of_equal_frames(seqs: list[int], size: int) -> None:
+    ids = [b"%016x" % n for n in seqs]
+    chunk, stride = encode_message_batch(9, ids, [b"x" * size] * len(ids))
+    assert equal_frame_size(chunk) == stride
+    frames = [chunk[o : o + stride] for o in range(0, len(chunk), stride)]
+    want = b"".join(youzan_frame(f, False, None) for f in frames)
+    assert youzan_ids(chunk, ids, stride) == want
+    # frames of other sizes are not one run
+    mixed, _ = encode_message_batch(9, [ids[0], ids[0]], [b"a", b"bb"])
+    assert equal_frame_size(mixed) == 0

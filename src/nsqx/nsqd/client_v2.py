@@ -54,10 +54,12 @@ from nsqx.wire.frames import (
     OK,
     encode_error,
     encode_response,
+    equal_frame_size,
     hex_id,
     is_extended,
     vanilla_frame,
     youzan_frame,
+    youzan_ids,
 )
 from nsqx.wire.identify import ClientSettings, negotiate
 
@@ -327,6 +329,22 @@ class ClientV2(asyncio.Protocol):
         channel = self.channel
         assert channel is not None
         with_ext = self.yz_ext
+        if not with_ext and not self.yz_detail:
+            # the usual case (go-nsq's plain SUB): vanilla chunks keep their size, only
+            # their ids change; whole runs of equal frames are rewritten at once
+            out: list[bytes] = []
+            k = 0
+            for chunk in frames:
+                size = 0 if is_extended(chunk) else equal_frame_size(chunk)
+                if size:
+                    n = len(chunk) // size
+                    out.append(youzan_ids(chunk, ids[k : k + n], size))
+                    k += n
+                    continue
+                for f in split_chunks([chunk]):
+                    out.append(youzan_frame(f, False, None))
+                    k += 1
+            return out
         frames = split_chunks(frames)
         if not self.yz_detail:
             return [youzan_frame(f, with_ext, None) for f in frames]

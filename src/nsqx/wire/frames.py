@@ -20,6 +20,7 @@ whose type is :data:`RECORD_EXTENDED` (never sent as is)::
 from __future__ import annotations
 
 import struct
+from binascii import unhexlify
 from typing import NamedTuple
 
 from nsqx.wire.errors import ProtocolError
@@ -186,6 +187,35 @@ def binary_id(hex_id: bytes, trace_id: int = 0) -> bytes:
 def hex_id(full_id: bytes) -> bytes:
     """The hex id of a 16-byte Youzan id (FIN, REQ and TOUCH use its first 8 bytes)."""
     return b"%016x" % _U64.unpack_from(full_id)[0]
+
+
+def equal_frame_size(chunk: bytes) -> int:
+    """The common size of the frames of ``chunk`` if they all have the first one's size
+    prefix (checked with four strided slices, not a loop), else 0."""
+    size = 4 + int.from_bytes(chunk[:4], "big", signed=True)
+    n = len(chunk)
+    if size < 8 or n % size:
+        return 0
+    count = n // size
+    prefix = chunk[:4]
+    if all(chunk[k::size] == prefix[k : k + 1] * count for k in range(4)):
+        return size
+    return 0
+
+
+def youzan_ids(chunk: bytes, hex_ids: list[bytes], size: int) -> bytes:
+    """Equal-sized vanilla frames with Youzan's 16-byte ids (the binary id, then a zero
+    trace id) in place of the hex ones: the frames keep their size, so sixteen strided
+    slice assignments rewrite every id, with no work per message in Python. A Youzan
+    consumer of an NSQ 1.3-style topic costs little more than a vanilla one."""
+    out = bytearray(chunk)
+    binary = b"".join(map(unhexlify, hex_ids))
+    for j in range(8):
+        out[ID_AT + j :: size] = binary[j::8]
+    zeros = bytes(len(hex_ids))
+    for j in range(8, 16):
+        out[ID_AT + j :: size] = zeros
+    return bytes(out)
 
 
 def youzan_frame(frame: bytes, with_ext: bool, detail: tuple[int, int] | None) -> bytes:
