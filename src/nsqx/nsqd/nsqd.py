@@ -231,7 +231,7 @@ class NSQD:
         return topic.partition(pid) if topic is not None else None
 
     def partition_added(self, part: Partition) -> None:
-        if isinstance(part.log, DiskLog):
+        if isinstance(part.log, DiskLog):  # only a file has something to fsync
             self.syncers[part.key] = LogSyncer(part.log)
 
     def partition_removed(self, part: Partition) -> None:
