@@ -213,7 +213,8 @@
       return th;
     });
     this.ths = ths;
-    this.el = h("table", { id: id }, h("thead", null, h("tr", null, ths)), this.tbody, this.foot);
+    this.table = h("table", { id: id }, h("thead", null, h("tr", null, ths)), this.tbody, this.foot);
+    this.el = h("div", { class: "scroll" }, this.table);
     this.empty = opts.empty || "none";
   }
 
@@ -312,6 +313,8 @@
 
   function e2eTable(e2e) {
     var pcts = (e2e && e2e.percentiles) || [];
+    if (pcts.length && !e2e.count) return h("p", { class: "muted", "data-testid": "e2e-empty" },
+      "No message was finished in the latency window yet.");
     if (!pcts.length) return h("p", { class: "muted", "data-testid": "e2e-none" },
       "End-to-end latency is not measured (nsqd --e2e-processing-latency-percentile).");
     return h("table", { id: "e2e" },
@@ -438,7 +441,7 @@
 
     var partSection = h("section", { id: "partitions-section", hidden: true });
     var parts = new Table("partitions", [
-      { key: "partition", label: "Partition", text: true, sort: true },
+      { key: "partition", label: "Partition", text: true, sort: true, cell: function (p) { return String(p.partition); } },
       { key: "node", label: "Node", text: true, sort: true },
       { key: "depth", label: "Depth", sort: true },
       { key: "message_count", label: "Messages", sort: true },
@@ -448,7 +451,7 @@
         return [p.is_multi_ordered ? "ordered" : null, p.is_ext ? "ext" : null,
                 p.is_leader ? "leader" : null].filter(Boolean).join(", "); } }
     ], { sortKey: "partition", sortDir: 1 });
-    append(partSection, h("h2", null, "Partitions ", h("span", { class: "muted", id: "partition-num" })), parts.el);
+    append(partSection, [h("h2", null, "Partitions ", h("span", { class: "muted", id: "partition-num" })), parts.el]);
 
     var channels = new Table("channels", [
       { key: "channel_name", label: "Channel", text: true, sort: true, cell: function (c) {
@@ -583,7 +586,7 @@
       { key: "paused", label: "Paused", cell: function (n) { return n.paused ? "paused" : ""; } }]));
     var partSection = h("section", { hidden: true, id: "channel-partitions-section" });
     var parts = new Table("channel-partitions", [
-      { key: "partition", label: "Partition", text: true, sort: true },
+      { key: "partition", label: "Partition", text: true, sort: true, cell: function (p) { return String(p.partition); } },
       { key: "node", label: "Node", text: true, sort: true },
       { key: "depth", label: "Depth", sort: true },
       { key: "in_flight_count", label: "In-flight", sort: true },
@@ -591,7 +594,7 @@
       { key: "message_count", label: "Messages", sort: true },
       { key: "client_count", label: "Clients", sort: true }
     ], { sortKey: "partition", sortDir: 1 });
-    append(partSection, h("h2", null, "Partitions"), parts.el);
+    append(partSection, [h("h2", null, "Partitions"), parts.el]);
 
     var clients = new Table("clients", [
       { key: "hostname", label: "Client host", text: true, sort: true, cell: function (c) {
@@ -672,8 +675,8 @@
       { key: "hostname", label: "Hostname", text: true, sort: true, cell: function (n) {
         return link("nodes/" + enc(n.broadcast_address + ":" + n.http_port), n.hostname); } },
       { key: "broadcast_address", label: "Broadcast address", text: true, sort: true },
-      { key: "tcp_port", label: "TCP port", sort: true },
-      { key: "http_port", label: "HTTP port", sort: true },
+      { key: "tcp_port", label: "TCP port", sort: true, cell: function (n) { return String(n.tcp_port); } },
+      { key: "http_port", label: "HTTP port", sort: true, cell: function (n) { return String(n.http_port); } },
       { key: "version", label: "Version", text: true, sort: true, cell: function (n) {
         return [n.version, n.out_of_date ? h("span", { class: "badge warn" }, "out of date") : null]; } },
       { key: "health", label: "Health", text: true, sort: true, cell: function (n) { return health(n.health); } },
