@@ -7,7 +7,8 @@ would otherwise have the same name), as the Go tool names them; ``--gzip`` adds
 ``.gz``. A file is rotated when its name changes (the hour, with the default format),
 when ``--rotate-size`` bytes were written to it, or after ``--rotate-interval``.
 Messages are finished only once their line is fsynced: after ``--max-in-flight`` lines,
-every ``--sync-interval``, or when the consumer would otherwise starve. With gzip each
+every ``--sync-interval``, when the consumer would otherwise starve, or 200 ms after the
+first line not yet synced (so a quiet topic's last lines do not wait for the interval). With gzip each
 sync ends one gzip member (readers see one concatenated stream), as in the Go tool.
 With ``--work-dir`` files are written there and moved to ``--output-dir`` when closed.
 Without ``--topic``, every topic nsqlookupd lists (matching ``--topic-pattern``) is
@@ -104,6 +105,9 @@ FLAGS = (
     PROGRESS,
 )
 
+#: lines are synced and finished at the latest this long after the first unsynced one
+_QUIET_SYNC = 0.2
+
 EXAMPLES = """
   nsqx to-file --topic=events --lookupd-http-address=127.0.0.1:4161 --output-dir=/data/nsq
   nsqx to-file --topic=events --nsqd-tcp-address=127.0.0.1:4150 --output-dir=/data/nsq \\
@@ -160,6 +164,7 @@ class FileLogger:
         self.pending: list[Message] = []
         self.consumer: Consumer | None = None
         self._ticker: asyncio.Task[None] | None = None
+        self._soon: asyncio.TimerHandle | None = None
 
     def log(self, text: str) -> None:
         print(f"[{self.topic}/{self.opts['channel']}] {text}", file=sys.stderr)
@@ -244,9 +249,13 @@ class FileLogger:
                 )
             self.out.flush()
             os.fsync(self.out.fileno())
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
         pending, self.pending = self.pending, []
         for msg in pending:
-            msg.finish()
+            with contextlib.suppress(Exception):  # its connection may be gone
+                msg.finish()
 
     def close_file(self) -> None:
         """Sync and close the current file; move it to --output-dir if it is elsewhere."""
@@ -290,6 +299,13 @@ class FileLogger:
         full = len(self.pending) >= self.opts["max_in_flight"]
         if full or (self.consumer is not None and self.consumer.is_starved()):
             self.sync()
+        elif self._soon is None:
+            # a quiet topic's last lines are not left unfinished until --sync-interval
+            self._soon = asyncio.get_running_loop().call_later(_QUIET_SYNC, self._quiet_sync)
+
+    def _quiet_sync(self) -> None:
+        self._soon = None
+        self.sync()
 
     async def tick(self) -> None:
         while True:

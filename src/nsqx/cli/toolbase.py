@@ -145,10 +145,9 @@ def run_tool(tool: Tool, argv: Sequence[str]) -> int:
     values = tool.flagset.resolve(parsed)
     opts = {**tool.flagset.defaults(), **values}
     try:
-        from nsqx.cli.daemon import install_event_loop_policy
-
-        install_event_loop_policy()
-        return asyncio.run(_guarded(tool, opts))
+        # uvloop for this run only: no process-wide policy change (tests call this too)
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(_guarded(tool, opts))
     except ToolError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
@@ -165,6 +164,14 @@ def run_tool(tool: Tool, argv: Sequence[str]) -> int:
     except OSError as err:
         print(f"{prog}: {err}", file=sys.stderr)
         return 1
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a declared dependency
+        return None
+    return uvloop.new_event_loop
 
 
 async def _guarded(tool: Tool, opts: dict[str, Any]) -> int:
