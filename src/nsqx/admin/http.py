@@ -429,8 +429,13 @@ class _Handlers:
         if self.ci.lookupd:
             query = {"topic": topic}
             if partition_num:
-                # nsqlookupd places the partitions on its nodes (Youzan's extension)
-                query |= {"partition_num": str(partition_num), "replicator": "1"}
+                # nsqlookupd places the partitions on its nodes (Youzan's extension);
+                # multipart lets it put several on one node when nodes are few
+                query |= {
+                    "partition_num": str(partition_num),
+                    "replicator": "1",
+                    "multipart": "true",
+                }
             result = await self.ci.post_lookupds("topic/create", query)
             self._all_failed(result, len(self.ci.lookupd))
             partial.extend(result)

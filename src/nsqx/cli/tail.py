@@ -115,6 +115,8 @@ async def main(opts: dict[str, Any]) -> int:
                 loop.call_soon(flush)
             if total and shown >= total:
                 done.set()
+                for consumer in consumers:
+                    consumer.set_max_in_flight(0)  # RDY 0: no more deliveries
 
         return handle
 
