@@ -80,6 +80,8 @@
   // -- the API --------------------------------------------------------------------------
 
   function ApiError(message, status) { this.message = message; this.status = status; }
+  ApiError.prototype = Object.create(Error.prototype);
+  ApiError.prototype.name = "ApiError";
 
   function api(method, path, body) {
     var opts = { method: method, headers: { "Accept": "application/json" } };
@@ -262,7 +264,10 @@
     var width = Math.max(320, container.clientWidth || 900);
     var opts = {
       width: width, height: 220,
-      scales: { x: { time: true }, rate: {}, count: {} },
+      scales: { x: { time: true, range: function (u, min, max) {
+        // one point alone would stretch the axis over years: show its last minute
+        return min === max ? [min - 60, max + 1] : [min, max];
+      } }, rate: {}, count: {} },
       series: [{}].concat(series.map(function (s) {
         return { label: s.label, stroke: s.color, width: 2, scale: s.scale,
                  value: function (u, v) { return v === null ? "–" : (s.scale === "rate" ? rate(v) : num(v)); },
@@ -302,7 +307,7 @@
     // uPlot measures its box: create it once the section is in the page
     setTimeout(function () {
       u = chart(box, series);
-      poller();
+      poller().catch(function () { /* the view's own poll shows errors */ });
     }, 0);
     var fields = series.map(function (s) { return s.field; });
     var poller = function () { return historyPoller(u, box, query, fields)(); };
@@ -491,7 +496,8 @@
         pauseBtn.textContent = paused ? "Unpause" : "Pause";
         replace(title, "Topic ", h("span", { id: "topic-name" }, name),
           paused ? h("span", { class: "badge paused", id: "topic-paused" }, "paused") : null);
-        nodes.set(t.nodes || [], Object.assign({}, t, { node: "*" }));
+        nodes.set((t.nodes || []).map(function (n) { n._id = n.node; return n; }),
+          Object.assign({}, t, { node: "*", _id: "*" }));
         var ps = (t.partitions || []).map(function (p) { p._id = p.partition + "@" + p.node; return p; });
         partSection.hidden = !t.partition_num;
         document.getElementById("partition-num").textContent = t.partition_num ? "(" + t.partition_num + " in the cluster)" : "";
@@ -541,7 +547,7 @@
     });
     var resetForm = h("form", { class: "inline", id: "reset-channel", hidden: true },
       h("label", { for: "reset-kind" }, "Reset this channel to"), kind, when, value,
-      h("label", { for: "reset-partition" }, "on"), partSel,
+      h("span", { id: "reset-on", hidden: true }, h("label", { for: "reset-partition" }, " on "), partSel),
       h("button", { class: "danger", type: "submit" }, "Reset"));
     resetForm.addEventListener("submit", function (ev) {
       ev.preventDefault();
@@ -620,7 +626,9 @@
     ], { sortKey: "hostname", sortDir: 1, empty: "No clients connected." });
 
     var e2eBox = h("div", { id: "e2e-box" });
-    replace(app, title, adminOnly(actions), adminOnly(resetForm), ch.el,
+    var missing = h("p", { class: "alert warning", id: "not-found", hidden: true },
+      "This channel does not exist (yet, or any more) on any node.");
+    replace(app, title, missing, adminOnly(actions), adminOnly(resetForm), ch.el,
       h("h2", null, "Nodes"), nodes.el, partSection,
       h("h2", null, "Clients ", h("span", { class: "muted", id: "client-count" })), clients.el,
       h("h2", null, "End-to-end processing latency"), e2eBox);
@@ -634,7 +642,8 @@
         replace(title, link("topics/" + enc(topic), topic), " / ", h("span", { id: "channel-name" }, name),
           paused ? h("span", { class: "badge paused", id: "channel-paused" }, "paused") : null);
         resetForm.hidden = !c.setoffset_supported;
-        nodes.set(c.nodes || [], Object.assign({}, c, { node: "*" }));
+        nodes.set((c.nodes || []).map(function (n) { n._id = n.node; return n; }),
+          Object.assign({}, c, { node: "*", _id: "*" }));
         var ps = (c.partitions || []).map(function (p) { p._id = p.partition + "@" + p.node; return p; });
         partSection.hidden = !c.partition_num;
         parts.set(ps);
@@ -645,16 +654,17 @@
           replace(partSel, h("option", { value: "" }, "every partition"),
             ids.map(function (p) { return h("option", { value: String(p) }, "partition " + p); }));
           partSel.value = keep;
+          document.getElementById("reset-on").hidden = !ids.length;
         }
         var cs = (c.clients || []).map(function (x, i) { x._id = x.client_id + "@" + x.remote_address + "#" + i; return x; });
         document.getElementById("client-count").textContent = "(" + cs.length + ")";
         clients.set(cs);
         replace(e2eBox, e2eTable(c.e2e_processing_latency));
+        missing.hidden = true;
       }, function (err) {
         if (err.status === 404) {
-          replace(app, h("h1", null, topic + " / " + name),
-            h("p", { class: "muted", id: "not-found" }, "This channel does not exist (any more)."));
-          leave();
+          // keep watching: a consumer may be about to create it
+          missing.hidden = false;
           return;
         }
         throw err;
