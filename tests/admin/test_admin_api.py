@@ -344,3 +344,28 @@ def test_an_unreachable_cluster_is_a_502_with_reasons() -> None:
         assert admin.request("GET", "/ping") == (200, "OK")
     finally:
         admin.stop()
+
+
+def test_every_endpoint_survives_garbage(cluster: Cluster) -> None:
+    adm = cluster.admin
+    cluster.pub(cluster.nsqds[0], "junk", b"x")
+    bodies = [
+        b"", b"null", b"{}", b"[]", b'"x"', b"\x00\xff" * 8, b'{"action": null}',
+        b'{"topic": ["x"], "channel": {}}', b'{"action": "setoffset", "position": 7}',
+        b'{"action": "setoffset", "position": "timestamp:9999999999999999999"}',
+        b'{"topic": "' + b"a" * 100 + b'"}', b"{" * 5000,
+    ]  # fmt: skip
+    paths = [
+        "/api/topics", "/api/topics/junk", "/api/topics/junk/ch", "/api/nodes/127.0.0.1:1",
+        "/api/counter", "/api/history?topic=junk&channel=%ZZ", "/api/lookupds",
+        "/config/log_level", "/api/topics/%ZZ", "/topics/%00", "/api/topics/junk/ch/extra",
+    ]  # fmt: skip
+    for path in paths:
+        for method in ("GET", "POST", "PUT", "DELETE"):
+            for body in bodies if method != "GET" else [None]:
+                status, data = adm.request(method, path, raw=body)
+                assert status != 500, (method, path, body, data)
+                if path.startswith("/api"):
+                    assert isinstance(data, dict) and "message" in data, (method, path, data)
+    assert adm.request("GET", "/ping") == (200, "OK")
+    assert adm.get("/api/topics/sums")["message_count"] == 12
