@@ -119,7 +119,7 @@ class Partition:
     @property
     def sync_every(self) -> int:
         """--sync-every, or the topic's syncdisk."""
-        return self.topic.meta.sync_disk or self.nsqd.options.sync_every
+        return self.topic.meta.sync_every or self.nsqd.options.sync_every
 
     def _read_state(self) -> dict[str, int]:
         if self._state_path is None:
