@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install lint typecheck unit bench bench-client clean example-spark
+.PHONY: up test install lint typecheck unit bench bench-client clean example-spark screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,3 +44,7 @@ clean:
 # The Spark example pipeline (docs/spark.md): events -> NSQ -> Spark -> Parquet + topic
 example-spark: $(STAMP)
 	$(BIN)/python examples/spark_pipeline/pipeline.py
+
+# The admin's screenshots in docs/images, taken by its browser tests (needs chromium)
+screenshots: $(STAMP)
+	NSQX_SCREENSHOT_DIR=docs/images $(BIN)/pytest -q tests/admin/test_admin_browser.py
