@@ -729,6 +729,15 @@ class ClientV2(asyncio.Protocol):
         channel = self._subscribed_channel("REQ")
         if channel is None:
             return
+        if ev.requested_ns is not None:
+            # NSQ 1.3's line: durations as integer nanoseconds
+            log.info(
+                "PROTOCOL(V2): [%s] REQ timeout %d out of range 0-%d. Setting to %d",
+                self.remote_address,
+                ev.requested_ns,
+                int(self.nsqd.options.max_req_timeout * 1000) * 1_000_000,
+                ev.timeout_ms * 1_000_000,
+            )
         reason = channel.requeue(self, hex_id(ev.id) if self.yz_ids else ev.id, ev.timeout_ms)
         if reason:
             self._error(

@@ -147,8 +147,13 @@ class Fin(NamedTuple):
 
 
 class Req(NamedTuple):
+    """REQ: ``timeout_ms`` is within 0..max-req-timeout. A request outside it is clamped,
+    as NSQ 1.3 does (1.2 refused it), and ``requested_ns`` keeps what was asked (Go's
+    time.Duration, in ns) for the server to log; it is None when nothing was clamped."""
+
     id: bytes
     timeout_ms: int
+    requested_ns: int | None = None
 
 
 class Touch(NamedTuple):
@@ -225,6 +230,9 @@ _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
 _NOP = Nop()
 _CLS = Cls()
+
+
+_U64_MASK = (1 << 64) - 1
 
 
 def _base10(b: bytes) -> int:
@@ -472,13 +480,18 @@ class CommandParser:
                 E_INVALID, f"REQ could not parse timeout {_text(timeout)}"
             ) from None
         max_ms = self.limits.max_req_timeout_ms
-        if timeout_ms > max_ms:
-            # Go prints both as time.Duration integers (nanoseconds)
-            raise ProtocolError(
-                E_INVALID,
-                f"REQ timeout {timeout_ms * 1_000_000} out of range 0-{max_ms * 1_000_000}",
-            )
-        return Req(msg_id, timeout_ms)
+        if timeout_ms <= max_ms:
+            return Req(msg_id, timeout_ms)
+        # NSQ 1.3 clamps: time.Duration(u64 ms) * time.Millisecond, with Go's wrap-around
+        # (a huge value may come out negative, which clamps to 0)
+        requested_ns = (timeout_ms * 1_000_000) & _U64_MASK
+        if requested_ns >= 1 << 63:
+            requested_ns -= 1 << 64
+        if requested_ns < 0:
+            return Req(msg_id, 0, requested_ns)
+        if requested_ns <= max_ms * 1_000_000:  # wrapped into range: Go takes it as is
+            return Req(msg_id, requested_ns // 1_000_000)
+        return Req(msg_id, max_ms, requested_ns)
 
     # -- commands without a body --
 
