@@ -8,7 +8,7 @@ import logging
 import os
 import time
 from array import array
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING
 
 from nsqx.nsqd import tracer as tr
@@ -29,6 +29,19 @@ log = logging.getLogger("nsqx.nsqd")
 
 # a message's id inside its frame: size(4) type(4) timestamp(8) attempts(2) id(16)
 _ID = slice(18, 34)
+
+
+def _without(ids: list[bytes], missing: list[bytes]) -> list[bytes]:
+    """``ids`` less one occurrence of each of ``missing`` (a FIN batch may repeat an id:
+    the first one finished it, the second is missing)."""
+    left = Counter(missing)
+    done = []
+    for mid in ids:
+        if left[mid]:
+            left[mid] -= 1
+        else:
+            done.append(mid)
+    return done
 
 
 class Channel:
@@ -548,22 +561,25 @@ class Channel:
         if missing and client.irregular:
             irregular_pop = client.irregular.pop
             missing = [mid for mid in missing if irregular_pop(mid, None) is None]
+        # only what this client had in flight is finished: a late FIN of a message now
+        # in flight elsewhere must not reset its attempts
+        done = ids if not missing else _without(ids, missing)
         if self.attempts:
             attempts_pop = self.attempts.pop
-            for mid in ids:
+            for mid in done:
                 attempts_pop(mid, None)
         if client.touched:
             touched_pop = client.touched.pop
-            for mid in ids:
+            for mid in done:
                 touched_pop(mid, None)
         if self.traced:
-            for mid in ids:
-                if mid in self.traced and mid not in missing:
+            for mid in done:
+                if mid in self.traced:
                     self._trace_end(tr.FIN, mid, client)
-        client.finish_count += len(ids) - len(missing)
+        client.finish_count += len(done)
         self.dirty = True
         if self.e2e is not None:
-            self.e2e.record(self.log, ids if not missing else [m for m in ids if m not in missing])
+            self.e2e.record(self.log, done)
         self.notify()
         return [(mid, self._not_in_flight(client, mid)) for mid in missing]
 
