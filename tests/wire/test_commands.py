@@ -283,7 +283,8 @@ def test_wire_req_clamp_keeps_what_was_asked() -> None:
     p = c.CommandParser(c.ParserLimits(max_req_timeout_ms=1000))
     mid = b"0123456789abcdef"
     evs = p.feed(
-        MAGIC_V2 + b"REQ %s 999\nREQ %s 1000\nREQ %s 1001\nREQ %s 10000000000000\nREQ %s 18446744073709551616\n"
+        MAGIC_V2
+        + b"REQ %s 999\nREQ %s 1000\nREQ %s 1001\nREQ %s 10000000000000\nREQ %s 18446744073709551616\n"
         % (mid, mid, mid, mid, mid)
     )
     assert evs == [
