@@ -399,3 +399,92 @@ def test_a_chunk_that_does_not_match_its_ids_is_refused_before_writing(tmp_path:
     assert log.segments[-1].size == size and log.end == 1
     put(log, [b"after"])
     assert read_all(log) == [b"before", b"after"]
+
+
+# -- the corruption policy (docs/reliability.md): never a sequence given twice ----------
+
+
+def read_across_gaps(log: DiskLog) -> list[tuple[int, bytes]]:
+    """(sequence, body) of every readable record, as a channel reads: where there is no
+    record (sequences skipped after damage), go on at ``resume_at``."""
+    out: list[tuple[int, bytes]] = []
+    seq = log.start
+    while seq < log.end:
+        chunks, ids = log.read(seq, 1000)
+        if not ids:
+            nxt = log.resume_at(seq)
+            assert nxt > seq, "a gap must lead somewhere"
+            seq = nxt
+            continue
+        assert ids[0] == b"%016x" % seq  # records are consecutive from the asked sequence
+        for frame, mid in zip(split_chunks(chunks), ids, strict=True):
+            out.append((int(mid, 16), bodies_of([frame])[0]))
+        seq += len(ids)
+    return out
+
+
+def test_damage_found_while_reading_never_moves_the_end_back(tmp_path: Path) -> None:
+    """The file of the segment being written is damaged under nsqd (found when a
+    consumer behind the cache reads it): the log's end stays, later appends get new
+    sequences, and each sequence reads back as the record appended with it."""
+    log = DiskLog(str(tmp_path), cache_size=1)
+    for i in range(6):
+        put(log, [b"a%d" % i, b"bb%d" % i])  # frames of unequal size: cut by their prefixes
+    end = log.end
+    seg = log.segments[-1].path
+    data = bytearray(Path(seg).read_bytes())
+    i = data.index(b"a3")
+    data[i - 34 + 3] ^= 0x7F  # the size prefix of the 4th batch's first frame
+    with open(seg, "r+b") as f:
+        f.write(bytes(data))
+    got = read_across_gaps(log)
+    assert [b for _, b in got][:6] == [b"a0", b"bb0", b"a1", b"bb1", b"a2", b"bb2"]
+    assert log.end == end
+    first_new = put(log, [b"new1"])
+    put(log, [b"new2", b"new3"])
+    assert first_new == end
+    assert log.get(end) is not None and bodies_of([log.get(end)]) == [b"new1"]  # type: ignore[list-item]
+    seqs = [s for s, _ in read_across_gaps(log)]
+    assert len(seqs) == len(set(seqs))
+    log.close()
+    again = DiskLog(str(tmp_path), cache_size=1)
+    after = read_across_gaps(again)
+    assert [s for s, _ in after] == sorted({s for s, _ in after})
+    assert after[-3:] == [(end, b"new1"), (end + 1, b"new2"), (end + 2, b"new3")]
+    assert put(again, [b"later"]) == end + 3
+
+
+@pytest.mark.parametrize("damage", ["torn", "garbage", "flipped"])
+def test_torn_newest_segment_at_start_skips_its_sequences(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A power loss leaves the newest segment torn: its tail is set aside (a .bad file,
+    a log line), every whole record before it is served, and the sequences the tail
+    may have held are never given again (consumers may have seen them)."""
+    log = DiskLog(str(tmp_path))
+    for i in range(10):
+        put(log, [b"m%d" % i])
+    log.close()
+    seg = log.segments[-1].path
+    data = bytearray(Path(seg).read_bytes())
+    pos = data.index(b"m7") - 34 - 30  # the 8th record's batch header
+    if damage == "torn":
+        data = data[: pos + 40]
+    elif damage == "garbage":
+        data[pos:] = os.urandom(len(data) - pos) + b"\0" * 500
+    else:
+        data[pos + 50] ^= 1
+    Path(seg).write_bytes(bytes(data))
+    again = DiskLog(str(tmp_path))
+    assert any("set aside" in r.getMessage() for r in caplog.records)
+    assert list(tmp_path.glob("*.bad"))
+    got = read_across_gaps(again)
+    assert [b for _, b in got] == [b"m%d" % i for i in range(7)]
+    assert again.end >= 10  # sequences 7.. may have been seen: never given again
+    new = put(again, [b"after"])
+    assert new >= 10
+    assert read_across_gaps(again)[-1] == (new, b"after")
+    again.close()
+    third = DiskLog(str(tmp_path))
+    assert [b for _, b in read_across_gaps(third)] == [b"m%d" % i for i in range(7)] + [b"after"]
+    assert put(third, [b"more"]) == new + 1
