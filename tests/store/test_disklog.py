@@ -34,7 +34,10 @@ def read_all(log: DiskLog, start: int = 0) -> list[bytes]:
     while seq < log.end:
         chunks, ids = log.read(seq, 1000)
         if not ids:
-            break
+            if log.resume_at(seq) == seq:
+                break
+            seq = log.resume_at(seq)  # a gap left by damage
+            continue
         frames = split_chunks(chunks)
         assert ids == [f[18:34] for f in frames]
         out += bodies_of(frames)
@@ -86,9 +89,9 @@ def test_torn_tail_is_cut(tmp_path: Path) -> None:
     with open(seg, "r+b") as f:
         f.truncate(size - 3)  # the last record loses its end
     again = DiskLog(str(tmp_path))
-    assert again.end == 2
     assert read_all(again) == [b"a", b"b"]
-    put(again, [b"d"])
+    assert again.end >= 3  # "c" (sequence 2) may have been seen: never given again
+    assert put(again, [b"d"]) >= 3
     assert read_all(again) == [b"a", b"b", b"d"]
 
 
@@ -480,11 +483,148 @@ def test_torn_newest_segment_at_start_skips_its_sequences(
     assert list(tmp_path.glob("*.bad"))
     got = read_across_gaps(again)
     assert [b for _, b in got] == [b"m%d" % i for i in range(7)]
-    assert again.end >= 10  # sequences 7.. may have been seen: never given again
+    # the sequences of the records whose bytes were set aside may have been seen: never
+    # given again (a torn file holds 7 in part, and 8 and 9 not at all: they are lost)
+    seen = 8 if damage == "torn" else 10
+    assert again.end >= seen
     new = put(again, [b"after"])
-    assert new >= 10
+    assert new >= seen
     assert read_across_gaps(again)[-1] == (new, b"after")
     again.close()
     third = DiskLog(str(tmp_path))
     assert [b for _, b in read_across_gaps(third)] == [b"m%d" % i for i in range(7)] + [b"after"]
     assert put(third, [b"more"]) == new + 1
+
+
+def test_damaged_sealed_segment_at_start_is_set_aside_and_the_rest_served(tmp_path: Path) -> None:
+    """A sealed segment without its index is scanned at start: damage in its middle
+    sets its tail aside; the other segments are served whole, nothing is renumbered."""
+    log = DiskLog(str(tmp_path), max_bytes_per_file=600, cache_size=1)
+    for i in range(30):
+        put(log, [b"x%03d" % i + b"y" * 60])
+    log.close()
+    second = log.segments[1]
+    os.remove(second.idx_path)
+    data = bytearray(Path(second.path).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    Path(second.path).write_bytes(bytes(data))
+    again = DiskLog(str(tmp_path), max_bytes_per_file=600, cache_size=1)
+    got = read_across_gaps(again)
+    seqs = [s for s, _ in got]
+    assert all(b == b"x%03d" % s + b"y" * 60 for s, b in got)  # each at its own sequence
+    lost = set(range(30)) - set(seqs)
+    assert lost and all(second.base_seq <= s < second.end_seq for s in lost)
+    assert seqs[-1] == 29 and put(again, [b"next"]) == 30
+    assert list(tmp_path.glob(f"{Path(second.path).name}.*.bad"))
+
+
+def test_damage_in_a_sealed_segment_found_by_range_reads_and_seeks(tmp_path: Path) -> None:
+    """Range reads (Spark), offset and time seeks meet the damage as delivery does:
+    no exception, no garbage, the records after the gap are served."""
+    log = DiskLog(str(tmp_path), max_bytes_per_file=600, cache_size=1)
+    for i in range(30):
+        put(log, [b"x%03d" % i + b"y" * 60], ts=TS + i)
+    offsets = {s: log.locate(s) for s in range(30)}
+    log.close()
+    first = log.segments[0]
+    data = bytearray(Path(first.path).read_bytes())
+    data[-10] ^= 0xFF  # the last record of the first (sealed, indexed) segment
+    Path(first.path).write_bytes(bytes(data))
+    log = DiskLog(str(tmp_path), max_bytes_per_file=600, cache_size=1)
+    recs = log.read_range(0, 1000)
+    assert [r[0] for r in recs] == list(range(first.end_seq - 1))  # stops at the gap
+    after = log.read_range(first.end_seq - 1, 1000)
+    assert [r[0] for r in after] == list(range(first.end_seq, 30))
+    assert log.locate(first.end_seq - 1) is None
+    assert log.seek_time(TS + first.end_seq - 1) == first.end_seq
+    loc = offsets[first.end_seq]
+    assert loc is not None and log.seek_offset(loc[0]) == first.end_seq
+    assert log.get(first.end_seq - 1) is None and log.resume_at(first.end_seq - 1) == first.end_seq
+    assert put(log, [b"next"]) == 30
+
+
+def test_a_bad_newest_segment_is_set_aside_and_its_sequences_skipped(tmp_path: Path) -> None:
+    log = DiskLog(str(tmp_path), max_bytes_per_file=600)
+    for i in range(20):
+        put(log, [b"x%03d" % i + b"y" * 60])
+    put(log, [b"last"])
+    log.close()
+    newest = log.segments[-1]
+    assert newest.end_seq > newest.base_seq
+    data = bytearray(Path(newest.path).read_bytes())
+    data[:8] = b"garbage!"
+    Path(newest.path).write_bytes(bytes(data))
+    again = DiskLog(str(tmp_path), max_bytes_per_file=600)
+    assert [s for s, _ in read_across_gaps(again)] == list(range(newest.base_seq))
+    assert put(again, [b"next"]) >= 21
+    assert Path(newest.path + ".bad").exists()
+
+
+@settings(max_examples=int(os.environ.get("NSQX_DAMAGE_EXAMPLES", "40")), deadline=None)
+@given(
+    st.lists(st.integers(1, 5), min_size=1, max_size=30),
+    st.sampled_from(["flip", "truncate", "zeros"]),
+    st.floats(0, 1),
+    st.booleans(),
+)
+def test_any_damage_never_reuses_a_sequence(
+    tmp_path_factory: pytest.TempPathFactory,
+    batches: list[int],
+    kind: str,
+    where: float,
+    keep_index: bool,
+) -> None:
+    """Whatever byte of whichever segment is damaged (flipped, cut off, zeroed from
+    there on, as a power loss may leave it), a restart serves only records at their
+    own sequence, and the next append gets a sequence no record ever had in the file."""
+    d = tmp_path_factory.mktemp("damage")
+    log = DiskLog(str(d), max_bytes_per_file=400, cache_size=2)
+    n = 0
+    for k in batches:
+        put(log, [b"s%d" % (n + j) for j in range(k)])
+        n += k
+    original = {s.path: Path(s.path).read_bytes() for s in log.segments}
+    log.close()
+    segs = [s for s in log.segments if s.size > SEG_HEAD_SIZE]
+    seg = segs[int(where * (len(segs) - 1))]
+    if not keep_index and os.path.exists(seg.idx_path):
+        os.remove(seg.idx_path)
+    data = bytearray(Path(seg.path).read_bytes())
+    at = SEG_HEAD_SIZE + int(where * (len(data) - SEG_HEAD_SIZE - 1))
+    # sequences whose bytes are still in the file after the damage
+    surviving = n
+    if kind == "flip":
+        data[at] ^= 0x55
+    else:
+        if kind == "truncate":
+            del data[at:]
+        else:
+            data[at:] = bytes(len(data) - at)
+        if seg is segs[-1]:
+            surviving = _records_starting_before(original[seg.path], seg.base_seq, at)
+    Path(seg.path).write_bytes(bytes(data))
+    again = DiskLog(str(d), max_bytes_per_file=400, cache_size=2)
+    got = read_across_gaps(again)
+    assert all(b == b"s%d" % s for s, b in got)
+    assert [s for s, _ in got] == sorted({s for s, _ in got})
+    new = put(again, [b"new"])
+    assert new >= surviving
+    assert read_across_gaps(again)[-1] == (new, b"new")
+    again.close()
+    assert read_across_gaps(DiskLog(str(d), max_bytes_per_file=400))[-1] == (new, b"new")
+
+
+def _records_starting_before(data: bytes | bytearray, first: int, at: int) -> int:
+    """The sequence after the records a damaged segment still shows a trace of: those of
+    batches whose header is whole before ``at``, and one for a batch whose header is
+    cut (its count is gone)."""
+    import struct
+
+    pos, seq = SEG_HEAD_SIZE, first
+    while pos < at:
+        if pos + 30 > at:
+            return seq + 1
+        plen, _crc, _first, count = struct.unpack_from(">IIQI", data, pos)
+        seq += count
+        pos += 30 + plen
+    return seq

@@ -375,7 +375,7 @@ class Channel:
             lo = self.cursor
             f, i = self.log.read(lo, 1)
             if not i:
-                self.cursor = max(lo, self.log.start)
+                self.cursor = self.log.resume_at(lo)  # trimmed, or a gap after damage
                 if self.cursor == lo:
                     break
                 continue
@@ -506,7 +506,7 @@ class Channel:
             lo = self.cursor
             f, i = self.log.read(lo, min(k - len(ids), end - lo))
             if not i:
-                self.cursor = max(lo, self.log.start)
+                self.cursor = self.log.resume_at(lo)  # trimmed, or a gap after damage
                 if self.cursor == lo:
                     break
                 continue

@@ -59,6 +59,10 @@ _READ_CHUNK = 256 * 1024
 _SCAN_CHUNK = 4 * 1024 * 1024
 # frame layout: size(4) type(4) timestamp(8) attempts(2) id(16) body
 _ID = slice(18, 34)
+#: the smallest frame (an empty body)
+MIN_FRAME_SIZE = 34
+#: a batch header announcing more is not believed (nsqd's --max-body-size is far less)
+_MAX_BATCH = 1 << 31
 
 
 class RangeFramesOut:
@@ -114,6 +118,10 @@ class Segment:
     sealed: bool = False
     #: records below this file position were checked (written or scanned by us)
     verified_upto: int = SEG_HEAD_SIZE
+    #: bytes of damage moved out of the file at start (see DiskLog's corruption policy)
+    set_aside: int = 0
+    #: how many records those bytes may have held
+    set_aside_records: int = 0
     last_write: float = field(default_factory=time.time)
     _last_indexed_pos: int = -INDEX_INTERVAL
 
@@ -126,21 +134,58 @@ class Segment:
             self.index.extend((seq, pos, deliver_at))
             self._last_indexed_pos = pos
 
-    def start_pos(self, seq: int) -> int:
-        """The file position of an indexed batch at or before ``seq``'s batch."""
+    def start_at(self, seq: int) -> tuple[int, int]:
+        """(file position, first sequence) of an indexed batch at or before ``seq``'s."""
+        return self._indexed(seq, 0)
+
+    def start_at_pos(self, pos: int) -> tuple[int, int]:
+        """(file position, first sequence) of an indexed batch at or before ``pos``."""
+        return self._indexed(pos, 1)
+
+    def _indexed(self, key: int, column: int) -> tuple[int, int]:
         idx = self.index
         lo, hi = 0, len(idx) // 3
-        while lo < hi:  # bisect on the seq column
+        while lo < hi:  # bisect on the column
             mid = (lo + hi) // 2
-            if idx[mid * 3] <= seq:
+            if idx[mid * 3 + column] <= key:
                 lo = mid + 1
             else:
                 hi = mid
-        return idx[(lo - 1) * 3 + 1] if lo else SEG_HEAD_SIZE
+        if not lo:
+            return SEG_HEAD_SIZE, self.base_seq
+        return idx[(lo - 1) * 3 + 1], idx[(lo - 1) * 3]
 
 
 def _segment_name(base_seq: int) -> str:
     return f"{base_seq:020d}.seg"
+
+
+def _name_seq(name: str) -> int | None:
+    """The first sequence a segment's file name gives (None if it is not one of ours)."""
+    stem = name[:-4]
+    return int(stem) if len(stem) == 20 and stem.isdigit() else None
+
+
+def _max_records(nbytes: int) -> int:
+    """The most records ``nbytes`` of segment can hold (every frame is at least
+    MIN_FRAME_SIZE bytes): what bytes set aside may have held."""
+    return max(-(-nbytes // MIN_FRAME_SIZE), 0)
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _free_name(path: str) -> str:
+    """``path``, or ``path.1``, ``path.2``...: never overwrite what was set aside."""
+    name, n = path, 0
+    while os.path.exists(name):
+        n += 1
+        name = f"{path}.{n}"
+    return name
 
 
 def iter_batches(buf: bytes, pos: int, limit: int) -> Iterator[tuple[int, int, int, int, int, int]]:
@@ -234,22 +279,71 @@ class DiskLog:
         self.cache = BatchCache(self.end)
 
     # -- opening and recovery ---------------------------------------------------------
+    #
+    # The corruption policy, applied here and in _damaged() only (docs/reliability.md):
+    # no sequence (so no message id) and no virtual offset is ever given twice, and no
+    # damaged byte is ever delivered.
+    # - A segment with a bad header, or that overlaps the one before, is set aside whole
+    #   (renamed *.bad).
+    # - Damage found at start (a torn tail, a crc mismatch, a record out of sequence) ends
+    #   the segment there: the bytes from the damage on are moved to <segment>.<pos>.bad
+    #   and the file is truncated, with a log line. Every whole record before is served.
+    # - Sequences that bytes set aside may have held are never given again: when they
+    #   were at the log's end (a power loss tears the newest segment), appends go on in a
+    #   new segment that starts past them (and past their virtual offsets).
+    # - Damage found while reading (the file changed under nsqd) ends the segment's
+    #   readable records there, in memory; the segment being written is sealed first, so
+    #   appends go on in a new one and the log's end never moves back.
+    # Sequences without a record form a gap: read() returns nothing there and
+    # resume_at() names the next sequence that has one.
 
     def _open(self) -> None:
         names = sorted(n for n in os.listdir(self.directory) if n.endswith(".seg"))
+        #: the lowest sequence and virtual offset the next append may have: past all
+        #: that was set aside
+        floor_seq = floor_offset = 0
         for name in names:
             path = os.path.join(self.directory, name)
+            size = _file_size(path)
             seg = self._load_segment(path)
-            if seg is not None:
-                if self.segments and seg.base_seq < self.segments[-1].end_seq:
-                    self._set_aside(path, "overlaps the previous segment")
-                    continue
-                self.segments.append(seg)
+            if seg is None:
+                # what the file may have held (its name says where it started)
+                base = _name_seq(name)
+                if base is not None:
+                    floor_seq = max(floor_seq, base + _max_records(size - SEG_HEAD_SIZE))
+                continue
+            if self.segments and seg.base_seq < self.segments[-1].end_seq:
+                size = seg.size + seg.set_aside
+                self._set_aside(path, "overlaps the previous segment")
+                floor_seq = max(floor_seq, seg.base_seq + _max_records(size - SEG_HEAD_SIZE))
+                floor_offset = max(floor_offset, seg.base_offset + size - SEG_HEAD_SIZE)
+                continue
+            self.segments.append(seg)
+            if seg.set_aside:
+                floor_seq = max(floor_seq, seg.end_seq + seg.set_aside_records)
+                floor_offset = max(
+                    floor_offset, seg.base_offset + seg.size + seg.set_aside - SEG_HEAD_SIZE
+                )
         if not self.segments:
-            self.segments.append(self._new_segment(0, 0))
+            self.segments.append(self._new_segment(floor_seq, floor_offset))
         for seg in self.segments[:-1]:
             seg.sealed = True
         active = self.segments[-1]
+        active_offset = active.base_offset + active.size - SEG_HEAD_SIZE
+        if floor_seq > active.end_seq or floor_offset > active_offset:
+            nxt = max(floor_seq, active.end_seq)
+            log.warning(
+                "STORE: %s: sequences %d to %d are skipped (what was set aside may have "
+                "held them); the next message is %d",
+                self.directory,
+                active.end_seq,
+                nxt - 1,
+                nxt,
+            )
+            self._write_index(active)
+            active.sealed = True
+            self.segments.append(self._new_segment(nxt, max(floor_offset, active_offset)))
+            active = self.segments[-1]
         self._fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
 
     def _load_segment(self, path: str) -> Segment | None:
@@ -302,9 +396,10 @@ class DiskLog:
             self._deferred.add(seq, count, deliver_at)
 
     def _scan(self, seg: Segment) -> None:
-        """Read a segment through: rebuild its index, cut a torn or corrupt tail."""
+        """Read a segment through: rebuild its index; set aside a torn or damaged tail."""
         seq = seg.base_seq
         good = SEG_HEAD_SIZE
+        damage = "an incomplete record (torn write)"
         with open(seg.path, "rb") as f:
             f.seek(good)
             buf = b""
@@ -321,9 +416,7 @@ class DiskLog:
                             raise CorruptRecord(f"sequence {first} where {seq} was expected")
                         check_batch(buf, pos, plen, crc)
                     except CorruptRecord as err:
-                        log.error(
-                            "STORE: %s: corrupt record at byte %d (%s)", seg.path, base + pos, err
-                        )
+                        damage = f"a corrupt record ({err})"
                         done = True
                         break
                     seg.note_batch(seq, base + pos, deliver_at)
@@ -331,23 +424,55 @@ class DiskLog:
                         self._deferred.add(seq, count, deliver_at)
                     seq += count
                     good = base + pos + BATCH_HEAD_SIZE + plen
-        size = os.path.getsize(seg.path)
-        if good < size:
-            log.warning(
-                "STORE: %s: cutting %d bytes after the last whole record (torn or corrupt tail)",
-                seg.path,
-                size - good,
-            )
-            with open(seg.path, "r+b") as f:
-                f.truncate(good)
-                f.flush()
-                os.fsync(f.fileno())
         seg.size = good
         seg.end_seq = seq
         seg.verified_upto = good
+        size = os.path.getsize(seg.path)
+        if good < size:
+            # what the bytes set aside may have held: as many records as fit in them, or
+            # as the first batch header there says if it is whole and sane (a torn write
+            # may have cut off records it announces)
+            held = _max_records(size - good)
+            with open(seg.path, "rb") as f:
+                f.seek(good)
+                head = f.read(BATCH_HEAD_SIZE)
+            if len(head) == BATCH_HEAD_SIZE:
+                plen, _crc, first, count, _d, _f = _BATCH_HEAD.unpack(head)
+                if first == seq and 0 < count * MIN_FRAME_SIZE <= plen <= _MAX_BATCH:
+                    held = max(held, count)
+            seg.set_aside_records = held
+            self._set_aside_tail(seg, good, size, damage)
+
+    def _set_aside_tail(self, seg: Segment, pos: int, size: int, damage: str) -> None:
+        """Move the bytes of ``seg`` from ``pos`` on to a .bad file; truncate there."""
+        bad = _free_name(f"{seg.path}.{pos}.bad")
+        log.error(
+            "STORE: %s: %s at byte %d; setting aside the %d bytes from there as %s",
+            seg.path,
+            damage,
+            pos,
+            size - pos,
+            bad,
+        )
+        with open(seg.path, "r+b") as f:
+            f.seek(pos)
+            with open(bad, "wb") as out:
+                while chunk := f.read(_SCAN_CHUNK):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            f.truncate(pos)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(self.directory)
+        seg.set_aside += size - pos
+        try:
+            os.remove(seg.idx_path)  # made for the whole file
+        except FileNotFoundError:
+            pass
 
     def _set_aside(self, path: str, why: str) -> None:
-        bad = path + ".bad"
+        bad = _free_name(path + ".bad")
         log.error("STORE: setting aside %s as %s: %s", path, bad, why)
         os.replace(path, bad)
         try:
@@ -399,6 +524,8 @@ class DiskLog:
     def append(
         self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
     ) -> int:
+        if not ids:
+            raise ValueError("an empty batch")  # a record holds one message or more
         seg = self.segments[-1]
         # checks the chunk before it is written; its frames start after the batch header
         offset = seg.base_offset + seg.size - SEG_HEAD_SIZE + BATCH_HEAD_SIZE
@@ -528,16 +655,31 @@ class DiskLog:
         return found[0] if found is not None else None
 
     def _segment_for(self, seq: int) -> Segment | None:
+        """The segment holding ``seq``, or the first one after it when ``seq`` is in a
+        gap (sequences skipped after damage), or None past the end."""
         segs = self.segments
         i = bisect_right([s.base_seq for s in segs], seq) - 1
         while 0 <= i < len(segs):
             seg = segs[i]
             if seq < seg.end_seq:
                 return seg
-            i += 1  # a gap (segment set aside): continue at the next one
+            i += 1  # a gap: continue at the next one
             if i < len(segs) and segs[i].base_seq > seq:
                 return segs[i]
         return None
+
+    def resume_at(self, seq: int) -> int:
+        """The first sequence at or after ``seq`` that has a record (or the end): where
+        a reader goes on when :meth:`read` finds none at ``seq`` (a gap left by damage,
+        see the corruption policy above)."""
+        seq = max(seq, self.start)
+        cache_start = self.cache.start
+        if seq >= cache_start:
+            return seq
+        seg = self._segment_for(seq)
+        if seg is None:
+            return cache_start
+        return min(max(seq, seg.base_seq), cache_start)
 
     def _chunk_at(self, seg: Segment, pos: int, need: int) -> tuple[bytes, int]:
         """Bytes of ``seg`` from ``pos`` (at least ``need`` if the file has them), and the
@@ -552,50 +694,80 @@ class DiskLog:
         self._chunk = (seg.path, pos, data)
         return data, pos
 
+    def _head_at(self, seg: Segment, pos: int, expect: int) -> tuple[int, int, int]:
+        """The header of the batch at file position ``pos`` of ``seg``, which must start
+        with sequence ``expect``: (payload length, crc, count). Raises CorruptRecord
+        when it is not what it must be."""
+        buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
+        off = pos - base
+        if pos + BATCH_HEAD_SIZE > seg.size or off + BATCH_HEAD_SIZE > len(buf):
+            raise CorruptRecord("a batch header past the segment's end")
+        plen, crc, first, count, _deliver_at, _flags = _BATCH_HEAD.unpack_from(buf, off)
+        if first != expect:
+            raise CorruptRecord(f"sequence {first} where {expect} was expected")
+        if pos + BATCH_HEAD_SIZE + plen > seg.size or not 0 < count * MIN_FRAME_SIZE <= plen:
+            raise CorruptRecord(f"a batch of {count} records in {plen} bytes")
+        return plen, crc, count
+
+    def _batch_at(self, seg: Segment, pos: int, plen: int, crc: int) -> tuple[bytes, int]:
+        """The whole batch at ``pos`` (its header read by :meth:`_head_at`): bytes that
+        hold it from ``off`` on. A batch an earlier process wrote is crc-checked once."""
+        buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
+        off = pos - base
+        if off + BATCH_HEAD_SIZE + plen > len(buf):
+            raise CorruptRecord("the file is shorter than its records")
+        if pos >= seg.verified_upto:
+            check_batch(buf, off, plen, crc)
+            if pos == seg.verified_upto:
+                seg.verified_upto = pos + BATCH_HEAD_SIZE + plen
+        return buf, off
+
+    def _damaged(self, seg: Segment, pos: int, seq: int, err: Exception) -> None:
+        """Damage found while reading at ``pos`` of ``seg``, where sequence ``seq`` must
+        start: the segment's readable records end there (a gap up to the next segment);
+        the one being written is sealed first, so the log's end never moves back."""
+        log.error(
+            "STORE: %s: corrupt record at byte %d (%s); sequences %d to %d of it are skipped",
+            seg.path,
+            pos,
+            err,
+            seq,
+            seg.end_seq - 1,
+        )
+        if seg is self.segments[-1]:
+            self._roll()  # appends go on at the same end, in a new segment
+        seg.size = pos
+        seg.end_seq = seq
+        if self._chunk[0] == seg.path:
+            self._chunk = ("", 0, b"")
+
     def _read_disk(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         """Up to ``limit`` records from ``seq`` on, from one segment's file: frames as
-        chunks (a run of equal-sized frames of one batch is one chunk) and ids."""
+        chunks (a run of equal-sized frames of one batch is one chunk) and ids. Nothing
+        when ``seq`` is in a gap (see :meth:`resume_at`)."""
         chunks: list[bytes] = []
         ids: list[bytes] = []
         seg = self._segment_for(seq)
-        if seg is None or limit <= 0:
+        if seg is None or limit <= 0 or seq < seg.base_seq:
             return chunks, ids
-        seq = max(seq, seg.base_seq)
-        pos = seg.start_pos(seq)
-        while pos < seg.size and len(ids) < limit:
-            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
-            off = pos - base
-            if off + BATCH_HEAD_SIZE > len(buf):
-                break
-            plen, crc, first, count, _deliver_at, _flags = _BATCH_HEAD.unpack_from(buf, off)
-            rec_end = pos + BATCH_HEAD_SIZE + plen
-            if first + count <= seq:  # before the wanted sequence: skip the batch
-                pos = rec_end
-                continue
-            if off + BATCH_HEAD_SIZE + plen > len(buf):
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-                off = pos - base
-            skip = seq - first if seq > first else 0
-            take = min(count - skip, limit - len(ids))
-            try:
-                if pos >= seg.verified_upto:
-                    # written by an earlier process and not read since: check it once
-                    check_batch(buf, off, plen, crc)
-                    if pos == seg.verified_upto:
-                        seg.verified_upto = rec_end
-                self._cut_batch(buf, off + BATCH_HEAD_SIZE, plen, count, skip, take, chunks, ids)
-            except CorruptRecord as err:
-                log.error(
-                    "STORE: %s: corrupt record at byte %d (%s); skipping the rest of the segment",
-                    seg.path,
-                    pos,
-                    err,
-                )
-                seg.size = pos
-                seg.end_seq = first
-                break
-            seq = first + count
-            pos = rec_end
+        pos, first = seg.start_at(seq)
+        try:
+            while pos < seg.size and len(ids) < limit:
+                plen, crc, count = self._head_at(seg, pos, first)
+                if first + count > seq:
+                    buf, off = self._batch_at(seg, pos, plen, crc)
+                    skip = seq - first if seq > first else 0
+                    take = min(count - skip, limit - len(ids))
+                    self._cut_batch(
+                        buf, off + BATCH_HEAD_SIZE, plen, count, skip, take, chunks, ids
+                    )
+                    seq = first + skip + take
+                first += count
+                pos += BATCH_HEAD_SIZE + plen
+        except CorruptRecord as err:
+            self._damaged(seg, pos, first, err)
+            # what was cut before the damage is good; a partial batch is not taken
+            return chunks, ids
         return chunks, ids
 
     @staticmethod
@@ -651,7 +823,7 @@ class DiskLog:
         per stored batch (a run of equal-sized frames), with no work per message; a batch
         of unequal frames is cut frame by frame (one run each). The records are
         consecutive from ``first``, which is past ``seq`` if the records there are gone
-        (a read stops at a gap left by a segment set aside, once it has records)."""
+        (a read stops at a gap left by damage, once it has records)."""
         seq = max(seq, self.start)
         out = RangeFramesOut(seq)
         stop = self.end if end is None else min(end, self.end)
@@ -663,114 +835,125 @@ class DiskLog:
             seq = max(seq, seg.base_seq)
             if not out.count:
                 out.first = seq
-            pos = seg.start_pos(seq)
+            pos, first = seg.start_at(seq)
             progressed = False
-            while pos < seg.size and seq < stop and out.count < max_messages and taken < max_bytes:
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
-                off = pos - base
-                plen, crc, first, count, _d, _f = _BATCH_HEAD.unpack_from(buf, off)
-                rec_end = pos + BATCH_HEAD_SIZE + plen
-                if first + count <= seq:
-                    pos = rec_end
-                    continue
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-                off = pos - base
-                if pos >= seg.verified_upto:
-                    check_batch(buf, off, plen, crc)
-                    if pos == seg.verified_upto:
-                        seg.verified_upto = rec_end
-                p0 = off + BATCH_HEAD_SIZE
-                vbase = seg.base_offset + base - SEG_HEAD_SIZE
-                skip = seq - first if seq > first else 0
-                room = min(count - skip, stop - seq, max_messages - out.count)
-                size = _equal_frames(buf, p0, plen, count)
-                if size:
-                    # frames while fewer than max_bytes are taken, as for unequal ones
-                    take = min(room, -(-(max_bytes - taken) // size))
-                    a = p0 + skip * size
-                    b = a + take * size
-                    ts = _TS.unpack_from(buf, a + 8)[0]  # one publish: one timestamp
-                    out.add_run(buf[a:b], take, size, vbase + a, ts)
-                    taken += take * size
-                else:
-                    frames = split_frames(memoryview(buf)[p0 : p0 + plen], count)
-                    p = p0 + sum(len(f) for f in frames[:skip])
-                    take = 0
-                    for f in frames[skip : skip + room]:
-                        if take and taken >= max_bytes:
-                            break
-                        out.add_run(f, 1, len(f), vbase + p, _TS.unpack_from(f, 8)[0])
-                        p += len(f)
-                        taken += len(f)
-                        take += 1
-                seq = first + skip + take
-                pos = rec_end if seq >= first + count else pos
-                progressed = True
+            try:
+                while (
+                    pos < seg.size and seq < stop and out.count < max_messages and taken < max_bytes
+                ):
+                    plen, crc, count = self._head_at(seg, pos, first)
+                    if first + count <= seq:
+                        first += count
+                        pos += BATCH_HEAD_SIZE + plen
+                        continue
+                    buf, off = self._batch_at(seg, pos, plen, crc)
+                    base = pos - off
+                    p0 = off + BATCH_HEAD_SIZE
+                    vbase = seg.base_offset + base - SEG_HEAD_SIZE
+                    skip = seq - first if seq > first else 0
+                    room = min(count - skip, stop - seq, max_messages - out.count)
+                    size = _equal_frames(buf, p0, plen, count)
+                    if size:
+                        # frames while fewer than max_bytes are taken, as for unequal ones
+                        take = min(room, -(-(max_bytes - taken) // size))
+                        a = p0 + skip * size
+                        b = a + take * size
+                        ts = _TS.unpack_from(buf, a + 8)[0]  # one publish: one timestamp
+                        out.add_run(buf[a:b], take, size, vbase + a, ts)
+                        taken += take * size
+                    else:
+                        frames = split_frames(memoryview(buf)[p0 : p0 + plen], count)
+                        p = p0 + sum(len(f) for f in frames[:skip])
+                        take = 0
+                        for f in frames[skip : skip + room]:
+                            if take and taken >= max_bytes:
+                                break
+                            out.add_run(f, 1, len(f), vbase + p, _TS.unpack_from(f, 8)[0])
+                            p += len(f)
+                            taken += len(f)
+                            take += 1
+                    seq = first + skip + take
+                    if seq >= first + count:
+                        first += count
+                        pos += BATCH_HEAD_SIZE + plen
+                    progressed = True
+            except CorruptRecord as err:
+                self._damaged(seg, pos, first, err)
+                if out.count:
+                    break
+                continue  # nothing yet: go on after the gap
             if not progressed:
                 break
         return out
 
+    def _find(self, seq: int) -> tuple[Segment, int, int, int, int, bytes, int] | None:
+        """The batch holding ``seq``: (segment, file position, first sequence, count,
+        payload length, bytes, where they hold it), or None if ``seq`` has no record."""
+        if seq < self.start:
+            return None
+        seg = self._segment_for(seq)
+        if seg is None or seq < seg.base_seq:
+            return None
+        pos, first = seg.start_at(seq)
+        try:
+            while pos < seg.size:
+                plen, crc, count = self._head_at(seg, pos, first)
+                if first <= seq < first + count:
+                    buf, off = self._batch_at(seg, pos, plen, crc)
+                    return seg, pos, first, count, plen, buf, off
+                first += count
+                pos += BATCH_HEAD_SIZE + plen
+        except CorruptRecord as err:
+            self._damaged(seg, pos, first, err)
+        return None
+
     def locate(self, seq: int) -> tuple[int, int] | None:
         """(virtual offset, timestamp ns) of the message at ``seq``, or None."""
-        seg = self._segment_for(seq)
-        if seg is None:
+        found = self._find(seq)
+        if found is None:
             return None
-        pos = seg.start_pos(seq)
-        while pos < seg.size:
-            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
-            off = pos - base
-            plen, _crc, first, count, _d, _f = _BATCH_HEAD.unpack_from(buf, off)
-            if first <= seq < first + count:
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-                off = pos - base
-                p = off + BATCH_HEAD_SIZE
-                size = _equal_frames(buf, p, plen, count)
-                if size:
-                    p += (seq - first) * size
-                else:
-                    for _ in range(seq - first):
-                        p += 4 + _I32.unpack_from(buf, p)[0]
-                ts = _TS.unpack_from(buf, p + 8)[0]
-                return seg.base_offset + (base + p) - SEG_HEAD_SIZE, ts
-            pos += BATCH_HEAD_SIZE + plen
-        return None
+        seg, pos, first, count, plen, buf, off = found
+        p0 = off + BATCH_HEAD_SIZE
+        size = _equal_frames(buf, p0, plen, count)
+        if size:
+            p = p0 + (seq - first) * size
+        else:
+            try:
+                p = p0 + frame_starts(memoryview(buf)[p0 : p0 + plen], count)[seq - first]
+            except ValueError as err:
+                self._damaged(seg, pos, first, err)
+                return None
+        ts = _TS.unpack_from(buf, p + 8)[0]
+        return seg.base_offset + (pos - off + p) - SEG_HEAD_SIZE, ts
 
     def seek_offset(self, offset: int) -> int:
         """The sequence of the first message at or after virtual offset ``offset``."""
-        for seg in self.segments:
-            seg_end = seg.base_offset + seg.size - SEG_HEAD_SIZE
-            if offset >= seg_end:
+        for seg in list(self.segments):
+            if offset >= seg.base_offset + seg.size - SEG_HEAD_SIZE:
                 continue
-            # start at the last indexed batch at or before the offset's file position
+            # from the last indexed batch at or before the offset's file position
             target = offset - seg.base_offset + SEG_HEAD_SIZE
-            idx = seg.index
-            pos = SEG_HEAD_SIZE
-            lo, hi = 0, len(idx) // 3
-            while lo < hi:  # bisect on the file position column
-                mid = (lo + hi) // 2
-                if idx[mid * 3 + 1] <= target:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if lo:
-                pos = idx[(lo - 1) * 3 + 1]
-            while pos < seg.size:
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
-                off = pos - base
-                plen, _crc, first, count, _d, _f = _BATCH_HEAD.unpack_from(buf, off)
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-                off = pos - base
-                p = off + BATCH_HEAD_SIZE
-                for k in range(count):
-                    if seg.base_offset + (base + p) - SEG_HEAD_SIZE >= offset:
-                        return int(first + k)
-                    p += 4 + _I32.unpack_from(buf, p)[0]
-                pos += BATCH_HEAD_SIZE + plen
+            pos, first = seg.start_at_pos(target)
+            try:
+                while pos < seg.size:
+                    plen, crc, count = self._head_at(seg, pos, first)
+                    p0 = pos + BATCH_HEAD_SIZE
+                    if p0 + plen > target:  # frames at or after the target in this one
+                        buf, off = self._batch_at(seg, pos, plen, crc)
+                        b0 = off + BATCH_HEAD_SIZE
+                        starts = frame_starts(memoryview(buf)[b0 : b0 + plen], count)
+                        for k in range(count):
+                            if p0 + starts[k] >= target:
+                                return first + k
+                    first += count
+                    pos = p0 + plen
+            except (CorruptRecord, ValueError) as err:
+                self._damaged(seg, pos, first, err)
         return self.end
 
     def seek_time(self, timestamp_ns: int) -> int:
         """The sequence of the first message published at or after ``timestamp_ns``."""
-        for seg in self.segments:
+        for seg in list(self.segments):
             if seg.end_seq == seg.base_seq:
                 continue
             last = self.locate(seg.end_seq - 1)

@@ -92,6 +92,12 @@ class MessageLog(Protocol):
         extended records, see nsqx.wire.frames)."""
         ...
 
+    def resume_at(self, seq: int) -> int:
+        """The first sequence at or after ``seq`` (and ``start``) that has a record, or
+        ``end``: where a reader goes on when :meth:`read` returns nothing at ``seq``
+        (sequences a DiskLog skipped after damage have no record)."""
+        ...
+
     @property
     def end_offset(self) -> int:
         """Virtual offset just past the last record."""

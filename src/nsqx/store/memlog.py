@@ -67,6 +67,10 @@ class MemoryLog:
         j = i + limit
         return self._frames[i:j], self._ids[i:j]
 
+    def resume_at(self, seq: int) -> int:
+        """Records are consecutive from ``start``: no gaps."""
+        return max(seq, self._base)
+
     def get(self, seq: int) -> bytes | None:
         i = seq - self._base
         if 0 <= i < len(self._frames):
