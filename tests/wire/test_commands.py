@@ -294,3 +294,20 @@ def test_wire_req_clamp_keeps_what_was_asked() -> None:
         c.Req(mid, 0, -8446744073709551616),
         c.Req(mid, 0),  # wraps to exactly 0 in Go's uint64: in range, nothing to log
     ]
+
+
+def test_found_by_fuzzing_answers_do_not_depend_on_how_tcp_cut_the_input() -> None:
+    """Two differences between a stream parsed whole and the same stream in pieces,
+    found by tests/fuzz (the 'commands' target)."""
+    # a FIN whose "id" has spaces: Go splits the line at spaces, so it is a bad id
+    # whether or not a second FIN line follows in the same read
+    bad = b"FIN 01234UB c ef 100\n"
+    for data in (bad, bad + b"FIN 0123456789abcdef\n"):
+        (err,) = c.CommandParser().feed(MAGIC_V2 + data)[:1]
+        assert isinstance(err, ProtocolError) and str(err) == "E_INVALID Invalid Message ID"
+    # --tls-required: a line too long is refused as too long, complete or not
+    limits = ParserLimits(max_line=64)
+    long_line = b"X" * 100
+    for data in (long_line, long_line + b"\n"):
+        (err,) = TLSRequiredParser(limits).feed(MAGIC_V2 + data)
+        assert str(err) == "E_INVALID command line too long (> 64 bytes)"
