@@ -103,7 +103,8 @@ class LiveNsqd:
 
     def check(self) -> None:
         found = self.problems + [
-            self.unexpected.format(r) for r in self.unexpected.records  # with the traceback
+            self.unexpected.format(r)
+            for r in self.unexpected.records  # with the traceback
         ]
         self.problems.clear()
         self.unexpected.records.clear()
@@ -206,7 +207,7 @@ _SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ01234567
 
 def _query(raw: bytes) -> str:
     """Fuzz bytes as a request line can carry them (some raw, the rest %-escaped)."""
-    return "".join(chr(b) if b in _SAFE else "%%%02X" % b for b in raw)
+    return "".join(chr(b) if b in _SAFE else f"%{b:02X}" for b in raw)
 
 
 async def _http(address: tuple[str, int], request: bytes) -> int:

@@ -44,7 +44,7 @@ def run_target(target: str, seconds: int, work: Path) -> dict[str, object]:
     took = time.monotonic() - started
     (work / f"{target}.log").write_text(proc.stderr)
     stats = _STAT.findall(proc.stderr)
-    execs, cov, ft, corp = (int(x) for x in stats[-1]) if stats else (0, 0, 0, 0)
+    execs, cov, ft, _corp = (int(x) for x in stats[-1]) if stats else (0, 0, 0, 0)
     m = re.search(r"stat::number_of_executed_units: (\d+)", proc.stderr)
     if m:
         execs = int(m.group(1))

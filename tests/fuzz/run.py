@@ -30,7 +30,7 @@ sys.path.insert(0, str(HERE.parent))  # tests/: the fuzz package and the test he
 import atheris  # noqa: E402
 
 with atheris.instrument_imports(include=["nsqx"]):
-    from fuzz import live_targets, wire_targets  # noqa: E402
+    from fuzz import live_targets, wire_targets
 from fuzz.dicts import write_dict  # noqa: E402
 
 TARGETS: dict[str, Callable[[bytes], None]] = {**wire_targets.TARGETS, **live_targets.TARGETS}
@@ -60,7 +60,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=60, help="stop after this long")
     ap.add_argument("--runs", type=int, default=-1, help="stop after this many inputs")
     ap.add_argument("--out", help="where new interesting inputs go (default: scratch)")
-    ap.add_argument("--merge-from", help="add the inputs of this directory that reach new coverage to the corpus")
+    ap.add_argument(
+        "--merge-from",
+        help="add the inputs of this directory that reach new coverage to the corpus",
+    )
     ap.add_argument("--artifacts", help="where crashing inputs are written")
     ap.add_argument("libfuzzer", nargs="*", help="more libFuzzer flags (after --)")
     args = ap.parse_args()

@@ -97,23 +97,50 @@ def identify_seeds() -> list[bytes]:
         {"feature_negotiation": True, "deflate": True, "deflate_level": 9, "msg_timeout": 5000},
         {"feature_negotiation": True, "snappy": True, "tls_v1": True, "sample_rate": 99},
         {"short_id": "s", "long_id": "l", "output_buffer_timeout": 100},
-        {"extend_support": True, "desired_tag": "tag", "ext_filter": {"type": 2, "filter_ext_key": "k", "filter_data": "v*"}},
+        {
+            "extend_support": True,
+            "desired_tag": "tag",
+            "ext_filter": {"type": 2, "filter_ext_key": "k", "filter_data": "v*"},
+        },
     ]
     return [head + json.dumps(b).encode() for b in bodies]
 
 
 def lookupd_seeds() -> list[bytes]:
     ident = lk.encode_identify(
-        {"tcp_port": 4150, "http_port": 4151, "version": "1.3.0", "broadcast_address": "a", "hostname": "h"}
+        {
+            "tcp_port": 4150,
+            "http_port": 4151,
+            "version": "1.3.0",
+            "broadcast_address": "a",
+            "hostname": "h",
+        }
     )
     ident_p = lk.encode_identify(
-        {"tcp_port": 1, "http_port": 2, "version": "1.3.0", "broadcast_address": "a", "hostname": "h", "distributed_id": "a:1"}
+        {
+            "tcp_port": 1,
+            "http_port": 2,
+            "version": "1.3.0",
+            "broadcast_address": "a",
+            "hostname": "h",
+            "distributed_id": "a:1",
+        }
     )
     return [
-        b"\x01\x00\x00" + ident + lk.encode_register("t") + lk.encode_register("t", "c") + lk.encode_ping(),
-        b"\x01\x00\x00" + ident_p + lk.encode_register("t", None, 0) + lk.encode_unregister("t", "c", 0),
+        b"\x01\x00\x00"
+        + ident
+        + lk.encode_register("t")
+        + lk.encode_register("t", "c")
+        + lk.encode_ping(),
+        b"\x01\x00\x00"
+        + ident_p
+        + lk.encode_register("t", None, 0)
+        + lk.encode_unregister("t", "c", 0),
         b"\x00\x01\x00" + struct.pack(">i", 2) + b"OK" + struct.pack(">i", 5) + b"E_BAD",
-        b"\x00\x02\x00" + json.dumps({"tcp_port": 4160, "http_port": 4161, "version": "1.3.0", "partitions": True}).encode(),
+        b"\x00\x02\x00"
+        + json.dumps(
+            {"tcp_port": 4160, "http_port": 4161, "version": "1.3.0", "partitions": True}
+        ).encode(),
     ]
 
 
@@ -138,7 +165,10 @@ def codec_seeds(comp: object) -> list[bytes]:
 def frames_seeds() -> list[bytes]:
     msg = encode_message_frame(1, 1, MID, b"body")
     return [
-        b"\xff\x0f\x00\x00" + encode_frame(FRAME_RESPONSE, b"OK") + msg + encode_frame(FRAME_ERROR, b"E_INVALID x"),
+        b"\xff\x0f\x00\x00"
+        + encode_frame(FRAME_RESPONSE, b"OK")
+        + msg
+        + encode_frame(FRAME_ERROR, b"E_INVALID x"),
         b"\xff\x0f\x01\x01\x00" + encode_frame(FRAME_MESSAGE, b"\x00" * 26 + b"\x00" + b"body"),
     ]
 
@@ -148,7 +178,14 @@ def ext_seeds() -> list[bytes]:
         b"\x00" + b'{"##client_dispatch_tag":"a","##trace_id":"123","k":"v"}',
         b"\x01" + json.dumps({"type": 1, "filter_ext_key": "k", "filter_data": "v"}).encode(),
         b"\x01" + json.dumps({"type": 2, "filter_ext_key": "k", "filter_data": "^v.*"}).encode(),
-        b"\x01" + json.dumps({"type": 4, "filter_ext_key": "any", "filter_data_list": [{"filter_ext_key": "a.b", "filter_data": "c"}]}).encode(),
+        b"\x01"
+        + json.dumps(
+            {
+                "type": 4,
+                "filter_ext_key": "any",
+                "filter_data_list": [{"filter_ext_key": "a.b", "filter_data": "c"}],
+            }
+        ).encode(),
     ]
 
 

@@ -252,4 +252,3 @@ def test_a_glob_class_is_a_range_or_a_list() -> None:
     assert glob_to_regex("[a-c]").match("b") and not glob_to_regex("[a-c]").match("-")
     assert glob_to_regex("[(d]").match("(") and not glob_to_regex("[(d]").match("x")
     assert glob_to_regex("[\\d]").match("d") and not glob_to_regex("[\\d]").match("5")
-

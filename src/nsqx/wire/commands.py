@@ -695,7 +695,7 @@ class TLSRequiredParser(CommandParser):
         nl = data.find(b"\n", pos)
         # a line too long is refused as such, whether its end has arrived yet or not
         # (found by fuzzing: the answer depended on how TCP cut the input)
-        if 0 <= nl and nl - pos <= self.limits.max_line:
+        if nl >= 0 and nl - pos <= self.limits.max_line:
             line = data[pos:nl]
             if line.endswith(b"\r"):
                 line = line[:-1]
