@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
+from nsqx.nsqd import clock
 from nsqx.nsqd.auth import AuthError, AuthState
 from nsqx.nsqd.guid import seq_of
 from nsqx.nsqd.upgrade import UpgradedStream
@@ -139,7 +140,7 @@ class ClientV2(asyncio.Protocol):
         self.yz_detail = False
         self._hold_output = False
         self._close_after_sync = False
-        now = time.monotonic()
+        now = clock.monotonic()
         self._last_read = now
         self._last_heartbeat = now
         self._apply_settings()
@@ -172,7 +173,7 @@ class ClientV2(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self._last_read = time.monotonic()
+        self._last_read = clock.monotonic()
         dispatch = self._dispatch
         events = iter(self.parser.feed(data))
         for ev in events:
@@ -450,7 +451,7 @@ class ClientV2(asyncio.Protocol):
             self._error(err)
             return
         self._apply_settings()
-        self._last_heartbeat = time.monotonic()
+        self._last_heartbeat = clock.monotonic()
         self._respond(encode_response(response))
         s = self.settings
         if s.tls_v1 or s.snappy or s.deflate:
@@ -521,7 +522,7 @@ class ClientV2(asyncio.Protocol):
         if st is None or not st.authorizations:
             self._error(ProtocolError(E_AUTH_FIRST, f"AUTH required before {verb}"))
             return False
-        if st.expired(time.monotonic()):
+        if st.expired(clock.monotonic()):
             self._hold(ev)
             self.nsqd.spawn(self._query_auth((verb, topic, channel)))
             return False

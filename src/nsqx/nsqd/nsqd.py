@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from nsqx import NSQ_VERSION
+from nsqx.nsqd import clock
 from nsqx.nsqd.auth import AuthClient
 from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
@@ -378,11 +379,11 @@ class NSQD:
     async def _scan_loop(self) -> None:
         opts = self.options
         interval = opts.queue_scan_interval
-        last_checkpoint = last_reclaim = time.monotonic()
+        last_checkpoint = last_reclaim = clock.monotonic()
         while True:
             await asyncio.sleep(interval)
-            now = time.monotonic()
-            now_ns = time.time_ns()
+            now = clock.monotonic()
+            now_ns = int(now * 1_000_000_000)
             for topic in list(self.topics.values()):
                 for part in list(topic.partitions.values()):
                     for channel in list(part.channels.values()):

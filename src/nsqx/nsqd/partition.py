@@ -11,9 +11,9 @@ import json
 import logging
 import os
 import shutil
-import time
 from typing import TYPE_CHECKING, NamedTuple
 
+from nsqx.nsqd import clock
 from nsqx.nsqd.channel import Channel
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import PARTITION_SHIFT, make_ids
@@ -174,7 +174,7 @@ class Partition:
         n = len(bodies)
         seq = log_.end
         ids = make_ids(seq, n, self.id)
-        ts = time.time_ns()
+        ts = clock.time_ns()
         if trace_ids is None and exts is None:
             chunk, stride = encode_message_batch(ts, ids, bodies)
             body_bytes = len(chunk) - n * FRAME_OVERHEAD
