@@ -628,3 +628,61 @@ def _records_starting_before(data: bytes | bytearray, first: int, at: int) -> in
         seq += count
         pos += 30 + plen
     return seq
+
+
+def test_a_partial_write_that_cannot_be_cut_is_cut_before_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short write (disk full) whose truncation fails too (the disk refuses that as
+    well) must not leave the next record behind garbage: it is cut before the next
+    write, or the next write fails."""
+    import nsqx.store.disklog as disklog
+
+    log = DiskLog(str(tmp_path))
+    put(log, [b"before"])
+    real_writev, real_ftruncate = os.writev, os.ftruncate
+
+    def half_write(fd: int, buffers: list[bytes]) -> int:
+        data = b"".join(buffers)
+        return real_writev(fd, [data[: len(data) // 2]])
+
+    def refuse(fd: int, size: int) -> None:
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(disklog.os, "writev", half_write)
+    monkeypatch.setattr(disklog.os, "ftruncate", refuse)
+    with pytest.raises(OSError, match="short write"):
+        put(log, [b"lost" * 10])
+    monkeypatch.setattr(disklog.os, "writev", real_writev)
+    with pytest.raises(OSError, match="Read-only"):
+        put(log, [b"refused"])  # the garbage cannot be cut yet: nothing is written
+    monkeypatch.setattr(disklog.os, "ftruncate", real_ftruncate)
+    put(log, [b"after"])
+    assert read_all(log) == [b"before", b"after"]
+    log.close()
+    assert read_all(DiskLog(str(tmp_path))) == [b"before", b"after"]
+
+
+def test_a_roll_that_fails_does_not_fail_the_append_that_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch is in the file when the roll to a new segment fails (the directory
+    refuses new files): the append succeeds, the segment grows, a later roll works."""
+    import nsqx.store.disklog as disklog
+
+    log = DiskLog(str(tmp_path), max_bytes_per_file=300, cache_size=1)
+    real_new = DiskLog._new_segment
+
+    def refuse(self: DiskLog, *a: object, **k: object) -> object:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(disklog.DiskLog, "_new_segment", refuse)
+    for i in range(10):
+        assert put(log, [b"x%02d" % i + b"y" * 40]) == i  # each one acknowledged
+    assert len(log.segments) == 1 and log.segments[0].size > 300
+    monkeypatch.setattr(disklog.DiskLog, "_new_segment", real_new)
+    put(log, [b"z"])
+    assert len(log.segments) == 2 and not log.segments[1].sealed and log.segments[0].sealed
+    assert len(read_all(log)) == 11
+    log.close()
+    assert len(read_all(DiskLog(str(tmp_path), max_bytes_per_file=300))) == 11

@@ -609,7 +609,11 @@ class ClientV2(asyncio.Protocol):
         if self.heartbeat_interval <= 0:
             self._error(ProtocolError(E_INVALID, "cannot SUB with heartbeats disabled"))
             return
-        part = self._sub_partition(ev)
+        try:
+            part = self._sub_partition(ev)
+        except OSError as err:  # a topic's files cannot be made (a full or read-only disk)
+            self._error(ProtocolError("E_SUB_FAILED", f"SUB failed {err}"))
+            return
         if part is None:
             return
         channel = part.channels.get(ev.channel)
@@ -799,10 +803,10 @@ class ClientV2(asyncio.Protocol):
         trace_ids: list[int] | None = None,
         exts: list[tuple[int, bytes]] | None = None,
     ) -> Published | None:
-        part = self._pub_partition(topic_name, pid)
-        if part is None:
-            return None
         try:
+            part = self._pub_partition(topic_name, pid)
+            if part is None:
+                return None
             published = part.publish(bodies, defer_ms, trace_ids, exts)
         except OSError as err:
             # nothing acknowledged: E_PUB_FAILED / E_MPUB_FAILED / E_DPUB_FAILED, then close

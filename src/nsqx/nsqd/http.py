@@ -425,8 +425,8 @@ class HTTPServer:
     ) -> None:
         """Publish as TCP does: written before the answer; fsynced too with
         --sync-before-ack."""
-        part = self._pub_partition(name, pid)
         try:
+            part = self._pub_partition(name, pid)
             part.publish(bodies, defer_ms)
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", name, err)

@@ -195,11 +195,15 @@ class NSQD:
         """The topic named ``name``, created on first use as NSQ 1.3 does: one partition
         (0), default settings."""
         topic = self.topics.get(name)
-        if topic is None:
-            topic = self._new_topic(name, DEFAULT_META)
-            topic.add_partition(0)
-        elif not topic.partitions:
-            topic.add_partition(0)
+        try:
+            if topic is None:
+                topic = self._new_topic(name, DEFAULT_META)
+                topic.add_partition(0)
+            elif not topic.partitions:
+                topic.add_partition(0)
+        except OSError as err:  # its files cannot be made: a full or read-only disk
+            self.health_error = f"failed to create topic {name}: {err}"
+            raise
         return topic
 
     def _new_topic(self, name: str, meta: TopicMeta) -> Topic:

@@ -27,6 +27,7 @@ The newest records are also kept in memory (a :class:`MemoryLog` bounded by
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -266,6 +267,9 @@ class DiskLog:
         self._sync_lock = threading.Lock()
         self._syncing = threading.Lock()
         self._closed = False
+        # a failed write whose partial record could not be cut off yet
+        self._tail_dirty = False
+        self._roll_failing = False
         #: the first failed fsync, kept: after one, the kernel may have dropped the dirty
         #: pages and a later fsync would succeed without them, so no sync succeeds again
         self.sync_error: OSError | None = None
@@ -535,13 +539,23 @@ class DiskLog:
         rest = _BATCH_HEAD.pack(0, 0, first, count, deliver_at_ns, 0)[8:]
         crc = google_crc32c.extend(google_crc32c.value(rest), chunk)
         head = struct.pack(">II", len(chunk), crc) + rest
+        if self._tail_dirty:
+            # a failed write left bytes that could not be cut then: cut them first (the
+            # file is appended to at its end, which must be the last whole record's)
+            os.ftruncate(self._fd, seg.size)
+            self._tail_dirty = False
         try:
             written = os.writev(self._fd, (head, chunk))
             if written != len(head) + len(chunk):
-                raise OSError(f"short write to {seg.path}: {written} bytes (disk full?)")
+                raise OSError(
+                    errno.ENOSPC, f"short write to {seg.path}: {written} bytes (disk full?)"
+                )
         except OSError:
             # leave no partial record behind: later batches must follow a whole one
-            os.ftruncate(self._fd, seg.size)
+            try:
+                os.ftruncate(self._fd, seg.size)
+            except OSError:
+                self._tail_dirty = True
             raise
         seg.note_batch(first, seg.size, deliver_at_ns)
         if seg.verified_upto == seg.size:
@@ -557,7 +571,16 @@ class DiskLog:
             # trimming shifts the lists: do it every cache_size/4 records, not each time
             cache.trim_to(cache.end - self.cache_size)
         if seg.size >= self.max_bytes_per_file:
-            self._roll()
+            try:
+                self._roll()
+            except OSError as err:
+                # the batch is written: it must not be reported failed. This segment
+                # grows until a roll succeeds (a full or read-only directory)
+                if not self._roll_failing:
+                    log.error("STORE: %s: cannot start a new segment: %s", self.directory, err)
+                self._roll_failing = True
+            else:
+                self._roll_failing = False
         return first
 
     def _roll(self) -> None:
@@ -565,13 +588,14 @@ class DiskLog:
         are left to the next :meth:`sync` (``unsynced`` still counts the sealed
         segment's messages, so --sync-every / --sync-timeout call for it)."""
         seg = self.segments[-1]
+        # nothing changes until every file is made (any step may fail on a full disk)
         self._write_index(seg)
-        seg.sealed = True
-        seg.last_write = time.time()  # retention counts from a segment's last write
         nxt = self._new_segment(
             seg.end_seq, seg.base_offset + seg.size - SEG_HEAD_SIZE, fsync=False
         )
         fd = os.open(nxt.path, os.O_WRONLY | os.O_APPEND)
+        seg.sealed = True
+        seg.last_write = time.time()  # retention counts from a segment's last write
         with self._sync_lock:
             self._sealed_fds.append((self._fd, seg.path))
             self._dir_dirty = True
