@@ -187,7 +187,9 @@ def _too_big(message: str) -> web.Response:
     return resp
 
 
-Handler = Callable[["HTTPServer", web.BaseRequest, dict[str, list[str]]], Awaitable[web.StreamResponse]]
+Handler = Callable[
+    ["HTTPServer", web.BaseRequest, dict[str, list[str]]], Awaitable[web.StreamResponse]
+]
 
 
 class HTTPServer:

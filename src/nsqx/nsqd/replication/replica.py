@@ -189,6 +189,7 @@ class PartitionReplica:
             "confirmed": self.confirmed,
             "end": log_.end,
             "commit": self.part.visible_end,
+            "channels": {name: ch.cursor for name, ch in self.part.channels.items()},
         }
         if self.leader is not None:
             out["followers"] = {
