@@ -107,3 +107,39 @@ def test_leader_killed_nothing_acknowledged_is_lost(
         )
     for n in nodes:
         n.stop(signal.SIGKILL)
+
+
+@pytest.mark.parametrize("replicator", [2, 3])
+def test_follower_killed_writes_go_on(
+    lookupd_factory: Any, tmp_path: Path, replicator: int
+) -> None:
+    """A follower SIGKILLed: it leaves the ISR; with replicator 2 the ISR alone is too
+    small to write (Youzan's rule), so the spare node catches up and joins it."""
+    lookupd, nodes, _ = _cluster(lookupd_factory, tmp_path)
+    topic = f"fol{replicator}"
+    status, _, body = lookupd.post(
+        f"/topic/create?topic={topic}&partition_num=1&replicator={replicator}"
+    )
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(150)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and sum(1 for k in h if ":" in k) == replicator and h,
+        what="every replica",
+    )
+    follower = holders["follower"]
+    follower.stop(signal.SIGKILL)
+    pub.publish(150)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report(f"replicator {replicator}, follower killed", pub, con)
+    assert lost == 0
+    leader = holders["leader"]
+    state = partition_state(leader, topic)
+    gone = (follower.data_path / "nsqd.node_id").read_text().strip()
+    assert state is not None and gone not in state["isr"], state
+    # replicator 2: the leader and the spare that caught up; 3: the two left
+    assert len(state["isr"]) == 2, state
+    for n in nodes:
+        n.stop(signal.SIGKILL)
