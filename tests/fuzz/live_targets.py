@@ -50,8 +50,10 @@ class LiveNsqd:
         self.problems: list[str] = []
         self.loop.set_exception_handler(self._loop_error)
         self.unexpected = _Unexpected()
-        logging.getLogger("nsqx").addHandler(self.unexpected)
-        logging.getLogger("nsqx").setLevel(logging.ERROR)  # quiet: protocol errors are normal
+        logger = logging.getLogger("nsqx")
+        logger.addHandler(self.unexpected)
+        self._level = logger.level
+        logger.setLevel(logging.ERROR)  # quiet: protocol errors are normal
         self.data_path = tempfile.mkdtemp(prefix="nsqx-fuzz-")
         self.nsqd: NSQD = self.loop.run_until_complete(self._start())
         assert self.nsqd.tcp_address is not None and self.nsqd.http_address is not None
@@ -83,6 +85,7 @@ class LiveNsqd:
         self.loop.run_until_complete(self.nsqd.close())
         self.loop.close()
         logging.getLogger("nsqx").removeHandler(self.unexpected)
+        logging.getLogger("nsqx").setLevel(self._level)
         shutil.rmtree(self.data_path, ignore_errors=True)
         LiveNsqd._instance = None
 

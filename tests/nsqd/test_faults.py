@@ -335,11 +335,15 @@ def test_nsqlookupd_down_and_back(tmp_path: Path) -> None:
         await pub.close()
 
     handler = Polls()
-    logging.getLogger("nsqx.client").addHandler(handler)
+    client_log = logging.getLogger("nsqx.client")
+    level = client_log.level
+    client_log.setLevel(logging.WARNING)
+    client_log.addHandler(handler)
     try:
         run(body())
     finally:
-        logging.getLogger("nsqx.client").removeHandler(handler)
+        client_log.removeHandler(handler)
+        client_log.setLevel(level)
         nsqd.stop(signal.SIGKILL)
         lookupd.stop(signal.SIGKILL)
 
