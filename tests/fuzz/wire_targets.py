@@ -319,7 +319,10 @@ def _decompress_all(
     for piece in pieces:
         out.append(dec.decompress(piece, max_length))
         while dec.pending:
-            out.append(dec.decompress(b"", max_length))
+            more = dec.decompress(b"", max_length)
+            # pending means more comes out without input: a loop on it must progress
+            assert more, "pending, yet nothing came out"
+            out.append(more)
     return b"".join(out)
 
 

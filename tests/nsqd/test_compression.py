@@ -184,3 +184,25 @@ def test_second_upgrade_is_refused() -> None:
         await nsqd.close()
 
     run(body())
+
+
+def test_a_deflate_stream_zlib_cannot_progress_on_does_not_hang_nsqd() -> None:
+    """Found by fuzzing: after a piece cut at nsqd's 64 KiB limit, zlib may keep a few
+    bytes it cannot use until more input arrives; nsqd took them for pending output and
+    looped on them for ever (its event loop stuck: every client frozen). The bytes
+    behind 120 KB of compressed NOPs below did that."""
+
+    async def body() -> None:
+        nsqd = await start_nsqd()
+        raw = await UpgradedRaw.connect(nsqd)
+        await raw.negotiate(deflate=True)
+        z = zlib.compressobj(6, zlib.DEFLATED, -15)
+        stream = z.compress(c.nop() * 30000) + z.flush(zlib.Z_SYNC_FLUSH)
+        raw.writer.write(stream + bytes.fromhex("032483bc0e"))
+        other = await Raw.connect(nsqd)
+        await other.publish("t", b"nsqd still answers")
+        await other.close()
+        await raw.close()
+        await nsqd.close()
+
+    run(body(), timeout=20)

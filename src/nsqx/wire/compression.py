@@ -251,6 +251,7 @@ class DeflateDecompressor:
 
     def __init__(self) -> None:
         self._z = zlib.decompressobj(-15)
+        self._limited = False
 
     @property
     def eof(self) -> bool:
@@ -260,8 +261,11 @@ class DeflateDecompressor:
 
     @property
     def pending(self) -> bool:
-        """True when input is held back by ``max_length``."""
-        return bool(self._z.unconsumed_tail)
+        """True when input is held back by ``max_length`` (more comes out without new
+        input). zlib may also keep a few bytes it cannot use until more input arrives:
+        those wait for the next call, and are not pending (found by fuzzing: a loop on
+        them made no progress, for ever)."""
+        return self._limited and bool(self._z.unconsumed_tail)
 
     def decompress(self, data: bytes, max_length: int = 0) -> bytes:
         """Inflate what ``data`` completes (at most ``max_length`` bytes when given)."""
@@ -273,9 +277,11 @@ class DeflateDecompressor:
         if z.unconsumed_tail:
             data = z.unconsumed_tail + data
         try:
-            return z.decompress(data, max_length)
+            out = z.decompress(data, max_length)
         except zlib.error as exc:
             raise CompressionError(f"flate: corrupt input ({exc})") from None
+        self._limited = 0 < max_length <= len(out)
+        return out
 
 
 def codec_pair(
