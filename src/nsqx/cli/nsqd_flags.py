@@ -179,6 +179,16 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         metavar="addr",
     ),
     FlagSpec(
+        "http-admin-allow",
+        Kind.STR_LIST,
+        "http_admin_allow",
+        [],
+        "[nsqx] network (CIDR, repeatable) the HTTP API's admin actions (topic and "
+        "channel create/delete/empty/pause, setoffset, PUT /config...) are taken from; "
+        "others get 403 (default: from anywhere, as NSQ)",
+        metavar="cidr",
+    ),
+    FlagSpec(
         "http-client-connect-timeout",
         _D,
         "http_client_connect_timeout",

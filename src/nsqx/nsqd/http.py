@@ -11,6 +11,7 @@ method. Every response carries ``X-NSQ-Content-Type: nsq; version=1.0``; errors 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -204,6 +205,8 @@ class HTTPServer:
         self._sites: list[web.BaseSite] = []
         self._unix_paths: list[str] = []
         self._metrics: Metrics | None = None  # made on the first scrape
+        #: --http-admin-allow, parsed on first use
+        self._admin_networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -280,6 +283,8 @@ class HTTPServer:
                 headers={"Content-Type": "application/json; charset=utf-8", **NSQ_HEADERS},
             )
         handler = methods.get(request.method)
+        if handler is not None and self._refused_admin(request, path):
+            return error_response(403, "FORBIDDEN")
         if handler is None:
             allow = ", ".join(sorted({*methods, "OPTIONS"}))
             if request.method == "OPTIONS":
@@ -299,6 +304,33 @@ class HTTPServer:
         except Exception:
             log.exception("HTTP: %s %s failed", request.method, path)
             return error_response(500, "INTERNAL_ERROR")
+
+    def _refused_admin(self, request: web.BaseRequest, path: str) -> bool:
+        """An admin action from outside --http-admin-allow (a unix socket is local:
+        its file's permissions decide)."""
+        allow = self._admin_networks
+        if allow is None:
+            nets = self.nsqd.options.http_admin_allow
+            allow = self._admin_networks = [ipaddress.ip_network(n, strict=False) for n in nets]
+        if not allow:
+            return False
+        if path not in ADMIN_PATHS and not (
+            path.startswith("/config/") and request.method == "PUT"
+        ):
+            return False
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if not isinstance(peer, tuple):
+            return False
+        try:
+            ip = ipaddress.ip_address(peer[0])
+        except ValueError:
+            return True
+        if ip.version == 6 and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if any(ip in net for net in allow):
+            return False
+        log.warning("HTTP: %s %s from %s refused (--http-admin-allow)", request.method, path, ip)
+        return True
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -1022,3 +1054,25 @@ def _int_param(params: dict[str, list[str]], key: str, default: int) -> int:
 
 
 _CONFIG_ROUTE: dict[str, Handler] = {"GET": _R.config, "PUT": _R.config}
+
+#: what --http-admin-allow restricts (with PUT /config/*): every action that changes
+#: topics, channels, partitions or settings; reads and publishing stay open
+ADMIN_PATHS = frozenset(
+    {
+        "/topic/create",
+        "/topic/delete",
+        "/topic/empty",
+        "/topic/pause",
+        "/topic/unpause",
+        "/channel/create",
+        "/channel/delete",
+        "/channel/empty",
+        "/channel/pause",
+        "/channel/unpause",
+        "/channel/setoffset",
+        "/channel/setorder",
+        "/message/trace/enable",
+        "/message/trace/disable",
+        "/partition/role",
+    }
+)

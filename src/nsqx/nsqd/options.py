@@ -7,6 +7,7 @@ seconds as floats. ``nsqx.cli`` fills this from Go-style flags and a TOML file.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import socket
 import zlib
 from dataclasses import dataclass, field
@@ -84,6 +85,8 @@ class NsqdOptions:
     max_deflate_level: int = 6
     snappy: bool = True
     auth_http_addresses: list[str] = field(default_factory=list)
+    #: [nsqx] networks (CIDR) the HTTP API's admin actions are taken from; empty: any
+    http_admin_allow: list[str] = field(default_factory=list)
     # stats
     statsd_address: str = ""
     statsd_prefix: str = "nsq.%s"
@@ -117,6 +120,11 @@ class NsqdOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")
         if self.msg_timeout <= 0 or self.max_msg_timeout < self.msg_timeout:
             raise ValueError("--msg-timeout must be positive and at most --max-msg-timeout")
+        for net in self.http_admin_allow:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"--http-admin-allow {net!r} is not a network (CIDR)") from None
         if self.log_level not in ("debug", "info", "warn", "error", "fatal"):
             raise ValueError(
                 f"--log-level must be debug|info|warn|error|fatal, got {self.log_level}"
