@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import tempfile
 from typing import Any
+
+from aiohttp import web
 
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
 from nsqx.wire import MAGIC_V2, FrameDecoder, decode_message
 from nsqx.wire import commands as c
+from nsqx.wire.compression import DeflateCompressor, SnappyCompressor
 
 from fuzz.wire_targets import Input, split
 
@@ -41,11 +45,14 @@ class _Unexpected(logging.Handler):
 
 
 class LiveNsqd:
-    """An in-process nsqd for a whole fuzzing run."""
+    """An in-process nsqd for a whole fuzzing run (with ``auth``: behind an auth server
+    that grants everything to one random secret nobody can guess, and nothing to any
+    other, so that anything published or subscribed is a hole in AUTH)."""
 
-    _instance: LiveNsqd | None = None
+    _instances: dict[bool, LiveNsqd] = {}
 
-    def __init__(self) -> None:
+    def __init__(self, auth: bool = False) -> None:
+        self.auth = auth
         self.loop = asyncio.new_event_loop()
         self.problems: list[str] = []
         self.loop.set_exception_handler(self._loop_error)
@@ -62,13 +69,31 @@ class LiveNsqd:
         self.runs = 0
 
     @classmethod
-    def get(cls) -> LiveNsqd:
-        if cls._instance is None:
-            cls._instance = cls()
-        return cls._instance
+    def get(cls, auth: bool = False) -> LiveNsqd:
+        if auth not in cls._instances:
+            cls._instances[auth] = cls(auth)
+        return cls._instances[auth]
+
+    async def _auth_server(self) -> str:
+        secret = os.urandom(24).hex()
+
+        async def handle(request: web.Request) -> web.Response:
+            if request.query.get("secret") != secret:
+                return web.json_response({"message": "forbidden"}, status=403)
+            grant = {"topic": ".*", "channels": [".*"], "permissions": ["publish", "subscribe"]}
+            return web.json_response({"ttl": 60, "authorizations": [grant]})
+
+        app = web.Application()
+        app.router.add_get("/auth", handle)
+        self._auth_runner = web.AppRunner(app)
+        await self._auth_runner.setup()
+        await web.TCPSite(self._auth_runner, "127.0.0.1", 0).start()
+        return f"127.0.0.1:{self._auth_runner.addresses[0][1]}"
 
     async def _start(self) -> NSQD:
+        auth = [await self._auth_server()] if self.auth else []
         options = NsqdOptions(
+            auth_http_addresses=auth,
             tcp_address="127.0.0.1:0",
             http_address="127.0.0.1:0",
             https_address="",
@@ -83,11 +108,13 @@ class LiveNsqd:
 
     def close(self) -> None:
         self.loop.run_until_complete(self.nsqd.close())
+        if self.auth:
+            self.loop.run_until_complete(self._auth_runner.cleanup())
         self.loop.close()
         logging.getLogger("nsqx").removeHandler(self.unexpected)
         logging.getLogger("nsqx").setLevel(self._level)
         shutil.rmtree(self.data_path, ignore_errors=True)
-        LiveNsqd._instance = None
+        LiveNsqd._instances.pop(self.auth, None)
 
     def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         self.problems.append(f"event loop: {context.get('message')} {context.get('exception')!r}")
@@ -97,10 +124,15 @@ class LiveNsqd:
         self.runs += 1
         self.loop.run_until_complete(asyncio.wait_for(conversation, 10))
         self.loop.run_until_complete(self._settle())
+        if self.auth and self.nsqd.topics:
+            # nothing may pass AUTH: not a topic made, not a message, not a subscriber
+            self.problems.append(f"topics made without authorization: {list(self.nsqd.topics)}")
+            for name in list(self.nsqd.topics):
+                self.nsqd.delete_topic(name)
         if self.runs % CLEAN_EVERY == 0:
             for name in list(self.nsqd.topics):
                 self.nsqd.delete_topic(name)
-        if self.runs % HEALTH_EVERY == 0:
+        if self.runs % HEALTH_EVERY == 0 and not self.auth:
             self.loop.run_until_complete(asyncio.wait_for(self.healthy(), 10))
         self.check()
 
@@ -166,15 +198,26 @@ async def _converse(address: tuple[str, int], pieces: list[bytes]) -> bytes:
 
 
 def fuzz_nsqd_tcp(data: bytes) -> None:
-    """Protocol V2 bytes, cut anywhere, to a live nsqd."""
+    """Protocol V2 bytes, cut anywhere, to a live nsqd: as they are, or behind an
+    IDENTIFY that negotiates deflate or snappy (then compressed as a client does, or
+    as they are: a corrupt stream)."""
     inp = Input(data)
+    mode = inp.below(8)
     magic = inp.flag()
     cuts = inp.cuts()
-    stream = inp.rest()
-    if magic:
-        stream = MAGIC_V2 + stream
+    rest = inp.rest()
+    if mode < 4:  # half of the inputs: commands as they are
+        pieces = split(MAGIC_V2 + rest if magic else rest, cuts)
+    else:
+        kind = "deflate" if mode in (4, 6) else "snappy"
+        head = MAGIC_V2 + c.identify({"feature_negotiation": True, kind: True})
+        if mode < 6:
+            comp = DeflateCompressor(6) if kind == "deflate" else SnappyCompressor()
+            pieces = [head] + [comp.compress(p) for p in split(rest, cuts)]
+        else:
+            pieces = [head, *split(rest, cuts)]
     live = LiveNsqd.get()
-    live.run(_converse(live.tcp, split(stream, cuts)))
+    live.run(_converse(live.tcp, pieces))
 
 
 _METHODS = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"]
@@ -250,4 +293,14 @@ def fuzz_nsqd_http(data: bytes) -> None:
     assert status and status[0] != 500, (status, request)
 
 
-TARGETS = {"nsqd_tcp": fuzz_nsqd_tcp, "nsqd_http": fuzz_nsqd_http}
+def fuzz_nsqd_auth(data: bytes) -> None:
+    """Protocol V2 bytes to a live nsqd behind an auth server that grants nothing to a
+    secret one can guess: no topic is ever made, nothing published, no one subscribed."""
+    inp = Input(data)
+    cuts = inp.cuts()
+    stream = MAGIC_V2 + inp.rest()
+    live = LiveNsqd.get(auth=True)
+    live.run(_converse(live.tcp, split(stream, cuts)))
+
+
+TARGETS = {"nsqd_tcp": fuzz_nsqd_tcp, "nsqd_http": fuzz_nsqd_http, "nsqd_auth": fuzz_nsqd_auth}

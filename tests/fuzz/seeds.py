@@ -59,7 +59,20 @@ def commands_seeds() -> list[bytes]:
 
 
 def nsqd_tcp_seeds() -> list[bytes]:
-    return [b"\x01\x00" + conv for conv in CONVERSATIONS] + [b"\x00\x00  V1\n", b"\x01\x03\x05\x07"]
+    # mode (0 plain, 4 deflate, 5 snappy: see live_targets), magic, no cuts
+    plain = [b"\x00\x01\x00" + conv for conv in CONVERSATIONS]
+    packed = [m + b"\x01\x00" + conv for m in (b"\x04", b"\x05") for conv in CONVERSATIONS[6:9]]
+    return [*plain, *packed, b"\x00\x00\x00  V1\n", b"\x00\x01\x03\x05\x07"]
+
+
+def nsqd_auth_seeds() -> list[bytes]:
+    auth = [
+        c.auth("guess") + c.pub("t", b"x"),
+        c.identify({"feature_negotiation": True}) + c.auth("x") + c.sub("t", "c"),
+        c.pub("t", b"x") + c.auth("a") + c.auth("b") + c.mpub("t", [b"a"]),
+        b"AUTH\n" + (1 << 31).to_bytes(4, "big"),
+    ]
+    return [b"\x00" + conv for conv in auth + CONVERSATIONS]
 
 
 def nsqd_http_seeds() -> list[bytes]:
@@ -194,6 +207,7 @@ def main() -> None:
         "commands": commands_seeds(),
         "nsqd_tcp": nsqd_tcp_seeds(),
         "nsqd_http": nsqd_http_seeds(),
+        "nsqd_auth": nsqd_auth_seeds(),
         "identify": identify_seeds(),
         "lookupd": lookupd_seeds(),
         "range": range_seeds(),
