@@ -4,6 +4,7 @@ is lost, and writes resume through the new leader."""
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from cluster import Consumer, Publisher, leader_port, partition_state, report, until
 
+from lookupdproc import http_request
 from nsqdproc import NsqdProcess, start_nsqd
 
 
@@ -141,5 +143,48 @@ def test_follower_killed_writes_go_on(
     assert state is not None and gone not in state["isr"], state
     # replicator 2: the leader and the spare that caught up; 3: the two left
     assert len(state["isr"]) == 2, state
+    for n in nodes:
+        n.stop(signal.SIGKILL)
+
+
+def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_path: Path) -> None:
+    """Before maintenance: /cluster/node/drain moves the node's leaderships to in-sync
+    replicas; publishing goes on there and the drained node follows and rejoins the
+    ISR. /stats shows each partition's role, epoch, leader, ISR and lag."""
+    lookupd, nodes, _ = _cluster(lookupd_factory, tmp_path)
+    topic = "drained"
+    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=2")
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(100)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and "follower" in h and h, what="a follower"
+    )
+    leader = holders["leader"]
+    node_id = (leader.data_path / "nsqd.node_id").read_text().strip()
+    stats = json.loads(http_request(f"{leader.http_url}/stats?format=json")[2])
+    (entry,) = [t for t in stats["topics"] if t["topic_name"] == topic]
+    repl = entry["replication"]
+    assert entry["is_leader"] and repl["role"] == "leader" and repl["leader"] == node_id
+    assert len(repl["isr"]) == 2 and set(repl["followers"]) == set(repl["isr"]) - {node_id}
+    status, _, body = lookupd.post(f"/cluster/node/drain?node={node_id}")
+    assert status == 200 and json.loads(body) == {"moved": [f"{topic}:0"]}, body
+    until(lambda: leader_port(lookupd, topic) not in (None, leader.tcp_port), what="a move")
+    pub.publish(100)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report("drain", pub, con)
+    assert lost == 0
+    until(
+        lambda: (
+            (s := partition_state(leader, topic)) is not None
+            and s["role"] == "follower"
+            and len(s["isr"]) == 2
+            and s["end"] == 200
+        ),
+        what="the drained node following, in the ISR again",
+    )
+    assert lookupd.post(f"/topic/partition/move?topic={topic}&partition=0")[0] == 400
     for n in nodes:
         n.stop(signal.SIGKILL)

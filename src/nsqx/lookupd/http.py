@@ -96,6 +96,8 @@ class LookupdHTTP:
             # nsqx's replication: leaders report followers behind / caught up
             "/partition/isr/leave": {post: self.partitions.isr_leave},
             "/partition/isr/join": {post: self.partitions.isr_join},
+            "/topic/partition/move": {post: self.partitions.move_partition},
+            "/cluster/node/drain": {post: self.partitions.drain_node},
         }
         self._lower = {path.lower(): path for path in self.routes}
 

@@ -281,6 +281,38 @@ class PartitionAPI:
         reports a replica that caught up."""
         await self._isr_report(request, self.coordinator.replicas.isr_join)
 
+    async def move_partition(self, request: web.Request) -> dict[str, Any]:
+        """Youzan's ``POST /topic/partition/move?topic&partition&move_leader=true
+        [&move_to=node]``: the partition's leadership goes to another in-sync replica
+        (moving data to other nodes is not supported)."""
+        params = Params(request)
+        topic = params.get("topic") or ""
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not params.get("partition"):
+            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION")
+        pid = parse_partition_id(params.get("partition") or "")
+        if pid is None:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+        if params.get("move_leader") != "true":
+            raise HTTPError(400, "only move_leader=true is supported")
+        try:
+            leader = await self.coordinator.replicas.move_leader(
+                topic, pid, params.get("move_to") or None
+            )
+        except ValueError as err:
+            raise HTTPError(400, str(err)) from None
+        return {"leader": leader}
+
+    async def drain_node(self, request: web.Request) -> dict[str, Any]:
+        """nsqx: ``POST /cluster/node/drain?node=<id>``: move every leadership of the
+        node (its distributed_id, as /nodes lists it) to other in-sync replicas."""
+        node = Params(request).get("node") or ""
+        if not node:
+            raise HTTPError(400, "MISSING_ARG_NODE")
+        moved = await self.coordinator.replicas.drain(node)
+        return {"moved": moved}
+
     async def _isr_report(
         self, request: web.Request, action: Callable[[str, int, str], Awaitable[str]]
     ) -> None:

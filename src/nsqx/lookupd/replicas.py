@@ -286,6 +286,70 @@ class Replicas:
             await self._apply(topic, new, pid)
             return "OK"
 
+    # -- moving leaderships (maintenance) ---------------------------------------------
+
+    async def move_leader(self, topic: str, pid: int, to: str | None = None) -> str:
+        """Give a partition's leadership to another in-sync replica (``to``, or the
+        first other one). The old leader becomes a follower: it cuts what it had not
+        committed (those publishes were never acknowledged), catches up and rejoins
+        the ISR. Returns the new leader."""
+        coord = self.coord
+        async with coord._admin:
+            return await self._move_leader(topic, pid, to)
+
+    async def _move_leader(self, topic: str, pid: int, to: str | None) -> str:
+        coord = self.coord
+        record = coord.records.get(topic)
+        if record is None or pid not in record.placements:
+            raise ValueError("unknown partition")
+        if record.meta.replica < 2:
+            raise ValueError("the topic is not replicated")
+        placement = record.placements[pid]
+        old = placement[0]
+        nodes = coord.nodes()
+        isr = [n for n in record.isr_of(pid) if n != old and n in nodes]
+        if to is not None:
+            if to not in isr:
+                raise ValueError(f"{to} is not a live in-sync replica")
+            new = to
+        elif isr:
+            new = isr[0]
+        else:
+            raise ValueError("no other live in-sync replica")
+        new_isr = (new, *[n for n in isr if n != new])
+        new_placement = (new, *[n for n in placement if n not in (new, old)], old)
+        changed = record.with_replicas(pid, new_placement, new_isr)
+        await coord._save(topic, changed)
+        log.warning(
+            "REPL: %s:%d epoch %d: leadership moved from %s to %s",
+            topic,
+            pid,
+            changed.epoch_of(pid),
+            old,
+            new,
+        )
+        await self._apply(topic, changed, pid)
+        return new
+
+    async def drain(self, node_id: str) -> list[str]:
+        """Move every leadership of ``node_id`` away (before maintenance); the
+        partitions moved, as ``topic:partition``. Partitions with no other live
+        in-sync replica stay and are listed as errors in the log."""
+        coord = self.coord
+        moved: list[str] = []
+        async with coord._admin:
+            for topic, record in list(coord.records.items()):
+                if record.meta.replica < 2:
+                    continue
+                for pid, placement in sorted(record.placements.items()):
+                    if placement and placement[0] == node_id:
+                        try:
+                            await self._move_leader(topic, pid, None)
+                            moved.append(f"{topic}:{pid}")
+                        except ValueError as err:
+                            log.error("REPL: drain %s: %s:%d stays: %s", node_id, topic, pid, err)
+        return moved
+
     # -- views ------------------------------------------------------------------------
 
     def leaders(self, topic: str) -> dict[int, str] | None:
