@@ -138,6 +138,7 @@ NSQX_EXTRA_FLAGS = {
     "sync-before-ack",
     "retention",
     "replication-lag-timeout",
+    "replication-address",
     # Youzan's nsqd options
     "allow-ext-compatible",
     "allow-sub-ext-compatible",

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from cluster import Consumer, Publisher, leader_port, partition_state, report, until
+from cutproxy import CutProxy
 
 from lookupdproc import http_request
 from nsqdproc import NsqdProcess, start_nsqd
@@ -186,5 +187,61 @@ def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_
         what="the drained node following, in the ISR again",
     )
     assert lookupd.post(f"/topic/partition/move?topic={topic}&partition=0")[0] == 400
+    for n in nodes:
+        n.stop(signal.SIGKILL)
+
+
+def test_network_cut_between_leader_and_follower(lookupd_factory: Any, tmp_path: Path) -> None:
+    """Replicator 3: the replication stream between the leader and one follower goes
+    silent (a proxy holds it). The leader reports the follower, the ISR shrinks to two
+    and writes go on; once healed the follower catches up and joins again."""
+    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
+    proxies = [CutProxy() for _ in range(3)]
+    nodes = []
+    for i, proxy in enumerate(proxies):
+        node = start_nsqd(
+            tmp_path / f"nsqd{i}",
+            f"--lookupd-tcp-address={lookupd.tcp_address}",
+            "--http-address=127.0.0.1:0",
+            "--broadcast-address=127.0.0.1",
+            "--replication-lag-timeout=1s",
+            f"--replication-address=127.0.0.1:{proxy.port}",
+        )
+        proxy.target_port = node.http_port
+        nodes.append(node)
+    until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd")
+    topic = "cut"
+    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=3")
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(100)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and sum(1 for k in h if ":" in k) == 3 and h,
+        what="every replica",
+    )
+    leader = holders["leader"]
+    follower = holders["follower"]
+    proxy = proxies[nodes.index(leader)]
+    follower_id = (follower.data_path / "nsqd.node_id").read_text().strip()
+    proxy.cut(follower_id)
+    pub.publish(100)  # held until the follower leaves the ISR, then on
+    until(
+        lambda: follower_id not in (partition_state(leader, topic) or {}).get("isr", [follower_id]),
+        what="the cut follower out of the ISR",
+    )
+    pub.publish(100)
+    behind = (partition_state(follower, topic) or {}).get("end", 0)
+    assert behind < 300  # it really was cut off
+    proxy.heal(follower_id)
+    until(
+        lambda: follower_id in (partition_state(leader, topic) or {}).get("isr", []),
+        what="the follower back in the ISR",
+    )
+    assert (partition_state(follower, topic) or {}).get("end") == 300
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report("replicator 3, leader-follower network cut", pub, con)
+    assert lost == 0
     for n in nodes:
         n.stop(signal.SIGKILL)

@@ -44,6 +44,8 @@ class Replicas:
 
     #: seconds a node whose connection closed has to come back before it is lost
     lost_grace = 0.5
+    #: seconds before a role that could not be told is told again
+    retell_delay = 0.5
 
     def __init__(self, coord: Coordinator) -> None:
         self.coord = coord
@@ -72,7 +74,10 @@ class Replicas:
             return None
         leader = placement[0]
         peer = nodes.get(leader)
-        leader_http = f"{peer.info.broadcast_address}:{peer.info.http_port}" if peer else ""
+        leader_http = ""
+        if peer is not None:
+            info = peer.info
+            leader_http = info.replication_address or f"{info.broadcast_address}:{info.http_port}"
         return {
             "epoch": record.epoch_of(pid),
             "leader": leader,
@@ -108,9 +113,23 @@ class Replicas:
         except NsqdCallError as err:
             log.warning("REPL: role of %s:%d for %s failed: %s", topic, pid, peer.node_id, err)
             self._told.pop(key, None)
+            # again shortly, while the node is connected and the role still current
+            self._spawn(self._retell(peer, topic, pid, role["epoch"]))
             return False
         self._told[key] = role["epoch"]
         return True
+
+    async def _retell(self, peer: Peer, topic: str, pid: int, epoch: int) -> None:
+        await asyncio.sleep(self.retell_delay)
+        record = self.coord.records.get(topic)
+        nodes = self.coord.nodes()
+        if record is None or record.epoch_of(pid) != epoch:
+            return  # a newer role was told meanwhile
+        if nodes.get(peer.node_id) is not peer or (peer.id, topic, pid) in self._told:
+            return
+        role = self.role(topic, record, pid, nodes)
+        if role is not None:
+            await self._tell_one(peer, topic, pid, role)
 
     def registered(self, peer: Peer, topic: str, pid: int) -> None:
         """A node registered a partition: tell it its role if it has not heard this

@@ -54,7 +54,12 @@ class FollowerReplication:
     async def _run(self) -> None:
         delay = RETRY_MIN
         session = self.replica.manager.http_session()
-        url = f"http://{self.leader_http}/replication/stream"
+        part = self.part
+        # who and what in the URL too: for the leader's logs, and for proxies
+        url = (
+            f"http://{self.leader_http}/replication/stream?node={self.replica.node_id}"
+            f"&topic={part.name}&partition={part.id}"
+        )
         while True:
             try:
                 async with session.ws_connect(url, heartbeat=5.0, max_msg_size=0) as ws:
