@@ -117,6 +117,29 @@ class FollowerReplication:
         self.connected = True
         await ws.send_bytes(rp.encode_ack(log_.end))
         log.info("REPL: %s: following %s from %d", part, self.leader_http, log_.end)
+        # acknowledgements go from a task of their own: the messages that arrive in one
+        # loop iteration are all appended before one ACK says where the log ends
+        wake = asyncio.Event()
+        acker = asyncio.create_task(self._ack_loop(ws, wake))
+        try:
+            await self._apply_stream(ws, wake)
+        finally:
+            acker.cancel()
+
+    async def _ack_loop(self, ws: aiohttp.ClientWebSocketResponse, wake: asyncio.Event) -> None:
+        log_ = self.part.log
+        sent = log_.end
+        while True:
+            await wake.wait()
+            wake.clear()
+            end = log_.end
+            if end != sent:
+                await ws.send_bytes(rp.encode_ack(end))
+                sent = end
+
+    async def _apply_stream(self, ws: aiohttp.ClientWebSocketResponse, wake: asyncio.Event) -> None:
+        part = self.part
+        log_ = part.log
         async for msg in ws:
             if msg.type != aiohttp.WSMsgType.BINARY:
                 raise ReplicationError(f"stream ended ({msg.type.name})")
@@ -138,7 +161,7 @@ class FollowerReplication:
                 self.commit = ev.commit
                 part.committed(min(ev.commit, log_.end))
                 if ev.batches:
-                    await ws.send_bytes(rp.encode_ack(log_.end))
+                    wake.set()
             elif isinstance(ev, rp.Cursors):
                 part.apply_cursors(ev.channels, ev.hold_from)
             else:
