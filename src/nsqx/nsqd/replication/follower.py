@@ -115,20 +115,23 @@ class FollowerReplication:
             part.truncate(welcome.truncate_to)
         replica.adopt_history(tuple(welcome.history))
         self.connected = True
-        await ws.send_bytes(rp.encode_ack(log_.end))
+        acked = log_.end
+        await ws.send_bytes(rp.encode_ack(acked))
         log.info("REPL: %s: following %s from %d", part, self.leader_http, log_.end)
         # acknowledgements go from a task of their own: the messages that arrive in one
         # loop iteration are all appended before one ACK says where the log ends
         wake = asyncio.Event()
-        acker = asyncio.create_task(self._ack_loop(ws, wake))
+        acker = asyncio.create_task(self._ack_loop(ws, wake, acked))
         try:
             await self._apply_stream(ws, wake)
         finally:
             acker.cancel()
 
-    async def _ack_loop(self, ws: aiohttp.ClientWebSocketResponse, wake: asyncio.Event) -> None:
+    async def _ack_loop(
+        self, ws: aiohttp.ClientWebSocketResponse, wake: asyncio.Event, sent: int
+    ) -> None:
+        """Send the log's end whenever it moved past the last end sent (``sent``)."""
         log_ = self.part.log
-        sent = log_.end
         while True:
             await wake.wait()
             wake.clear()
