@@ -105,6 +105,11 @@ def test_one_leads_records_are_shared_and_a_killed_leader_is_replaced(
         assert post(lk, "/topic/delete?topic=orders&partition=**") == (400, NOT_LEADER)
         # NSQ 1.3's writes stay each lookupd's own, on any of them
         assert post(lk, "/channel/create?topic=plain&channel=c") == (200, None)
+    assert post(leader, "/channel/delete?topic=orders&channel=audit") == (200, None)
+    wait_until(
+        lambda: all(lk.json("/channels?topic=orders")["channels"] == [] for lk in lookupds),
+        what="the channel gone from every lookupd",
+    )
 
     # one node loses its data while it is down (its id stays): the next leader must
     # give its partition back, which only a reconciling coordinator does

@@ -243,18 +243,22 @@ class EtcdClient:
 
     # -- kv -------------------------------------------------------------------------
 
-    async def range(self, key: bytes, range_end: bytes | None = None) -> tuple[int, list[KeyValue]]:
+    async def range(
+        self, key: bytes, range_end: bytes | None = None, timeout: float | None = None
+    ) -> tuple[int, list[KeyValue]]:
         """(revision, keys) for ``key``, or for [key, range_end)."""
         body: dict[str, Any] = {"key": b64(key)}
         if range_end is not None:
             body["range_end"] = b64(range_end)
-        data = await self.call("/kv/range", body)
+        data = await self.call("/kv/range", body, timeout)
         revision = int(data.get("header", {}).get("revision", 0))
         return revision, [KeyValue.from_json(kv) for kv in data.get("kvs", [])]
 
-    async def range_prefix(self, prefix: bytes) -> tuple[int, list[KeyValue]]:
+    async def range_prefix(
+        self, prefix: bytes, timeout: float | None = None
+    ) -> tuple[int, list[KeyValue]]:
         """(revision, keys) of every key that starts with ``prefix``."""
-        return await self.range(prefix, prefix_end(prefix))
+        return await self.range(prefix, prefix_end(prefix), timeout)
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
         """Set ``key``; the revision of the write."""

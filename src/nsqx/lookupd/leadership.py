@@ -148,7 +148,8 @@ class Leadership:
     async def nodes(self) -> list[LookupdNode]:
         """Every nsqlookupd with a session (as last seen, if etcd does not answer)."""
         try:
-            _, kvs = await self.client.range_prefix(self.keys.nodes_prefix)
+            # an HTTP answer waits on this: not for long
+            _, kvs = await self.client.range_prefix(self.keys.nodes_prefix, timeout=1.0)
         except EtcdError as err:
             log.debug("LEADER: cannot list nsqlookupd nodes: %s", err)
             return list(self._nodes)
