@@ -160,6 +160,10 @@ def test_etcd_stopped_and_started_again(
 ) -> None:
     lookupds = [lookupd_factory(*etcd_flags(etcd)) for _ in range(2)]
     start_nodes(nsqd_factory, lookupds, 1)
+    wait_until(
+        lambda: all(len(lk.json("/nodes")["producers"]) == 1 for lk in lookupds),
+        what="the nsqd registered with every lookupd",
+    )
     leader = wait_until(lambda: agreed_leader(lookupds), what="one leader")
     assert post(leader, "/topic/create?topic=orders&partition_num=1&replicator=1") == (200, None)
     wait_until(lambda: all(serves(lk, "orders", 1) for lk in lookupds), what="records shared")
