@@ -233,6 +233,13 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "[nsqx] keep consumed log segments this long before deleting them (replay window)",
     ),
     FlagSpec(
+        "replication-lag-timeout",
+        _D,
+        "replication_lag_timeout",
+        3.0,
+        "[nsqx] an in-sync replica behind the leader this long leaves the ISR",
+    ),
+    FlagSpec(
         "queue-scan-worker-pool-max",
         _I,
         "queue_scan_worker_pool_max",

@@ -42,6 +42,7 @@ from nsqx.lookupd.registration_db import (
     Registration,
     RegistrationDB,
 )
+from nsqx.lookupd.replicas import Replicas
 from nsqx.lookupd.topic_meta import (
     MAX_PARTITION_NUM,
     MAX_RETENTION_DAYS,
@@ -120,6 +121,8 @@ class Coordinator:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
+        #: leaders, ISRs, epochs and elections of replicated topics
+        self.replicas = Replicas(self)
         #: True while this nsqlookupd administers the topics: always for a single one;
         #: for one of several sharing a store, while it holds the leadership.
         self.leading = False
@@ -141,6 +144,7 @@ class Coordinator:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.replicas.close()
         await self.client.close()
         await self.store.close()
 
@@ -158,6 +162,7 @@ class Coordinator:
         if records:
             log.info("META: %d partitioned topic(s) loaded", len(records))
         self.leading = True
+        self.replicas.start_leading()
         if self._loop_task is None and not self._closed:
             self._loop_task = asyncio.create_task(self._reconcile_loop(), name="lookupd-reconcile")
 
@@ -240,9 +245,12 @@ class Coordinator:
         seen.add((topic, partition, None))
         if channel is not None:
             seen.add((topic, partition, channel))
+        self.replicas.registered(peer, topic, partition)
 
     def peer_gone(self, peer: Peer) -> None:
-        """The connection closed: forget what it registered and its pending asks."""
+        """The connection closed: forget what it registered and its pending asks; a
+        node that does not come back loses its leaderships (replicated topics)."""
+        self.replicas.peer_gone(peer)
         self._seen.pop(peer.id, None)
         self._identified_at.pop(peer.id, None)
         for key in [k for k in self._attempts if k[0] == peer.id]:
@@ -275,6 +283,7 @@ class Coordinator:
             await self._save(topic, record)
             log.info("META: topic %s created: %s, placement %s", topic, meta, record.placements)
             await self._apply(topic, record, nodes)
+            await self.replicas.tell_all(topic, record)
 
     async def expand_topic(self, topic: str, partition_num: int) -> None:
         """Youzan's ExpandTopicPartition: more partitions, placed as at create time."""
@@ -300,6 +309,7 @@ class Coordinator:
             )
             # every partition: the new ones are created, the old ones learn partition_num
             await self._apply(topic, record, nodes)
+            await self.replicas.tell_all(topic, record)
 
     async def update_topic(
         self,
@@ -595,6 +605,8 @@ class Coordinator:
                     what,
                     quiet,
                 )
+                if ok:
+                    self.replicas.created(peer, topic, partition, record)
                 # a new or re-created partition also gets the channels made through lookupd
                 channels = record.channels if ok else ()
                 for ch in channels:

@@ -111,6 +111,9 @@ class LookupdHTTP:
             "/listlookup": {get: self.listlookup},
             "/topic/partition/expand": {post: self.partitions.expand_topic},
             "/topic/meta/update": {post: self.partitions.update_topic_meta},
+            # nsqx's replication: leaders report followers behind / caught up
+            "/partition/isr/leave": {post: self.partitions.isr_leave},
+            "/partition/isr/join": {post: self.partitions.isr_join},
         }
         self._lower = {path.lower(): path for path in self.routes}
 
@@ -238,6 +241,11 @@ class LookupdHTTP:
             int(opts.tombstone_lifetime * 1e9),
             self._now(),
         )
+        leaders = self.lookupd.coordinator.replicas.leaders(topic)
+        if leaders is not None:
+            # a replicated topic is served by its partitions' leaders only
+            lead = set(leaders.values())
+            producers = [p for p in producers if p.peer.node_id in lead]
         return {"channels": channels, "producers": [_peer_info(p) for p in producers]}
 
     async def create_topic(self, request: web.Request) -> None:

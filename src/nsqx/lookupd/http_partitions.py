@@ -17,6 +17,7 @@ texts, except where this module says otherwise.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -45,9 +46,9 @@ YOUZAN_LOOKUP_PARAMS = ("access", "metainfo", "partition", "consistent")
 #: lead (consistence.ErrFailedOnNotLeader).
 ERR_NOT_LEADER = "E_FAILED_ON_NOT_LEADER"
 
-#: nsqx has no replication yet: a replicator above 1 is refused with this text.
-REPLICATION_NOT_AVAILABLE = (
-    "INVALID_ARG_TOPIC_REPLICATOR replication is not available yet: replicator must be 1"
+#: /topic/meta/update cannot change the replicator of a topic (yet).
+REPLICATOR_CHANGE_NOT_AVAILABLE = (
+    "INVALID_ARG_TOPIC_REPLICATOR changing the replicator of a topic is not supported"
 )
 
 
@@ -132,12 +133,15 @@ class PartitionAPI:
         inactive = int(opts.inactive_producer_timeout * 1e9)
         lifetime = int(opts.tombstone_lifetime * 1e9)
         everything = self.db.partition_producers(Registration(TOPIC, topic, ""))
+        leaders = self.coordinator.replicas.leaders(topic)
         entries = [
             p
             for p in everything
             if (wanted is None or p.partition == wanted)
             and now - p.peer.last_update <= inactive
             and not (access == "w" and p.is_tombstoned(lifetime, now))
+            # a replicated partition is served by its leader only
+            and (leaders is None or leaders.get(p.partition) == p.peer.node_id)
         ]
         record = self.coordinator.record(topic)
         serving: dict[int, Producer] = {}
@@ -237,8 +241,6 @@ class PartitionAPI:
         # negative count of days or messages means nothing, so nsqx refuses it
         sync_every = _int_param(params, "syncdisk", "0", 0, None, "INVALID_ARG_TOPIC_SYNC_DISK")
         retention = _int_param(params, "retention", "0", 0, None, "INVALID_ARG_TOPIC_RETENTION")
-        if replica > 1:
-            raise HTTPError(400, REPLICATION_NOT_AVAILABLE)
         self.leader_only()
         meta = TopicMeta(
             partition_num=pnum,
@@ -291,6 +293,31 @@ class PartitionAPI:
         except CoordinatorError as err:
             raise _error(err) from None
 
+    async def isr_leave(self, request: web.Request) -> None:
+        """nsqx: ``POST /partition/isr/leave?topic&partition&node&epoch``: a leader
+        reports an in-sync replica that stays behind."""
+        await self._isr_report(request, self.coordinator.replicas.isr_leave)
+
+    async def isr_join(self, request: web.Request) -> None:
+        """nsqx: ``POST /partition/isr/join?topic&partition&node&epoch``: a leader
+        reports a replica that caught up."""
+        await self._isr_report(request, self.coordinator.replicas.isr_join)
+
+    async def _isr_report(
+        self, request: web.Request, action: Callable[[str, int, str], Awaitable[str]]
+    ) -> None:
+        params = Params(request)
+        topic = params.get("topic") or ""
+        node = params.get("node") or ""
+        pid = parse_partition_id(params.get("partition") or "")
+        if not topic or not node or pid is None:
+            raise HTTPError(400, "MISSING_ARG")
+        # nsqd tries the next nsqlookupd on this answer, until it reaches the leader
+        self.leader_only()
+        result = await action(topic, pid, node)
+        if result != "OK":
+            raise HTTPError(409, result)
+
     async def update_topic_meta(self, request: web.Request) -> None:
         """Youzan's ``/topic/meta/update?topic[&replicator&syncdisk&retention&upgradeext
         &disable_channel_auto_create]``: absent parameters stay as they are."""
@@ -303,8 +330,9 @@ class PartitionAPI:
             replica = _int_param(
                 params, "replicator", "", 1, MAX_REPLICATOR, "INVALID_ARG_TOPIC_REPLICATOR"
             )
-            if replica > 1:
-                raise HTTPError(400, REPLICATION_NOT_AVAILABLE)
+            record = self.coordinator.record(topic)
+            if record is not None and record.meta.replica != replica:
+                raise HTTPError(400, REPLICATOR_CHANGE_NOT_AVAILABLE)
         sync_every: int | None = None
         if params.get("syncdisk"):
             sync_every = _int_param(params, "syncdisk", "", 0, None, "INVALID_ARG_TOPIC_SYNC_DISK")

@@ -28,6 +28,7 @@ from nsqx.wire.errors import (
     E_AUTH_FIRST,
     E_BAD_PARTITION,
     E_EXT_NOT_SUPPORT,
+    E_FAILED_ON_NOT_LEADER,
     E_FIN_FAILED,
     E_IDENTIFY_FAILED,
     E_INVALID,
@@ -203,13 +204,15 @@ class ClientV2(asyncio.Protocol):
         self._hold_output = True
         assert self._transport is not None
         self._transport.pause_reading()
-        done = self.nsqd.sync_partitions(topics)
+        done = self.nsqd.acknowledged(topics)
         done.add_done_callback(self._synced)
 
     def _synced(self, fut: asyncio.Future[list[None]]) -> None:
         self._hold_output = False
         if fut.cancelled() or fut.exception() is not None:
-            log.error("[%s] - fsync failed; closing without acknowledging", self)
+            log.error(
+                "[%s] - fsync failed or not held by the ISR; closing without acknowledging", self
+            )
             self._out.clear()
             self.closed = False
             self.close()
@@ -662,6 +665,10 @@ class ClientV2(asyncio.Protocol):
         if part is None:
             self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
             return None
+        if part.replica is not None and part.replica.leader is None:
+            # consumers read from the leader only (Youzan): fatal, they look up again
+            self._error(ProtocolError(E_FAILED_ON_NOT_LEADER, ""))
+            return None
         meta = part.topic.meta
         ordered = ev.mode == cmd.SUB_ORDERED
         if meta.ordered and not ordered:
@@ -792,6 +799,13 @@ class ClientV2(asyncio.Protocol):
         part = self._pub_partition(topic_name, pid)
         if part is None:
             return None
+        replica = part.replica
+        if replica is not None:
+            code = replica.write_error()
+            if code is not None:
+                # the client looks the partition up again (Youzan's non-fatal answer)
+                self._error(ProtocolError(code, "", fatal=False))
+                return None
         try:
             published = part.publish(bodies, defer_ms, trace_ids, exts)
         except OSError as err:
@@ -800,7 +814,8 @@ class ClientV2(asyncio.Protocol):
             self._error(ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {err}"))
             return None
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
-        if self.nsqd.options.sync_before_ack and part.durable:
+        if (self.nsqd.options.sync_before_ack and part.durable) or replica is not None:
+            # answered once fsynced and/or held by the ISR (nsqd.acknowledged)
             self._unsynced_topics.add(part.key)
         return published
 

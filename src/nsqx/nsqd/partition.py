@@ -31,6 +31,7 @@ from nsqx.wire.frames import encode_extended_batch, encode_message_batch
 
 if TYPE_CHECKING:
     from nsqx.nsqd.nsqd import NSQD
+    from nsqx.nsqd.replication.replica import PartitionReplica
     from nsqx.nsqd.topic import Topic
 
 log = logging.getLogger("nsqx.nsqd")
@@ -97,6 +98,18 @@ class Partition:
         #: set by empty() while paused: what it dropped, for depth
         self._emptied_to = 0
         self._ephemeral_channels = 0
+        #: replication (a topic with replicator > 1 on a durable node), else None
+        self.replica: PartitionReplica | None = None
+        if self.durable and topic.meta.replica > 1:
+            self.replicate()
+
+    def replicate(self) -> None:
+        """Become a replica of a replicated topic: writes wait for the coordinator's
+        role, and channels see only what the ISR holds."""
+        if self.replica is None and self.durable:
+            self.replica = self.nsqd.replication.attach(self)
+            # the saved commit point is unknown: consumers wait for the next commit
+            self.visible_end = min(self.visible_end, self.log.end)
 
     def __repr__(self) -> str:
         return f"<partition {self.name}:{self.id}>"
@@ -204,13 +217,81 @@ class Partition:
         self.message_count += n
         self.message_bytes += body_bytes
         self.topic.traced_publish(self, ids, trace_ids, offset)
-        if not self.paused:
+        if self.replica is not None:
+            # channels see the records once the ISR holds them (committed())
+            self.replica.appended()
+        elif not self.paused:
             self.visible_end = log_.end
             for ch in self.channels.values():
                 ch.notify()
             if self.ephemeral or self.has_ephemeral_channels:
                 self._bound_memory()
         return Published((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
+
+    # -- replication --------------------------------------------------------------------
+
+    @property
+    def committed_end(self) -> int:
+        """The end of what channels may deliver: the log's end, or for a replicated
+        partition the commit point (every record below it is held by the ISR)."""
+        replica = self.replica
+        if replica is None:
+            return self.log.end
+        if replica.leader is not None:
+            return replica.leader.commit
+        return self.visible_end
+
+    def committed(self, seq: int) -> None:
+        """The commit point moved to ``seq``: channels may deliver up to it."""
+        if self.paused or seq <= self.visible_end:
+            return
+        self.visible_end = min(seq, self.log.end)
+        for ch in self.channels.values():
+            ch.notify()
+
+    def append_replicated(
+        self, chunk: bytes, ids: list[bytes], deliver_at: int, stride: int, extended: bool
+    ) -> None:
+        """A follower appends a batch its leader stored, exactly as stored."""
+        self.log.append(chunk, ids, deliver_at, stride)
+        self.message_count += len(ids)
+        if extended and not self.extended:
+            self.extended = True
+            self.save_state()
+
+    def truncate(self, seq: int) -> None:
+        """Cut the log at ``seq`` (records a failed leader wrote that the new leader
+        never had); positions past the new end come back to it."""
+        end = self.log.truncate(seq)
+        self.visible_end = min(self.visible_end, end)
+        self.hold_from = min(self.hold_from, end)
+        for ch in self.channels.values():
+            if ch.cursor > end:
+                ch.cursor = end
+                ch.requeued.clear()
+                ch.deferred.clear()
+                ch.dirty = True
+        self.save_state()
+
+    def apply_cursors(self, channels: dict[str, tuple[int, bool]], hold_from: int) -> None:
+        """A follower takes its leader's channel positions (and makes its channels), so
+        that consumers resume near there if it becomes the leader."""
+        end = self.log.end
+        for name, (cursor, ordered) in channels.items():
+            cursor = min(cursor, end)
+            ch = self.channels.get(name)
+            if ch is None:
+                ch = self.get_channel(name, start=cursor)
+            elif ch.cursor != cursor:
+                ch.cursor = cursor
+                ch.requeued.clear()
+                ch.deferred.clear()
+                ch.dirty = True
+            if ch.ordered_flag != ordered:
+                ch.set_ordered(ordered)
+        if hold_from != self.hold_from:
+            self.hold_from = min(hold_from, end)
+            self.save_state()
 
     def position(self, start: ConsumeStart) -> int:
         """The sequence a SUB_ADVANCED / /channel/setoffset position names: the first
@@ -283,7 +364,7 @@ class Partition:
 
     def unpause(self) -> None:
         self.paused = False
-        self.visible_end = self.log.end
+        self.visible_end = self.committed_end
         self.save_state()
         for ch in self.channels.values():
             ch.notify()
@@ -369,6 +450,8 @@ class Partition:
 
     def close(self) -> None:
         """Shut down: checkpoint channels, fsync and close the log."""
+        if self.replica is not None:
+            self.nsqd.replication.detach(self)
         self.checkpoint()
         for ch in self.channels.values():
             ch.detach()
@@ -377,6 +460,10 @@ class Partition:
     def delete(self) -> None:
         """Deleted: close channels and remove the files."""
         self.deleted = True
+        if self.replica is not None:
+            self.nsqd.replication.detach(self)
+            if os.path.exists(self.replica.path):
+                os.remove(self.replica.path)
         for name in list(self.channels):
             ch = self.channels.pop(name)
             ch.close()

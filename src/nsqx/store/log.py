@@ -6,6 +6,8 @@ import struct
 from array import array
 from typing import Protocol
 
+from nsqx.wire.batch import StoredBatch
+
 _I32 = struct.Struct(">i")
 
 
@@ -156,4 +158,14 @@ class MessageLog(Protocol):
 
     def destroy(self) -> None:
         """Close and delete everything (the topic was deleted)."""
+        ...
+
+    def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
+        """Whole stored batches from ``seq`` (where a batch starts; ValueError if not,
+        or if it is gone) until ``max_bytes`` of frames are taken (at least one)."""
+        ...
+
+    def truncate(self, seq: int) -> int:
+        """Forget every record at or after ``seq`` (cut at the batch that holds it);
+        returns the new end."""
         ...
