@@ -52,6 +52,9 @@ class Replicas:
         # (connection id, topic, partition) -> the epoch last told on that connection
         self._told: dict[tuple[str, str, int], int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # nodes whose connection closed while this nsqlookupd did not lead (several
+        # nsqlookupd over etcd): judged when it starts leading
+        self._gone_unjudged: set[str] = set()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -135,7 +138,7 @@ class Replicas:
         """A node registered a partition: tell it its role if it has not heard this
         epoch on this connection."""
         record = self.coord.records.get(topic)
-        if record is None or record.meta.replica < 2:
+        if record is None or record.meta.replica < 2 or not self.coord.leading:
             return
         if peer.node_id not in record.placements.get(pid, ()):
             return
@@ -155,12 +158,23 @@ class Replicas:
         for key in [k for k in self._told if k[0] == peer.id]:
             del self._told[key]
         if peer.speaks_partitions:
-            self._spawn(self._maybe_lost(peer.node_id))
+            if self.coord.leading:
+                self._spawn(self._maybe_lost(peer.node_id))
+            else:
+                self._gone_unjudged.add(peer.node_id)
+
+    def start_leading(self) -> None:
+        """This nsqlookupd now leads (after another): the nodes it saw go meanwhile and
+        that are still away are lost now, so their leaderships move."""
+        gone, self._gone_unjudged = self._gone_unjudged, set()
+        self._told.clear()  # roles told by a former leader are told again
+        for node_id in gone:
+            self._spawn(self._maybe_lost(node_id))
 
     async def _maybe_lost(self, node_id: str) -> None:
         await asyncio.sleep(self.lost_grace)
-        if node_id in self.coord.nodes():
-            return  # it came back
+        if node_id in self.coord.nodes() or not self.coord.leading:
+            return  # it came back, or another nsqlookupd decides now
         await self.node_lost(node_id)
 
     async def node_lost(self, node_id: str) -> None:
