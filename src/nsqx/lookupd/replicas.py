@@ -59,7 +59,13 @@ class Replicas:
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (err := task.exception()) is not None:
+            # e.g. this lookupd stopped leading while deciding (etcd refused the write)
+            log.warning("REPL: %s failed: %s: %s", task.get_coro(), type(err).__name__, err)
 
     async def close(self) -> None:
         for t in list(self._tasks):
