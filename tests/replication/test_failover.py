@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -170,8 +172,35 @@ def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_
     repl = entry["replication"]
     assert entry["is_leader"] and repl["role"] == "leader" and repl["leader"] == node_id
     assert len(repl["isr"]) == 2 and set(repl["followers"]) == set(repl["isr"]) - {node_id}
-    status, _, body = lookupd.post(f"/cluster/node/drain?node={node_id}")
-    assert status == 200 and json.loads(body) == {"moved": [f"{topic}:0"]}, body
+    # the CLI lists the partition, then drains its leader's node
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nsqx",
+            "replicas",
+            f"--lookupd-http-address={lookupd.http_address}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert listed[0].split()[:4] == ["topic", "part", "epoch", "leader"]
+    assert listed[1].split()[:4] == [topic, "0", str(repl["epoch"]), node_id], listed
+    drained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nsqx",
+            "replicas",
+            f"--lookupd-http-address={lookupd.http_address}",
+            f"--drain={node_id}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert drained.strip() == f"moved 1 leadership(s) away from {node_id}: {topic}:0"
     until(lambda: leader_port(lookupd, topic) not in (None, leader.tcp_port), what="a move")
     pub.publish(100)
     con.read_until(lambda: set(pub.acked) <= set(con.received))
