@@ -154,12 +154,13 @@ class LeaderReplication:
         log_ = self.part.log
         cut = rp.divergence(role.history, log_.end, hello.history, hello.end)
         cut = min(cut, hello.end)
+        history = [tuple(h) for h in role.history]
         if cut < log_.start:
-            return rp.Refused(
-                "E_TOO_FAR_BEHIND",
-                f"the log starts at {log_.start}, the follower ends at {cut}",
-            )
-        return rp.Welcome(role.epoch, [tuple(h) for h in role.history], cut)  # type: ignore[misc]
+            # reclaimed since the follower left: it starts over where this log starts
+            first = log_.read_batches(log_.start, 1)
+            offset = first[0].offset if first else log_.next_offset
+            return rp.Welcome(role.epoch, history, log_.start, (log_.start, offset))  # type: ignore[arg-type]
+        return rp.Welcome(role.epoch, history, cut)  # type: ignore[arg-type]
 
     async def serve(self, node: str, ws: web.WebSocketResponse, start: int) -> None:
         """Run one follower's stream until it closes or the leadership ends."""
