@@ -109,8 +109,8 @@ class LeaderReplication:
             if not fut.done():
                 fut.set_result(None)
         self.part.committed(commit)
-        for stream in self.streams.values():
-            stream.wake.set()
+        # followers learn the commit point with the next batches, or from heartbeat()
+        # when idle: not one message more per acknowledgement
 
     def appended(self) -> None:
         """A publish appended records: send them to every follower."""
@@ -217,6 +217,12 @@ class LeaderReplication:
         except (ConnectionError, RuntimeError, ValueError) as err:
             log.warning("REPL: %s: sending to %s failed: %s", self.part, stream.node, err)
             await ws.close()
+
+    def heartbeat(self) -> None:
+        """Send the commit point to followers that have not had it (an idle leader)."""
+        for stream in self.streams.values():
+            if stream.sent_commit != self.commit:
+                stream.wake.set()
 
     def send_cursors(self, message: bytes) -> None:
         for stream in self.streams.values():
