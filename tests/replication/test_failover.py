@@ -182,6 +182,9 @@ def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_
     repl = entry["replication"]
     assert entry["is_leader"] and repl["role"] == "leader" and repl["leader"] == node_id
     assert len(repl["isr"]) == 2 and set(repl["followers"]) == set(repl["isr"]) - {node_id}
+    metrics = http_request(f"{leader.http_url}/metrics")[2].decode()
+    assert f'nsq_partition_is_leader{{partition="0",topic="{topic}"}} 1.0' in metrics
+    assert f'nsq_partition_isr_size{{partition="0",topic="{topic}"}} 2.0' in metrics
     # the CLI lists the partition, then drains its leader's node
     listed = subprocess.run(
         [
