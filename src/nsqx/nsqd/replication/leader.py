@@ -116,9 +116,6 @@ class LeaderReplication:
         """A publish appended records: send them to every follower."""
         for stream in self.streams.values():
             stream.wake.set()
-        role = self.replica.role
-        if role is not None and len(role.isr) == 1 and role.quorum_ok:
-            self.recompute()  # an ISR of the leader alone (replicator 1 or 2 of 3 down)
 
     def expire(self, timeout: float) -> None:
         """Fail the writes that waited ``timeout`` seconds for the ISR (their
