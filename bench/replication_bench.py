@@ -167,8 +167,14 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument(
+        "--data-dir",
+        default=None,
+        help="where the three nsqd keep their data (default: a temporary directory;"
+        " /dev/shm takes the shared disk out of the measurement)",
+    )
     args = ap.parse_args()
-    base = tempfile.mkdtemp(prefix="nsqx-repl-bench-")
+    base = tempfile.mkdtemp(prefix="nsqx-repl-bench-", dir=args.data_dir)
     lookupd = Proc(["nsqlookupd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"])
     node_args = [
         f"--lookupd-tcp-address=127.0.0.1:{lookupd.tcp}",
@@ -223,7 +229,8 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the ISR did not heal")
                 time.sleep(0.1)
-        print(f"  median {statistics.median(times):.2f} s, worst {max(times):.2f} s")
+        if times:
+            print(f"  median {statistics.median(times):.2f} s, worst {max(times):.2f} s")
     finally:
         for p in (*nodes, lookupd):
             if p.proc.poll() is None:

@@ -139,6 +139,7 @@ NSQX_EXTRA_FLAGS = {
     "retention",
     "replication-lag-timeout",
     "http-admin-allow",
+    "replication-address",
     # Youzan's nsqd options
     "allow-ext-compatible",
     "allow-sub-ext-compatible",

@@ -4,19 +4,27 @@ is lost, and writes resume through the new leader."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cluster import Consumer, Publisher, leader_port, partition_state, report, until
+from cutproxy import CutProxy
 
+from lookupdproc import http_request
 from nsqdproc import NsqdProcess, start_nsqd
 
 
-def _cluster(lookupd_factory: Any, tmp_path: Path) -> tuple[Any, list[NsqdProcess], list[str]]:
+def _cluster(
+    lookupd_factory: Any, tmp_path: Path, *extra: str
+) -> tuple[Any, list[NsqdProcess], list[str]]:
     lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
     args = [
+        *extra,
         f"--lookupd-tcp-address={lookupd.tcp_address}",
         "--http-address=127.0.0.1:0",
         "--broadcast-address=127.0.0.1",
@@ -105,6 +113,13 @@ def test_leader_killed_nothing_acknowledged_is_lost(
             lambda: len((partition_state(back, topic) or {}).get("isr", [])) == 3,
             what="the old leader back in the ISR",
         )
+    else:
+        # a spare took its place: it is told it holds no replica (no leader, no writes)
+        until(
+            lambda: (partition_state(back, topic) or {}).get("role") == "none",
+            what="the replaced old leader told it is no replica",
+        )
+        assert leader_port(lookupd, topic) != back.tcp_port
     for n in nodes:
         n.stop(signal.SIGKILL)
 
@@ -141,5 +156,183 @@ def test_follower_killed_writes_go_on(
     assert state is not None and gone not in state["isr"], state
     # replicator 2: the leader and the spare that caught up; 3: the two left
     assert len(state["isr"]) == 2, state
+    for n in nodes:
+        n.stop(signal.SIGKILL)
+
+
+def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_path: Path) -> None:
+    """Before maintenance: /cluster/node/drain moves the node's leaderships to in-sync
+    replicas; publishing goes on there and the drained node follows and rejoins the
+    ISR. /stats shows each partition's role, epoch, leader, ISR and lag."""
+    lookupd, nodes, _ = _cluster(lookupd_factory, tmp_path)
+    topic = "drained"
+    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=2")
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(100)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and "follower" in h and h, what="a follower"
+    )
+    leader = holders["leader"]
+    node_id = (leader.data_path / "nsqd.node_id").read_text().strip()
+    stats = json.loads(http_request(f"{leader.http_url}/stats?format=json")[2])
+    (entry,) = [t for t in stats["topics"] if t["topic_name"] == topic]
+    repl = entry["replication"]
+    assert entry["is_leader"] and repl["role"] == "leader" and repl["leader"] == node_id
+    assert len(repl["isr"]) == 2 and set(repl["followers"]) == set(repl["isr"]) - {node_id}
+    metrics = http_request(f"{leader.http_url}/metrics")[2].decode()
+    assert f'nsq_partition_is_leader{{partition="0",topic="{topic}"}} 1.0' in metrics
+    assert f'nsq_partition_isr_size{{partition="0",topic="{topic}"}} 2.0' in metrics
+    # the CLI lists the partition, then drains its leader's node
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nsqx",
+            "replicas",
+            f"--lookupd-http-address={lookupd.http_address}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert listed[0].split()[:4] == ["topic", "part", "epoch", "leader"]
+    assert listed[1].split()[:4] == [topic, "0", str(repl["epoch"]), node_id], listed
+    drained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nsqx",
+            "replicas",
+            f"--lookupd-http-address={lookupd.http_address}",
+            f"--drain={node_id}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert drained.strip() == f"moved 1 leadership(s) away from {node_id}: {topic}:0"
+    until(lambda: leader_port(lookupd, topic) not in (None, leader.tcp_port), what="a move")
+    pub.publish(100)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report("drain", pub, con)
+    assert lost == 0
+    until(
+        lambda: (
+            (s := partition_state(leader, topic)) is not None
+            and s["role"] == "follower"
+            and len(s["isr"]) == 2
+            and s["end"] == 200
+        ),
+        what="the drained node following, in the ISR again",
+    )
+    assert lookupd.post(f"/topic/partition/move?topic={topic}&partition=0")[0] == 400
+    for n in nodes:
+        n.stop(signal.SIGKILL)
+
+
+def test_network_cut_between_leader_and_follower(lookupd_factory: Any, tmp_path: Path) -> None:
+    """Replicator 3: the replication stream between the leader and one follower goes
+    silent (a proxy holds it). The leader reports the follower, the ISR shrinks to two
+    and writes go on; once healed the follower catches up and joins again."""
+    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
+    proxies = [CutProxy() for _ in range(3)]
+    nodes = []
+    for i, proxy in enumerate(proxies):
+        node = start_nsqd(
+            tmp_path / f"nsqd{i}",
+            f"--lookupd-tcp-address={lookupd.tcp_address}",
+            "--http-address=127.0.0.1:0",
+            "--broadcast-address=127.0.0.1",
+            "--replication-lag-timeout=1s",
+            f"--replication-address=127.0.0.1:{proxy.port}",
+        )
+        proxy.target_port = node.http_port
+        nodes.append(node)
+    until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd")
+    topic = "cut"
+    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=3")
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(100)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and sum(1 for k in h if ":" in k) == 3 and h,
+        what="every replica",
+    )
+    leader = holders["leader"]
+    follower = holders["follower"]
+    proxy = proxies[nodes.index(leader)]
+    follower_id = (follower.data_path / "nsqd.node_id").read_text().strip()
+    proxy.cut(follower_id)
+    pub.publish(100)  # held until the follower leaves the ISR, then on
+    until(
+        lambda: follower_id not in (partition_state(leader, topic) or {}).get("isr", [follower_id]),
+        what="the cut follower out of the ISR",
+    )
+    pub.publish(100)
+    behind = (partition_state(follower, topic) or {}).get("end", 0)
+    assert behind < 300  # it really was cut off
+    proxy.heal(follower_id)
+    until(
+        lambda: follower_id in (partition_state(leader, topic) or {}).get("isr", []),
+        what="the follower back in the ISR",
+    )
+    assert (partition_state(follower, topic) or {}).get("end") == 300
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report("replicator 3, leader-follower network cut", pub, con)
+    assert lost == 0
+    for n in nodes:
+        n.stop(signal.SIGKILL)
+
+
+def test_follower_back_after_the_leader_reclaimed_starts_over(
+    lookupd_factory: Any, tmp_path: Path
+) -> None:
+    """A follower down while the leader deleted the segments it lacks (consumed, no
+    retention) cannot catch up from its own end: it empties its log, starts over where
+    the leader's log starts, and joins the ISR again."""
+    lookupd, nodes, args = _cluster(lookupd_factory, tmp_path, "--max-bytes-per-file=4096")
+    topic = "reclaimed"
+    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=3")
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(20)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and sum(1 for k in h if ":" in k) == 3 and h,
+        what="every replica",
+    )
+    leader, follower = holders["leader"], holders["follower"]
+    follower.stop(signal.SIGKILL)
+    pub.publish(300)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    until(
+        lambda: (s := partition_state(leader, topic)) is not None and s["start"] > 20,
+        what="the leader reclaiming what the follower lacks",
+    )
+    back = start_nsqd(follower.data_path, *args)
+    nodes.append(back)
+    until(
+        lambda: (
+            (s := partition_state(back, topic)) is not None
+            and s.get("role") == "follower"
+            and s["end"] == 320
+            and s["start"] > 20
+        ),
+        what="the follower started over and caught up",
+    )
+    until(
+        lambda: len((partition_state(leader, topic) or {}).get("isr", [])) == 3,
+        what="the follower back in the ISR",
+    )
+    pub.publish(10)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report("replicator 3, follower back after reclaim", pub, con)
+    assert lost == 0
     for n in nodes:
         n.stop(signal.SIGKILL)

@@ -44,17 +44,28 @@ class Replicas:
 
     #: seconds a node whose connection closed has to come back before it is lost
     lost_grace = 0.5
+    #: seconds before a role that could not be told is told again
+    retell_delay = 0.5
 
     def __init__(self, coord: Coordinator) -> None:
         self.coord = coord
         # (connection id, topic, partition) -> the epoch last told on that connection
         self._told: dict[tuple[str, str, int], int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # nodes whose connection closed while this nsqlookupd did not lead (several
+        # nsqlookupd over etcd): judged when it starts leading
+        self._gone_unjudged: set[str] = set()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (err := task.exception()) is not None:
+            # e.g. this lookupd stopped leading while deciding (etcd refused the write)
+            log.warning("REPL: %s failed: %s: %s", task.get_coro(), type(err).__name__, err)
 
     async def close(self) -> None:
         for t in list(self._tasks):
@@ -72,7 +83,10 @@ class Replicas:
             return None
         leader = placement[0]
         peer = nodes.get(leader)
-        leader_http = f"{peer.info.broadcast_address}:{peer.info.http_port}" if peer else ""
+        leader_http = ""
+        if peer is not None:
+            info = peer.info
+            leader_http = info.replication_address or f"{info.broadcast_address}:{info.http_port}"
         return {
             "epoch": record.epoch_of(pid),
             "leader": leader,
@@ -108,22 +122,44 @@ class Replicas:
         except NsqdCallError as err:
             log.warning("REPL: role of %s:%d for %s failed: %s", topic, pid, peer.node_id, err)
             self._told.pop(key, None)
+            # again shortly, while the node is connected and the role still current
+            self._spawn(self._retell(peer, topic, pid, role["epoch"]))
             return False
         self._told[key] = role["epoch"]
         return True
+
+    async def _retell(self, peer: Peer, topic: str, pid: int, epoch: int) -> None:
+        await asyncio.sleep(self.retell_delay)
+        record = self.coord.records.get(topic)
+        nodes = self.coord.nodes()
+        if record is None or record.epoch_of(pid) != epoch:
+            return  # a newer role was told meanwhile
+        if nodes.get(peer.node_id) is not peer or (peer.id, topic, pid) in self._told:
+            return
+        role = self.role(topic, record, pid, nodes)
+        if role is not None:
+            await self._tell_one(peer, topic, pid, role)
 
     def registered(self, peer: Peer, topic: str, pid: int) -> None:
         """A node registered a partition: tell it its role if it has not heard this
         epoch on this connection."""
         record = self.coord.records.get(topic)
-        if record is None or record.meta.replica < 2:
+        if record is None or record.meta.replica < 2 or not self.coord.leading:
             return
-        if peer.node_id not in record.placements.get(pid, ()):
+        if pid not in record.placements:
             return
         if self._told.get((peer.id, topic, pid)) == record.epoch_of(pid):
             return
         self._told[(peer.id, topic, pid)] = record.epoch_of(pid)
-        self._spawn(self.tell(topic, record, pid))
+        if peer.node_id in record.placements[pid]:
+            self._spawn(self.tell(topic, record, pid))
+            return
+        # a replica that was replaced while it was away: the current role tells it it
+        # is none (it stops leading or following; its data stays, for an operator)
+        role = self.role(topic, record, pid, self.coord.nodes())
+        if role is not None:
+            log.warning("REPL: %s:%d: %s is no longer a replica", topic, pid, peer.node_id)
+            self._spawn(self._tell_one(peer, topic, pid, role))
 
     def created(self, peer: Peer, topic: str, pid: int, record: TopicRecord) -> None:
         """The coordinator created a partition on a node: tell it its role."""
@@ -136,12 +172,23 @@ class Replicas:
         for key in [k for k in self._told if k[0] == peer.id]:
             del self._told[key]
         if peer.speaks_partitions:
-            self._spawn(self._maybe_lost(peer.node_id))
+            if self.coord.leading:
+                self._spawn(self._maybe_lost(peer.node_id))
+            else:
+                self._gone_unjudged.add(peer.node_id)
+
+    def start_leading(self) -> None:
+        """This nsqlookupd now leads (after another): the nodes it saw go meanwhile and
+        that are still away are lost now, so their leaderships move."""
+        gone, self._gone_unjudged = self._gone_unjudged, set()
+        self._told.clear()  # roles told by a former leader are told again
+        for node_id in gone:
+            self._spawn(self._maybe_lost(node_id))
 
     async def _maybe_lost(self, node_id: str) -> None:
         await asyncio.sleep(self.lost_grace)
-        if node_id in self.coord.nodes():
-            return  # it came back
+        if node_id in self.coord.nodes() or not self.coord.leading:
+            return  # it came back, or another nsqlookupd decides now
         await self.node_lost(node_id)
 
     async def node_lost(self, node_id: str) -> None:
@@ -285,6 +332,70 @@ class Replicas:
             log.info("REPL: %s:%d epoch %d: %s joined the isr", topic, pid, new.epoch_of(pid), node)
             await self._apply(topic, new, pid)
             return "OK"
+
+    # -- moving leaderships (maintenance) ---------------------------------------------
+
+    async def move_leader(self, topic: str, pid: int, to: str | None = None) -> str:
+        """Give a partition's leadership to another in-sync replica (``to``, or the
+        first other one). The old leader becomes a follower: it cuts what it had not
+        committed (those publishes were never acknowledged), catches up and rejoins
+        the ISR. Returns the new leader."""
+        coord = self.coord
+        async with coord._admin:
+            return await self._move_leader(topic, pid, to)
+
+    async def _move_leader(self, topic: str, pid: int, to: str | None) -> str:
+        coord = self.coord
+        record = coord.records.get(topic)
+        if record is None or pid not in record.placements:
+            raise ValueError("unknown partition")
+        if record.meta.replica < 2:
+            raise ValueError("the topic is not replicated")
+        placement = record.placements[pid]
+        old = placement[0]
+        nodes = coord.nodes()
+        isr = [n for n in record.isr_of(pid) if n != old and n in nodes]
+        if to is not None:
+            if to not in isr:
+                raise ValueError(f"{to} is not a live in-sync replica")
+            new = to
+        elif isr:
+            new = isr[0]
+        else:
+            raise ValueError("no other live in-sync replica")
+        new_isr = (new, *[n for n in isr if n != new])
+        new_placement = (new, *[n for n in placement if n not in (new, old)], old)
+        changed = record.with_replicas(pid, new_placement, new_isr)
+        await coord._save(topic, changed)
+        log.warning(
+            "REPL: %s:%d epoch %d: leadership moved from %s to %s",
+            topic,
+            pid,
+            changed.epoch_of(pid),
+            old,
+            new,
+        )
+        await self._apply(topic, changed, pid)
+        return new
+
+    async def drain(self, node_id: str) -> list[str]:
+        """Move every leadership of ``node_id`` away (before maintenance); the
+        partitions moved, as ``topic:partition``. Partitions with no other live
+        in-sync replica stay and are listed as errors in the log."""
+        coord = self.coord
+        moved: list[str] = []
+        async with coord._admin:
+            for topic, record in list(coord.records.items()):
+                if record.meta.replica < 2:
+                    continue
+                for pid, placement in sorted(record.placements.items()):
+                    if placement and placement[0] == node_id:
+                        try:
+                            await self._move_leader(topic, pid, None)
+                            moved.append(f"{topic}:{pid}")
+                        except ValueError as err:
+                            log.error("REPL: drain %s: %s:%d stays: %s", node_id, topic, pid, err)
+        return moved
 
     # -- views ------------------------------------------------------------------------
 

@@ -54,7 +54,12 @@ class FollowerReplication:
     async def _run(self) -> None:
         delay = RETRY_MIN
         session = self.replica.manager.http_session()
-        url = f"http://{self.leader_http}/replication/stream"
+        part = self.part
+        # who and what in the URL too: for the leader's logs, and for proxies
+        url = (
+            f"http://{self.leader_http}/replication/stream?node={self.replica.node_id}"
+            f"&topic={part.name}&partition={part.id}"
+        )
         while True:
             try:
                 async with session.ws_connect(url, heartbeat=5.0, max_msg_size=0) as ws:
@@ -100,7 +105,16 @@ class FollowerReplication:
             raise ReplicationError(f"unexpected {type(welcome).__name__}")
         if welcome.epoch < role.epoch:
             raise ReplicationError(f"the leader's epoch {welcome.epoch} < {role.epoch}")
-        if welcome.truncate_to < log_.end:
+        if welcome.reset is not None:
+            seq, offset = welcome.reset
+            log.warning(
+                "REPL: %s: the leader's log starts at %d, past this one's end %d: starting over",
+                part,
+                seq,
+                log_.end,
+            )
+            part.reset(seq, offset)
+        elif welcome.truncate_to < log_.end:
             log.warning(
                 "REPL: %s: cutting records %d-%d the leader does not have",
                 part,
@@ -110,8 +124,34 @@ class FollowerReplication:
             part.truncate(welcome.truncate_to)
         replica.adopt_history(tuple(welcome.history))
         self.connected = True
-        await ws.send_bytes(rp.encode_ack(log_.end))
+        acked = log_.end
+        await ws.send_bytes(rp.encode_ack(acked))
         log.info("REPL: %s: following %s from %d", part, self.leader_http, log_.end)
+        # acknowledgements go from a task of their own: the messages that arrive in one
+        # loop iteration are all appended before one ACK says where the log ends
+        wake = asyncio.Event()
+        acker = asyncio.create_task(self._ack_loop(ws, wake, acked))
+        try:
+            await self._apply_stream(ws, wake)
+        finally:
+            acker.cancel()
+
+    async def _ack_loop(
+        self, ws: aiohttp.ClientWebSocketResponse, wake: asyncio.Event, sent: int
+    ) -> None:
+        """Send the log's end whenever it moved past the last end sent (``sent``)."""
+        log_ = self.part.log
+        while True:
+            await wake.wait()
+            wake.clear()
+            end = log_.end
+            if end != sent:
+                await ws.send_bytes(rp.encode_ack(end))
+                sent = end
+
+    async def _apply_stream(self, ws: aiohttp.ClientWebSocketResponse, wake: asyncio.Event) -> None:
+        part = self.part
+        log_ = part.log
         async for msg in ws:
             if msg.type != aiohttp.WSMsgType.BINARY:
                 raise ReplicationError(f"stream ended ({msg.type.name})")
@@ -133,7 +173,7 @@ class FollowerReplication:
                 self.commit = ev.commit
                 part.committed(min(ev.commit, log_.end))
                 if ev.batches:
-                    await ws.send_bytes(rp.encode_ack(log_.end))
+                    wake.set()
             elif isinstance(ev, rp.Cursors):
                 part.apply_cursors(ev.channels, ev.hold_from)
             else:
