@@ -1003,6 +1003,7 @@ class DiskLog:
         log.warning("STORE: %s: reset to start at sequence %d", self.directory, seq)
         self._closed = False
         self.sync_error = None
+        self._tail_dirty = self._roll_failing = False
         self.segments = [self._new_segment(seq, offset - BATCH_HEAD_SIZE)]
         self._deferred = DeferredIndex()
         self._fd = os.open(self.segments[0].path, os.O_WRONLY | os.O_APPEND)
