@@ -263,14 +263,16 @@ class DeflateDecompressor:
     def pending(self) -> bool:
         """True when input is held back by ``max_length`` (more comes out without new
         input). zlib may also keep a few bytes it cannot use until more input arrives:
-        those wait for the next call, and are not pending (found by fuzzing: a loop on
-        them made no progress, for ever)."""
-        return self._limited and bool(self._z.unconsumed_tail)
+        those wait for the next call, and are not pending; nor is anything after the end
+        of the stream (found by fuzzing: a loop on them made no progress, for ever)."""
+        return self._limited and bool(self._z.unconsumed_tail) and not self._z.eof
 
     def decompress(self, data: bytes, max_length: int = 0) -> bytes:
         """Inflate what ``data`` completes (at most ``max_length`` bytes when given)."""
         z = self._z
         if z.eof:
+            # bytes held back behind the end are never read (Go's reader stops at EOF)
+            self._limited = False
             if data:
                 raise CompressionError("flate: data after the end of the stream")
             return b""
