@@ -105,6 +105,7 @@ def main() -> None:
         f"-artifact_prefix={os.path.join(artifacts, '')}",
         "-max_len=4096",
         "-rss_limit_mb=4096",
+        "-timeout=30",  # an input that takes this long is a hang (a finding)
         "-print_final_stats=1",
         *args.libfuzzer,
     ]
