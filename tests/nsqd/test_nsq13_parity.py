@@ -7,6 +7,7 @@ against Go's nsqd 1.3.0 with the same flags and the same bytes (skipped otherwis
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import struct
 import time
@@ -15,11 +16,13 @@ from typing import Any
 
 import pytest
 
+from nsqx.cli.nsqd_flags import parse_nsqd_args
 from nsqx.wire import FRAME_RESPONSE, MAGIC_V2
 from nsqx.wire import commands as c
 
 from nsqdproc import GO_NSQD, NsqdProcess, start_go_nsqd, start_nsqd
 from rawnsq import Raw, run, wait_for
+from rawnsq import start_nsqd as start_inproc
 
 SERVERS = ["nsqx", "go"]
 
@@ -90,33 +93,62 @@ IDENTIFY_CASES: list[tuple[tuple[str, ...], dict[str, Any], int, bool]] = [
 ]
 
 
+async def _identify(address: tuple[str, int], fields: dict[str, Any]) -> dict[str, Any]:
+    # only the first frame: with deflate, compressed bytes follow it
+    r, w = await asyncio.open_connection(*address)
+    w.write(MAGIC_V2 + c.identify({"feature_negotiation": True, **fields}))
+    size, ftype = struct.unpack(">ii", await r.readexactly(8))
+    data = await r.readexactly(size - 4)
+    w.close()
+    assert ftype == FRAME_RESPONSE, data
+    answer: dict[str, Any] = json.loads(data)
+    return answer
+
+
+async def _answers(
+    address: tuple[str, int] | None,
+    flags: tuple[str, ...],
+    cases: list[tuple[dict[str, Any], int, bool]],
+) -> list[dict[str, Any]]:
+    """IDENTIFY each case at ``address``, or (None) at an nsqd started in this process
+    from the same flags (quicker than a process per case)."""
+    inproc = None
+    if address is None:
+        opts = dataclasses.asdict(parse_nsqd_args(list(flags)))
+        inproc = await start_inproc(
+            max_deflate_level=opts["max_deflate_level"], deflate=opts["deflate"]
+        )
+        address = inproc.tcp_address
+    assert address is not None
+    out = []
+    for fields, level, deflate in cases:
+        answer = await _identify(address, fields)
+        assert (answer["deflate_level"], answer["deflate"]) == (level, deflate), (flags, fields)
+        answer.pop("version")
+        out.append(answer)
+    if inproc is not None:
+        await inproc.close()
+    return out
+
+
 @pytest.mark.parametrize("server", SERVERS)
 def test_identify_answers_deflate_level(server: str, tmp_path: Path) -> None:
     """IDENTIFY's deflate_level is NSQ's default (6, capped by --max-deflate-level) when
     deflate was not negotiated, and the negotiated level when it was; every other field
     of the answer is NSQ 1.3's too."""
     answers: list[dict[str, Any]] = []
-    for i, (flags, fields, level, deflate) in enumerate(IDENTIFY_CASES):
-        nsqd = _start(server, tmp_path / str(i), *flags)
-
-        async def identify(address: tuple[str, int], fields: dict[str, Any]) -> dict[str, Any]:
-            # only the first frame: with deflate, compressed bytes follow it
-            r, w = await asyncio.open_connection(*address)
-            w.write(MAGIC_V2 + c.identify({"feature_negotiation": True, **fields}))
-            size, ftype = struct.unpack(">ii", await r.readexactly(8))
-            data = await r.readexactly(size - 4)
-            w.close()
-            assert ftype == FRAME_RESPONSE, data
-            answer: dict[str, Any] = json.loads(data)
-            return answer
-
-        try:
-            answer = run(identify(nsqd.tcp_address, fields))
-        finally:
-            nsqd.stop()
-        assert (answer["deflate_level"], answer["deflate"]) == (level, deflate), (flags, fields)
-        answer.pop("version")
-        answers.append(answer)
+    by_flags: dict[tuple[str, ...], list[tuple[dict[str, Any], int, bool]]] = {}
+    for flags, fields, level, deflate in IDENTIFY_CASES:
+        by_flags.setdefault(flags, []).append((fields, level, deflate))
+    for i, (flags, cases) in enumerate(by_flags.items()):
+        if server == "go":
+            nsqd = _start(server, tmp_path / str(i), *flags)
+            try:
+                answers += run(_answers(nsqd.tcp_address, flags, cases))
+            finally:
+                nsqd.stop()
+        else:
+            answers += run(_answers(None, flags, cases))
     assert answers[0] == {
         "max_rdy_count": 2500,
         "max_msg_timeout": 900000,
