@@ -20,7 +20,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 WIRE = ["commands", "frames", "identify", "lookupd", "range", "snappy", "deflate", "ext"]
-LIVE = ["nsqd_tcp", "nsqd_http"]
+LIVE = ["nsqd_tcp", "nsqd_http", "nsqd_auth"]
 _STAT = re.compile(r"#(\d+)\s+\w+\s+cov: (\d+) ft: (\d+) corp: (\d+)/")
 
 
