@@ -229,6 +229,12 @@ def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_
         what="the drained node following, in the ISR again",
     )
     assert lookupd.post(f"/topic/partition/move?topic={topic}&partition=0")[0] == 400
+    # a follower's channel positions come from its leader: moving one there is refused
+    status, _, body = http_request(
+        f"{leader.http_url}/channel/setoffset?topic={topic}&channel=c&partition=0",
+        method="POST",
+    )
+    assert (status, json.loads(body)) == (400, {"message": "E_FAILED_ON_NOT_LEADER"})
     for n in nodes:
         n.stop(signal.SIGKILL)
 

@@ -531,6 +531,9 @@ class HTTPServer:
             if err.message in ("TOPIC_NOT_FOUND", "PARTITION_NOT_FOUND"):
                 raise HTTPError(404, "E_TOPIC_NOT_EXIST") from None  # Youzan's answer
             raise
+        if part.replica is not None and part.replica.leader is None:
+            # a follower's positions come from its leader (Youzan's answer)
+            raise HTTPError(400, E_FAILED_ON_NOT_LEADER)
         if "sequence" in params:
             seq = _int_param(params, "sequence", -1)
             if seq < 0:
