@@ -423,16 +423,16 @@ class HTTPServer:
     async def _publish(
         self, name: str, bodies: list[bytes], defer_ms: int = 0, pid: int = -1
     ) -> None:
-        """Publish as TCP does: written before the answer; fsynced too with
-        --sync-before-ack."""
+        """Publish as TCP does: written (by the loop iteration's group commit) before
+        the answer; fsynced too with --sync-before-ack."""
         part = self._pub_partition(name, pid)
         try:
             part.publish(bodies, defer_ms)
+            if part.durable:
+                await part.acknowledged()
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", name, err)
             raise HTTPError(500, "PUB_FAILED") from None
-        if self.nsqd.options.sync_before_ack and part.durable:
-            await self.nsqd.sync_partitions({part.key})
 
     async def mpub(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
         o = self.nsqd.options

@@ -7,11 +7,13 @@ partition sits in the ids' high bits) and its own cursor for every channel.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from nsqx.nsqd.channel import Channel
@@ -34,6 +36,9 @@ if TYPE_CHECKING:
     from nsqx.nsqd.topic import Topic
 
 log = logging.getLogger("nsqx.nsqd")
+
+#: Told None once publishes are acknowledged, or the error that failed them.
+AckWaiter = Callable[[BaseException | None], None]
 
 
 class Published(NamedTuple):
@@ -97,6 +102,9 @@ class Partition:
         #: set by empty() while paused: what it dropped, for depth
         self._emptied_to = 0
         self._ephemeral_channels = 0
+        #: a commit() is scheduled for this loop iteration; who waits for it
+        self._commit_scheduled = False
+        self._waiters: list[AckWaiter] = []
 
     def __repr__(self) -> str:
         return f"<partition {self.name}:{self.id}>"
@@ -166,18 +174,24 @@ class Partition:
         trace_ids: list[int] | None = None,
         exts: list[tuple[int, bytes]] | None = None,
     ) -> Published:
-        """Append messages (one MPUB is one call: atomic) and wake the channels.
+        """Add messages (one MPUB is one call: atomic); they get their ids and offsets now.
 
-        ``trace_ids`` and ``exts`` ((version, data) per message) make extended records.
+        On a durable partition the messages are staged: every publish of this loop
+        iteration, from every connection, is written by one system call at the end of
+        the iteration (:meth:`commit`, a group commit); channels see them then, and a
+        publisher answers once :meth:`when_acknowledged` says so. A memory partition
+        appends at once. ``trace_ids`` and ``exts`` ((version, data) per message) make
+        extended records.
         """
         log_ = self.log
         n = len(bodies)
-        seq = log_.end
+        seq = log_.next_seq
         ids = make_ids(seq, n, self.id)
         ts = time.time_ns()
         if trace_ids is None and exts is None:
             chunk, stride = encode_message_batch(ts, ids, bodies)
             body_bytes = len(chunk) - n * FRAME_OVERHEAD
+            kind = 0
         else:
             ext_list = exts or [(0, b"")] * n
             chunk, stride = encode_extended_batch(
@@ -189,28 +203,100 @@ class Partition:
                 [e for _, e in ext_list],
             )
             body_bytes = sum(map(len, bodies))
+            kind = 1
             if not self.extended:
                 self.extended = True
                 self.save_state()
-        offset = log_.next_offset
-        try:
-            log_.append(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride)
-        except OSError as err:
-            # as nsqd: /ping answers NOK until a write succeeds again
-            self.nsqd.health_error = f"failed to write to topic {self.name}: {err}"
-            raise
-        if self.nsqd.health_error is not None:
-            self.nsqd.health_error = None
+        offset = log_.stage(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride, kind)
         self.message_count += n
         self.message_bytes += body_bytes
         self.topic.traced_publish(self, ids, trace_ids, offset)
+        if log_.staged:
+            if not self._commit_scheduled:
+                self._commit_scheduled = True
+                self.nsqd.commit_soon(self)
+        else:
+            self._appended()
+        return Published((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
+
+    def _appended(self) -> None:
+        """New records are in the log: channels may deliver them."""
         if not self.paused:
-            self.visible_end = log_.end
+            self.visible_end = self.log.end
             for ch in self.channels.values():
                 ch.notify()
             if self.ephemeral or self.has_ephemeral_channels:
                 self._bound_memory()
-        return Published((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
+
+    def commit(self) -> None:
+        """Write what this loop iteration published (one ``writev``), let channels see
+        it, and answer the publishers waiting in :meth:`when_acknowledged` (after an
+        fsync with --sync-before-ack). nsqd calls it at the end of the iteration."""
+        if not self._commit_scheduled:
+            return  # done already (close, delete)
+        self._commit_scheduled = False
+        waiters, self._waiters = self._waiters, []
+        try:
+            self.log.commit()
+        except OSError as err:
+            # as nsqd: /ping answers NOK until a write succeeds again
+            self.nsqd.health_error = f"failed to write to topic {self.name}: {err}"
+            log.error("TOPIC(%s): write failed: %s", self.name, err)
+            for w in waiters:
+                w(err)
+            return
+        if self.nsqd.health_error is not None:
+            self.nsqd.health_error = None
+        self._appended()
+        if not waiters:
+            return
+        if self.nsqd.options.sync_before_ack:
+            self._after_sync(waiters)
+        else:
+            for w in waiters:
+                w(None)
+
+    def when_acknowledged(self, waiter: AckWaiter) -> None:
+        """Call ``waiter(None)`` once every publish so far is acknowledged: written to
+        the log's file by the commit at the end of this loop iteration, and fsynced
+        with --sync-before-ack; ``waiter(error)`` if that failed. Called at once when
+        there is nothing to wait for (a memory partition)."""
+        if self._commit_scheduled:
+            self._waiters.append(waiter)
+        elif self.nsqd.options.sync_before_ack and self.durable:
+            self._after_sync([waiter])
+        else:
+            waiter(None)
+
+    def acknowledged(self) -> asyncio.Future[None]:
+        """:meth:`when_acknowledged` as a future (for the HTTP API)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(err: BaseException | None) -> None:
+            if not fut.done():
+                if err is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(err)
+
+        self.when_acknowledged(done)
+        return fut
+
+    def _after_sync(self, waiters: list[AckWaiter]) -> None:
+        syncer = self.nsqd.syncers.get(self.key)
+        if syncer is None:
+            for w in waiters:
+                w(None)
+            return
+
+        def synced(fut: asyncio.Future[None]) -> None:
+            err = None if fut.cancelled() else fut.exception()
+            if fut.cancelled():
+                err = OSError("fsync cancelled")
+            for w in waiters:
+                w(err)
+
+        syncer.request().add_done_callback(synced)
 
     def position(self, start: ConsumeStart) -> int:
         """The sequence a SUB_ADVANCED / /channel/setoffset position names: the first
@@ -368,7 +454,10 @@ class Partition:
             ch.checkpoint()
 
     def close(self) -> None:
-        """Shut down: checkpoint channels, fsync and close the log."""
+        """Shut down: write what is staged, checkpoint channels, fsync and close the
+        log."""
+        if self._commit_scheduled:
+            self.commit()
         self.checkpoint()
         for ch in self.channels.values():
             ch.detach()
@@ -376,6 +465,8 @@ class Partition:
 
     def delete(self) -> None:
         """Deleted: close channels and remove the files."""
+        if self._commit_scheduled:
+            self.commit()  # its publishers get their answers, as before the delete
         self.deleted = True
         for name in list(self.channels):
             ch = self.channels.pop(name)

@@ -184,6 +184,78 @@ def split_frames(payload: memoryview | bytes, count: int) -> list[bytes]:
     return [bytes(payload[starts[k] : starts[k + 1]]) for k in range(count)]
 
 
+_LEN_CRC = struct.Struct(">II")
+#: buffers per writev (the kernel's IOV_MAX is 1024)
+_IOV_MAX = 1024
+
+
+def _writev_all(fd: int, buffers: list[bytes]) -> int:
+    """writev ``buffers`` (in IOV_MAX slices); the bytes written."""
+    if len(buffers) <= _IOV_MAX:
+        return os.writev(fd, buffers)
+    written = 0
+    for i in range(0, len(buffers), _IOV_MAX):
+        part = buffers[i : i + _IOV_MAX]
+        n = os.writev(fd, part)
+        written += n
+        if n != sum(map(len, part)):
+            break
+    return written
+
+
+class _StagedBatch:
+    """Batches staged together that become one batch record: their chunks, ids and
+    frame layout (a common stride, else start positions)."""
+
+    __slots__ = ("chunks", "deliver_at", "ids", "kind", "parts", "stride")
+
+    def __init__(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        stride: int,
+        starts: array[int] | None,
+        deliver_at: int,
+        kind: int,
+    ) -> None:
+        self.chunks = [chunk]
+        self.ids = ids
+        self.stride = stride
+        #: (stride, starts, chunk length) per chunk, kept once strides differ
+        self.parts: list[tuple[int, array[int] | None, int]] = [(stride, starts, len(chunk))]
+        self.deliver_at = deliver_at
+        self.kind = kind
+
+    def add(self, chunk: bytes, ids: list[bytes], stride: int, starts: array[int] | None) -> None:
+        if len(self.chunks) == 1:
+            self.ids = self.ids + ids  # the first list may be the caller's
+        else:
+            self.ids.extend(ids)
+        self.chunks.append(chunk)
+        self.parts.append((stride, starts, len(chunk)))
+        if stride != self.stride:
+            self.stride = 0
+
+    def batch(self) -> tuple[bytes, list[bytes], int, array[int] | None]:
+        """(chunk, ids, stride, starts) of the whole record."""
+        chunks = self.chunks
+        if len(chunks) == 1:
+            return chunks[0], self.ids, self.stride, self.parts[0][1]
+        chunk = b"".join(chunks)
+        if self.stride:
+            return chunk, self.ids, self.stride, None
+        starts = array("q")
+        base = 0
+        for stride, part_starts, length in self.parts:
+            if part_starts is None:
+                starts.extend(range(base, base + length, stride))
+            else:
+                starts.extend(x + base for x in part_starts[:-1])
+            base += length
+        starts.append(base)
+        return chunk, self.ids, 0, starts
+
+
 class DiskLog:
     """A :class:`~nsqx.store.log.MessageLog` kept in segment files.
 
@@ -229,6 +301,10 @@ class DiskLog:
         self._chunk: tuple[str, int, bytes] = ("", 0, b"")
         self.unsynced = 0
         self.last_sync = time.monotonic()
+        # batches waiting for commit(), the sequence and virtual offset after them
+        self._staged: list[_StagedBatch] = []
+        self._staged_end = 0
+        self._staged_offset = 0
         os.makedirs(directory, exist_ok=True)
         self._open()
         self.cache = BatchCache(self.end)
@@ -396,41 +472,115 @@ class DiskLog:
 
     # -- writing ----------------------------------------------------------------------
 
-    def append(
-        self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
+    @property
+    def next_seq(self) -> int:
+        """The sequence the next staged batch gets (after those staged already)."""
+        return self._staged_end if self._staged else self.end
+
+    @property
+    def staged(self) -> bool:
+        """Whether batches wait for :meth:`commit`."""
+        return bool(self._staged)
+
+    def stage(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        deliver_at_ns: int = 0,
+        stride: int = 0,
+        kind: int = 0,
     ) -> int:
-        seg = self.segments[-1]
-        # checks the chunk before it is written; its frames start after the batch header
-        offset = seg.base_offset + seg.size - SEG_HEAD_SIZE + BATCH_HEAD_SIZE
-        cached = CachedBatch(chunk, ids, stride, offset)
-        first = seg.end_seq
+        """Add a batch to the group that the next :meth:`commit` writes with one system
+        call; returns the virtual offset its first frame will have. Readers see it once
+        committed (``end`` does not count it before). Consecutive staged batches with
+        the same deliver-at time and ``kind`` (frames of different kinds never share a
+        stored batch) become one batch record: one header, one crc, one cache entry.
+        Raises ValueError (nothing staged) if the frames do not tile the chunk."""
         count = len(ids)
-        rest = _BATCH_HEAD.pack(0, 0, first, count, deliver_at_ns, 0)[8:]
-        crc = google_crc32c.extend(google_crc32c.value(rest), chunk)
-        head = struct.pack(">II", len(chunk), crc) + rest
+        starts = None
+        if stride:
+            if stride * count != len(chunk):
+                raise ValueError("chunk length does not match its frames")
+        else:
+            starts = frame_starts(chunk, count)
+        staged = self._staged
+        if not staged:
+            self._staged_end = self.end
+            self._staged_offset = self.end_offset
+        last = staged[-1] if staged else None
+        if last is not None and last.deliver_at == deliver_at_ns and last.kind == kind:
+            offset = self._staged_offset
+            last.add(chunk, ids, stride, starts)
+        else:
+            offset = self._staged_offset + BATCH_HEAD_SIZE
+            staged.append(_StagedBatch(chunk, ids, stride, starts, deliver_at_ns, kind))
+        self._staged_offset = offset + len(chunk)
+        self._staged_end += count
+        return offset
+
+    def commit(self) -> int:
+        """Write every staged batch record with one ``writev`` (so an acknowledged
+        message is in the file, the OS page cache, and survives the process being
+        killed); returns the number of records committed. On an OSError nothing staged
+        is kept (their sequences are given again) and no partial record stays behind."""
+        staged = self._staged
+        if not staged:
+            return 0
+        self._staged = []
+        seg = self.segments[-1]
+        seq = seg.end_seq
+        pos = seg.size
+        buffers: list[bytes] = []
+        records: list[tuple[int, int, int, CachedBatch]] = []
+        pack = _BATCH_HEAD.pack
+        value, extend = google_crc32c.value, google_crc32c.extend
+        for st in staged:
+            chunk, ids, stride, starts = st.batch()
+            count = len(ids)
+            rest = pack(0, 0, seq, count, st.deliver_at, 0)[8:]
+            head = _LEN_CRC.pack(len(chunk), extend(value(rest), chunk)) + rest
+            offset = seg.base_offset + pos - SEG_HEAD_SIZE + BATCH_HEAD_SIZE
+            cached = CachedBatch(chunk, ids, stride, offset, starts)
+            buffers.append(head)
+            buffers.append(chunk)
+            records.append((seq, pos, st.deliver_at, cached))
+            pos += BATCH_HEAD_SIZE + len(chunk)
+            seq += count
+        total = pos - seg.size
         try:
-            written = os.writev(self._fd, (head, chunk))
-            if written != len(head) + len(chunk):
+            written = _writev_all(self._fd, buffers)
+            if written != total:
                 raise OSError(f"short write to {seg.path}: {written} bytes (disk full?)")
         except OSError:
             # leave no partial record behind: later batches must follow a whole one
             os.ftruncate(self._fd, seg.size)
             raise
-        seg.note_batch(first, seg.size, deliver_at_ns)
-        if seg.verified_upto == seg.size:
-            seg.verified_upto += written
-        seg.size += written
-        seg.end_seq = first + count
-        self.unsynced += count
-        if deliver_at_ns:
-            self._deferred.add(first, count, deliver_at_ns)
         cache = self.cache
-        cache.append(cached)
+        for first, at, deliver_at, cached in records:
+            seg.note_batch(first, at, deliver_at)
+            if deliver_at:
+                self._deferred.add(first, len(cached.ids), deliver_at)
+            cache.append(cached)
+        if seg.verified_upto == seg.size:
+            seg.verified_upto += total
+        self.unsynced += seq - seg.end_seq
+        seg.size = pos
+        seg.end_seq = seq
         if len(cache) > self.cache_size + self._cache_slack:
             # trimming shifts the lists: do it every cache_size/4 records, not each time
             cache.trim_to(cache.end - self.cache_size)
         if seg.size >= self.max_bytes_per_file:
             self._roll()
+        return len(records)
+
+    def append(
+        self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
+    ) -> int:
+        """Write one batch record now (after whatever was staged), as its own record."""
+        self.commit()
+        first = self.end
+        self.stage(chunk, ids, deliver_at_ns, stride)
+        self.commit()
         return first
 
     def _roll(self) -> None:
@@ -852,12 +1002,14 @@ class DiskLog:
     def close(self, *, sync: bool = True) -> None:
         """fsync (unless ``sync`` is false) and close: a clean shutdown. Waits for a
         sync running in another thread; a failed fsync is raised after the files are
-        closed."""
+        closed. Staged batches are committed first (dropped without ``sync``)."""
         with self._syncing:
             try:
                 if sync and not self._closed:
+                    self.commit()
                     self._sync()
             finally:
+                self._staged = []
                 with self._sync_lock:
                     fds = [fd for fd, _ in self._sealed_fds] + [self._fd]
                     self._sealed_fds, self._fd = [], -1

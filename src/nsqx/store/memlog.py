@@ -62,6 +62,31 @@ class MemoryLog:
             self._deferred.add(first, len(frames), deliver_at_ns)
         return first
 
+    @property
+    def next_seq(self) -> int:
+        return self.end
+
+    @property
+    def staged(self) -> bool:
+        """Never: a stage is an append."""
+        return False
+
+    def stage(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        deliver_at_ns: int = 0,
+        stride: int = 0,
+        kind: int = 0,
+    ) -> int:
+        """Append now (there is nothing to write); returns the first frame's offset."""
+        offset = self._end_offset
+        self.append(chunk, ids, deliver_at_ns, stride)
+        return offset
+
+    def commit(self) -> int:
+        return 0
+
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         i = max(seq - self._base, 0)
         j = i + limit

@@ -12,7 +12,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from nsqx.wire.errors import (
     E_BAD_BODY,
@@ -86,6 +86,15 @@ class Sub(NamedTuple):
 class Pub(NamedTuple):
     topic: str
     body: bytes
+    partition: int = DEFAULT_PARTITION
+
+
+class Pubs(NamedTuple):
+    """Two or more PUBs in a row, in one read, with the same command line (topic and
+    partition): parsed together, published together, each answered on its own."""
+
+    topic: str
+    bodies: list[bytes]
     partition: int = DEFAULT_PARTITION
 
 
@@ -168,6 +177,7 @@ Command = (
     | Auth
     | Sub
     | Pub
+    | Pubs
     | Mpub
     | Dpub
     | Rdy
@@ -284,6 +294,11 @@ class CommandParser:
         #: 8-byte id + 8-byte trace id): FIN, REQ and TOUCH then carry 16 raw bytes that
         #: may contain a newline or a space, so they are cut at fixed offsets.
         self.binary_ids = False
+        # the command line of the last PUB parsed, checked already: the same line again
+        # (a publisher's usual case) skips the checks
+        self._pub_line = b""
+        self._pub_topic = ""
+        self._pub_partition = DEFAULT_PARTITION
 
     @property
     def dead(self) -> bool:
@@ -368,7 +383,12 @@ class CommandParser:
         """Parse ``data[pos:]``."""
         limits = self.limits
         max_line = limits.max_line
+        max_msg = limits.max_msg_size
         n = len(data)
+        # PUBs in a row with one command line become one Pubs event: run_at is the index
+        # of the last such event in ``events``, run its bodies (None: a single Pub yet)
+        run_at = -1
+        run: list[bytes] | None = None
         while pos < n:
             nl = data.find(b"\n", pos)
             if nl < 0:
@@ -395,6 +415,25 @@ class CommandParser:
                     continue
                 # some line in the run is unusual ('\r', extra params, bad id): go slowly
             line = data[pos:nl]
+            if line == self._pub_line and n - nl > 4:
+                size = _I32.unpack_from(data, nl + 1)[0]
+                start = nl + 5
+                if 0 < size <= max_msg and start + size <= n:
+                    body = data[start : start + size]
+                    pos = start + size
+                    if run_at >= 0 and run_at == len(events) - 1:
+                        if run is None:
+                            first = cast(Pub, events[run_at])
+                            run = [first.body, body]
+                            events[run_at] = Pubs(first.topic, run, first.partition)
+                        else:
+                            run.append(body)
+                    else:
+                        events.append(Pub(self._pub_topic, body, self._pub_partition))
+                        run_at = len(events) - 1
+                        run = None
+                    continue
+                # too big, or incomplete: the general path below
             if line.endswith(b"\r"):
                 line = line[:-1]
             params = line.split(b" ")
@@ -416,8 +455,18 @@ class CommandParser:
                 self._chunks = [memoryview(data)[start:]]
                 self._have = n - start
                 return
-            events.append(self._body_command(cmd, params, data[start : start + size]))
+            ev = self._body_command(cmd, params, data[start : start + size])
+            events.append(ev)
             pos = start + size
+            if cmd == b"PUB" and data[nl - 1] != 13:  # (no "\r": the line is as sent)
+                pub = cast(Pub, ev)
+                self._pub_line, self._pub_topic, self._pub_partition = (
+                    line,
+                    pub.topic,
+                    pub.partition,
+                )
+                run_at = len(events) - 1
+                run = None
             if cmd == b"IDENTIFY":
                 # what follows may be TLS or compressed: the server decides (take_buffered)
                 break
