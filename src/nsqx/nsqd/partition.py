@@ -105,6 +105,8 @@ class Partition:
         #: a commit() is scheduled for this loop iteration; who waits for it
         self._commit_scheduled = False
         self._waiters: list[AckWaiter] = []
+        #: messages and body bytes staged (counted already) since the last commit
+        self._staged_counts = [0, 0]
 
     def __repr__(self) -> str:
         return f"<partition {self.name}:{self.id}>"
@@ -212,6 +214,8 @@ class Partition:
         self.message_bytes += body_bytes
         self.topic.traced_publish(self, ids, trace_ids, offset)
         if log_.staged:
+            self._staged_counts[0] += n
+            self._staged_counts[1] += body_bytes
             if not self._commit_scheduled:
                 self._commit_scheduled = True
                 self.nsqd.commit_soon(self)
@@ -236,15 +240,21 @@ class Partition:
             return  # done already (close, delete)
         self._commit_scheduled = False
         waiters, self._waiters = self._waiters, []
+        counts = self._staged_counts
         try:
             self.log.commit()
         except OSError as err:
+            # nothing of the group is stored (or acknowledged): uncount it
+            self.message_count -= counts[0]
+            self.message_bytes -= counts[1]
+            counts[0] = counts[1] = 0
             # as nsqd: /ping answers NOK until a write succeeds again
             self.nsqd.health_error = f"failed to write to topic {self.name}: {err}"
             log.error("TOPIC(%s): write failed: %s", self.name, err)
             for w in waiters:
                 w(err)
             return
+        counts[0] = counts[1] = 0
         if self.nsqd.health_error is not None:
             self.nsqd.health_error = None
         self._appended()
