@@ -419,8 +419,11 @@ class Partition:
         return min(ch.low_water() for ch in self.channels.values())
 
     def trim(self) -> None:
-        """Release memory of records that every channel is done with."""
-        self.log.release(self.low_water())
+        """Release memory of records that every channel is done with (a memory log's:
+        a DiskLog's cache is bounded by its size, and the low water costs a pass over
+        every message in flight)."""
+        if not self.log.durable:
+            self.log.release(self.low_water())
 
     def reclaim(self) -> int:
         """Delete log segments every channel is done with (after the retention time:
@@ -437,7 +440,7 @@ class Partition:
             return 0
         days = self.topic.meta.retention_days
         retention = days * 86400.0 if days else self.nsqd.options.retention
-        return log_.reclaim(self.low_water(), retention)
+        return log_.reclaim(self.low_water(), retention, self.nsqd.remove_later)
 
     @property
     def has_ephemeral_channels(self) -> bool:

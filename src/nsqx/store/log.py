@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from array import array
+from collections.abc import Callable
 from typing import Protocol
 
 _I32 = struct.Struct(">i")
@@ -174,9 +175,14 @@ class MessageLog(Protocol):
         something (None: there is nothing to reclaim)."""
         ...
 
-    def reclaim(self, before: int, retention: float = 0.0) -> int:
+    def reclaim(
+        self,
+        before: int,
+        retention: float = 0.0,
+        remove: Callable[[str], None] | None = None,
+    ) -> int:
         """Delete what is below ``before`` and idle for ``retention`` seconds; the bytes
-        freed."""
+        freed. Files are unlinked with ``remove`` (default: at once)."""
         ...
 
     def close(self, *, sync: bool = True) -> None:

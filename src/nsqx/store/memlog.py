@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from collections.abc import Callable
 
 from nsqx.store.deferred import DeferredIndex
 from nsqx.store.log import split_chunk
@@ -117,7 +118,12 @@ class MemoryLog:
     def reclaim_floor(self) -> int | None:
         return None  # memory is released as channels finish, not reclaimed
 
-    def reclaim(self, before: int, retention: float = 0.0) -> int:
+    def reclaim(
+        self,
+        before: int,
+        retention: float = 0.0,
+        remove: Callable[[str], None] | None = None,
+    ) -> int:
         return 0
 
     def close(self, *, sync: bool = True) -> None:
