@@ -12,8 +12,8 @@ import json
 import logging
 import os
 import shutil
-import time
 from collections.abc import Callable
+from time import time_ns
 from typing import TYPE_CHECKING, NamedTuple
 
 from nsqx.nsqd.channel import Channel
@@ -107,6 +107,8 @@ class Partition:
         self._waiters: list[AckWaiter] = []
         #: messages and body bytes staged (counted already) since the last commit
         self._staged_counts = [0, 0]
+        #: publishes wait for a commit (a DiskLog stages them; a MemoryLog appends)
+        self._stages = self.log.durable
 
     def __repr__(self) -> str:
         return f"<partition {self.name}:{self.id}>"
@@ -189,7 +191,7 @@ class Partition:
         n = len(bodies)
         seq = log_.next_seq
         ids = make_ids(seq, n, self.id)
-        ts = time.time_ns()
+        ts = time_ns()
         if trace_ids is None and exts is None:
             chunk, stride = encode_message_batch(ts, ids, bodies)
             body_bytes = len(chunk) - n * FRAME_OVERHEAD
@@ -212,10 +214,13 @@ class Partition:
         offset = log_.stage(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride, kind)
         self.message_count += n
         self.message_bytes += body_bytes
-        self.topic.traced_publish(self, ids, trace_ids, offset)
-        if log_.staged:
-            self._staged_counts[0] += n
-            self._staged_counts[1] += body_bytes
+        topic = self.topic
+        if topic.trace_enabled or trace_ids is not None:
+            topic.traced_publish(self, ids, trace_ids, offset)
+        if self._stages:  # (a DiskLog: written by the commit)
+            counts = self._staged_counts
+            counts[0] += n
+            counts[1] += body_bytes
             if not self._commit_scheduled:
                 self._commit_scheduled = True
                 self.nsqd.commit_soon(self)

@@ -205,7 +205,7 @@ def _writev_all(fd: int, buffers: list[bytes]) -> int:
 
 class _StagedBatch:
     """Batches staged together that become one batch record: their chunks, ids and
-    frame layout (a common stride, else start positions)."""
+    frame layout (a common stride, else each chunk's stride or start positions)."""
 
     __slots__ = ("chunks", "deliver_at", "ids", "kind", "parts", "stride")
 
@@ -221,32 +221,42 @@ class _StagedBatch:
         self.chunks = [chunk]
         self.ids = ids
         self.stride = stride
-        #: (stride, starts, chunk length) per chunk, kept once strides differ
-        self.parts: list[tuple[int, array[int] | None, int]] = [(stride, starts, len(chunk))]
+        #: (stride, starts, chunk length) per chunk, kept once the strides differ
+        self.parts: list[tuple[int, array[int] | None, int]] | None = (
+            None if stride else [(0, starts, len(chunk))]
+        )
         self.deliver_at = deliver_at
         self.kind = kind
 
     def add(self, chunk: bytes, ids: list[bytes], stride: int, starts: array[int] | None) -> None:
-        if len(self.chunks) == 1:
+        chunks = self.chunks
+        if len(chunks) == 1:
             self.ids = self.ids + ids  # the first list may be the caller's
         else:
             self.ids.extend(ids)
-        self.chunks.append(chunk)
-        self.parts.append((stride, starts, len(chunk)))
-        if stride != self.stride:
+        chunks.append(chunk)
+        parts = self.parts
+        if parts is not None:
+            parts.append((stride, starts, len(chunk)))
+        elif stride != self.stride:
+            # frame sizes differ from here on: keep the layout of every chunk
+            common = self.stride
+            self.parts = [(common, None, len(c)) for c in chunks[:-1]]
+            self.parts.append((stride, starts, len(chunk)))
             self.stride = 0
 
     def batch(self) -> tuple[bytes, list[bytes], int, array[int] | None]:
         """(chunk, ids, stride, starts) of the whole record."""
         chunks = self.chunks
+        parts = self.parts
         if len(chunks) == 1:
-            return chunks[0], self.ids, self.stride, self.parts[0][1]
+            return chunks[0], self.ids, self.stride, parts[0][1] if parts else None
         chunk = b"".join(chunks)
-        if self.stride:
+        if parts is None:
             return chunk, self.ids, self.stride, None
         starts = array("q")
         base = 0
-        for stride, part_starts, length in self.parts:
+        for stride, part_starts, length in parts:
             if part_starts is None:
                 starts.extend(range(base, base + length, stride))
             else:

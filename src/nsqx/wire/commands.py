@@ -389,12 +389,34 @@ class CommandParser:
         # of the last such event in ``events``, run its bodies (None: a single Pub yet)
         run_at = -1
         run: list[bytes] | None = None
+        pub_line = self._pub_line
+        pub_len = len(pub_line)
         while pos < n:
             nl = data.find(b"\n", pos)
             if nl < 0:
                 if n - pos > max_line:
                     raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
                 break
+            if nl - pos == pub_len and pub_len and n - nl > 4 and data.startswith(pub_line, pos):
+                # the PUB line checked last time: only the body's size is left to check
+                size = _I32.unpack_from(data, nl + 1)[0]
+                start = nl + 5
+                if 0 < size <= max_msg and start + size <= n:
+                    body = data[start : start + size]
+                    pos = start + size
+                    if run_at >= 0 and run_at == len(events) - 1:
+                        if run is None:
+                            first = cast(Pub, events[run_at])
+                            run = [first.body, body]
+                            events[run_at] = Pubs(first.topic, run, first.partition)
+                        else:
+                            run.append(body)
+                    else:
+                        events.append(Pub(self._pub_topic, body, self._pub_partition))
+                        run_at = len(events) - 1
+                        run = None
+                    continue
+                # too big, or incomplete: the general path below
             if nl - pos > max_line:
                 raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
             if self.binary_ids and data[pos] in b"FRT":
@@ -415,25 +437,6 @@ class CommandParser:
                     continue
                 # some line in the run is unusual ('\r', extra params, bad id): go slowly
             line = data[pos:nl]
-            if line == self._pub_line and n - nl > 4:
-                size = _I32.unpack_from(data, nl + 1)[0]
-                start = nl + 5
-                if 0 < size <= max_msg and start + size <= n:
-                    body = data[start : start + size]
-                    pos = start + size
-                    if run_at >= 0 and run_at == len(events) - 1:
-                        if run is None:
-                            first = cast(Pub, events[run_at])
-                            run = [first.body, body]
-                            events[run_at] = Pubs(first.topic, run, first.partition)
-                        else:
-                            run.append(body)
-                    else:
-                        events.append(Pub(self._pub_topic, body, self._pub_partition))
-                        run_at = len(events) - 1
-                        run = None
-                    continue
-                # too big, or incomplete: the general path below
             if line.endswith(b"\r"):
                 line = line[:-1]
             params = line.split(b" ")
@@ -465,6 +468,7 @@ class CommandParser:
                     pub.topic,
                     pub.partition,
                 )
+                pub_line, pub_len = line, len(line)
                 run_at = len(events) - 1
                 run = None
             if cmd == b"IDENTIFY":
