@@ -297,6 +297,8 @@ class CommandParser:
         # the command line of the last PUB parsed, checked already: the same line again
         # (a publisher's usual case) skips the checks
         self._pub_line = b""
+        #: the last body command line whose parameters were checked
+        self._checked_line = b""
         self._pub_topic = ""
         self._pub_partition = DEFAULT_PARTITION
 
@@ -445,7 +447,9 @@ class CommandParser:
                 events.append(self._line_command(cmd, params))
                 pos = nl + 1
                 continue
-            self._check_body_params(cmd, params)
+            if line != self._checked_line:  # (the same line as the last body command's)
+                self._check_body_params(cmd, params)
+                self._checked_line = line
             if n - nl - 1 < 4:
                 break
             size = _I32.unpack_from(data, nl + 1)[0]
@@ -752,6 +756,10 @@ def parse_mpub_body(body: bytes, max_msg_size: int) -> list[bytes]:
     count = _I32.unpack_from(body, 0)[0]
     if count <= 0:
         raise ProtocolError(E_BAD_BODY, f"MPUB invalid message count {count}")
+    if count == 1 and total >= 8:  # (Go's bench_writer --batch-size 1, and others)
+        size = _I32.unpack_from(body, 4)[0]
+        if 0 < size <= max_msg_size and total == 8 + size:
+            return [body[8:]]
     if total >= 8:
         size = _I32.unpack_from(body, 4)[0]
         stride = size + 4
