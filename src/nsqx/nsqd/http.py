@@ -429,7 +429,13 @@ class HTTPServer:
         try:
             part.publish(bodies, defer_ms)
             if part.durable:
-                await part.acknowledged()
+                # written now, not at the end of the loop iteration: a request costs
+                # far more than its write, and its answer would wait an iteration more
+                err = part.commit()
+                if err is not None:
+                    raise err
+                if self.nsqd.options.sync_before_ack:
+                    await part.acknowledged()
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", name, err)
             raise HTTPError(500, "PUB_FAILED") from None

@@ -237,12 +237,13 @@ class Partition:
             if self.ephemeral or self.has_ephemeral_channels:
                 self._bound_memory()
 
-    def commit(self) -> None:
+    def commit(self) -> OSError | None:
         """Write what this loop iteration published (one ``writev``), let channels see
         it, and answer the publishers waiting in :meth:`when_acknowledged` (after an
-        fsync with --sync-before-ack). nsqd calls it at the end of the iteration."""
+        fsync with --sync-before-ack). nsqd calls it at the end of the iteration; it
+        returns the write's error, if any."""
         if not self._commit_scheduled:
-            return  # done already (close, delete)
+            return None  # done already (close, delete, an HTTP publish)
         self._commit_scheduled = False
         waiters, self._waiters = self._waiters, []
         counts = self._staged_counts
@@ -258,18 +259,19 @@ class Partition:
             log.error("TOPIC(%s): write failed: %s", self.name, err)
             for w in waiters:
                 w(err)
-            return
+            return err
         counts[0] = counts[1] = 0
         if self.nsqd.health_error is not None:
             self.nsqd.health_error = None
         self._appended()
         if not waiters:
-            return
+            return None
         if self.nsqd.options.sync_before_ack:
             self._after_sync(waiters)
         else:
             for w in waiters:
                 w(None)
+        return None
 
     def when_acknowledged(self, waiter: AckWaiter) -> None:
         """Call ``waiter(None)`` once every publish so far is acknowledged: written to
