@@ -7,7 +7,9 @@ Layout of a partition directory::
     00000000000000052417.idx   sparse index of a sealed segment (rebuilt if missing)
 
 A segment starts with a 24-byte header (magic, first sequence, first virtual offset)
-followed by batch records. A batch is what one PUB, MPUB or DPUB appended::
+followed by batch records. A batch is what one PUB, MPUB or DPUB appended, or the
+publishes staged together for one commit (consecutive ones with the same deliver-at
+time and kind of frame: see :meth:`DiskLog.stage`)::
 
     [u32 payload length][u32 crc32c][u64 first seq][u32 count][i64 deliver-at ns][u16 flags]
     [payload: the batch's message frames, exactly as nsqd sends them with attempts=1]
