@@ -137,6 +137,8 @@ NSQ13_FLAG_NAMES = {
 NSQX_EXTRA_FLAGS = {
     "sync-before-ack",
     "retention",
+    "replication-lag-timeout",
+    "replication-address",
     # Youzan's nsqd options
     "allow-ext-compatible",
     "allow-sub-ext-compatible",

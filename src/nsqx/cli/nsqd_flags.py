@@ -233,6 +233,21 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "[nsqx] keep consumed log segments this long before deleting them (replay window)",
     ),
     FlagSpec(
+        "replication-lag-timeout",
+        _D,
+        "replication_lag_timeout",
+        3.0,
+        "[nsqx] an in-sync replica behind the leader this long leaves the ISR",
+    ),
+    FlagSpec(
+        "replication-address",
+        _S,
+        "replication_address",
+        "",
+        "[nsqx] host:port where followers reach this node's HTTP API for replication"
+        " (default: the broadcast address and HTTP port)",
+    ),
+    FlagSpec(
         "queue-scan-worker-pool-max",
         _I,
         "queue_scan_worker_pool_max",

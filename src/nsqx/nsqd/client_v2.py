@@ -28,6 +28,7 @@ from nsqx.wire.errors import (
     E_AUTH_FIRST,
     E_BAD_PARTITION,
     E_EXT_NOT_SUPPORT,
+    E_FAILED_ON_NOT_LEADER,
     E_FIN_FAILED,
     E_IDENTIFY_FAILED,
     E_INVALID,
@@ -205,11 +206,14 @@ class ClientV2(asyncio.Protocol):
     def _await_acks(self) -> None:
         """Hold the answers of this read, and everything after them, until every
         partition it published to acknowledged the publishes: written by the loop
-        iteration's group commit (one write for all connections), and fsynced with
-        --sync-before-ack (then this connection reads nothing more meanwhile)."""
+        iteration's group commit (one write for all connections), fsynced with
+        --sync-before-ack, held by the ISR if replicated (for those two this connection
+        reads nothing more meanwhile)."""
         parts, self._awaiting = self._awaiting, []
         self._acks_due += len(parts)
-        if self.nsqd.options.sync_before_ack and not self._paused_for_ack:
+        if not self._paused_for_ack and (
+            self.nsqd.options.sync_before_ack or any(p.replica is not None for p in parts)
+        ):
             assert self._transport is not None
             self._paused_for_ack = True
             self._transport.pause_reading()
@@ -219,14 +223,19 @@ class ClientV2(asyncio.Protocol):
     def _acknowledged(self, err: BaseException | None) -> None:
         self._acks_due -= 1
         if err is not None and not self._ack_failed:
-            # nothing acknowledged: E_PUB_FAILED / E_MPUB_FAILED / E_DPUB_FAILED, then close
             self._ack_failed = True
-            verb = self._pub_verb
-            log.error("[%s] - %s failed (%s); closing without acknowledging", self, verb, err)
             self._out.clear()
-            self._out.append(
-                encode_error(ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {err}"))
-            )
+            if isinstance(err, OSError):
+                # the write or the fsync failed: E_PUB_FAILED / E_MPUB_FAILED /
+                # E_DPUB_FAILED, then close
+                verb = self._pub_verb
+                log.error("[%s] - %s failed (%s); closing without acknowledging", self, verb, err)
+                self._out.append(
+                    encode_error(ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {err}"))
+                )
+            else:
+                # not held by the ISR: close unanswered, the publisher looks up again
+                log.error("[%s] - %s; closing without acknowledging", self, err)
             self._close_after_ack = True
             self.closed = self._halt = True
         if self._acks_due:
@@ -683,6 +692,10 @@ class ClientV2(asyncio.Protocol):
         if part is None:
             self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
             return None
+        if part.replica is not None and part.replica.leader is None:
+            # consumers read from the leader only (Youzan): fatal, they look up again
+            self._error(ProtocolError(E_FAILED_ON_NOT_LEADER, ""))
+            return None
         meta = part.topic.meta
         ordered = ev.mode == cmd.SUB_ORDERED
         if meta.ordered and not ordered:
@@ -813,6 +826,13 @@ class ClientV2(asyncio.Protocol):
         part = self._pub_partition(topic_name, pid)
         if part is None:
             return None
+        replica = part.replica
+        if replica is not None:
+            code = replica.write_error()
+            if code is not None:
+                # the client looks the partition up again (Youzan's non-fatal answer)
+                self._error(ProtocolError(code, "", fatal=False))
+                return None
         try:
             published = part.publish(bodies, defer_ms, trace_ids, exts)
         except OSError as err:
@@ -823,6 +843,8 @@ class ClientV2(asyncio.Protocol):
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
         self._pub_verb = verb
         if part.durable and part not in self._awaiting:
+            # answered once written (the group commit), fsynced with --sync-before-ack,
+            # and held by the ISR if replicated (Partition.when_acknowledged)
             self._awaiting.append(part)
         return published
 

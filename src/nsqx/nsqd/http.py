@@ -27,9 +27,13 @@ from nsqx import NSQ_VERSION
 from nsqx.nsqd import stats as st
 from nsqx.nsqd.guid import PARTITION_SHIFT, SEQ_MASK
 from nsqx.nsqd.metrics import Metrics
+from nsqx.nsqd.replication.leader import CommitFailed
+from nsqx.nsqd.replication.replica import StaleEpoch
+from nsqx.nsqd.replication.state import ReplicaRole
 from nsqx.store.disklog import DiskLog
+from nsqx.wire import replication as rp
 from nsqx.wire.commands import parse_consume_start, parse_mpub_body
-from nsqx.wire.errors import ProtocolError
+from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, ProtocolError
 from nsqx.wire.frames import record_parts
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.range import encode_range_frames
@@ -183,7 +187,9 @@ def _too_big(message: str) -> web.Response:
     return resp
 
 
-Handler = Callable[["HTTPServer", web.BaseRequest, dict[str, list[str]]], Awaitable[web.Response]]
+Handler = Callable[
+    ["HTTPServer", web.BaseRequest, dict[str, list[str]]], Awaitable[web.StreamResponse]
+]
 
 
 class HTTPServer:
@@ -426,6 +432,11 @@ class HTTPServer:
         """Publish as TCP does: written (by the loop iteration's group commit) before
         the answer; fsynced too with --sync-before-ack."""
         part = self._pub_partition(name, pid)
+        replica = part.replica
+        if replica is not None:
+            code = replica.write_error()
+            if code is not None:
+                raise HTTPError(503, code)
         try:
             part.publish(bodies, defer_ms)
             if part.durable:
@@ -434,11 +445,14 @@ class HTTPServer:
                 err = part.commit()
                 if err is not None:
                     raise err
-                if self.nsqd.options.sync_before_ack:
-                    await part.acknowledged()
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", name, err)
             raise HTTPError(500, "PUB_FAILED") from None
+        if (self.nsqd.options.sync_before_ack and part.durable) or replica is not None:
+            try:
+                await self.nsqd.acknowledged({part.key})
+            except CommitFailed:
+                raise HTTPError(503, E_FAILED_ON_NOT_LEADER) from None
 
     async def mpub(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
         o = self.nsqd.options
@@ -658,6 +672,87 @@ class HTTPServer:
             self._metrics = Metrics(self.nsqd)
         body, content_type = self._metrics.render()
         return _respond(200, body, content_type)
+
+    # replication (nsqlookupd and the other nodes call these; see docs/replication.md)
+
+    def _replica_partition(self, params: dict[str, list[str]]) -> Partition:
+        name = self._topic_name(params)
+        part = self.nsqd.find_partition(name, _int_param(params, "partition", -1))
+        if part is None:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        return part
+
+    async def partition_role(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """POST /partition/role?topic&partition, body: the role JSON (the coordinator
+        tells a node who leads, who is in sync, and the epoch)."""
+        part = self._replica_partition(params)
+        body = await read_limited(request, 1 << 20)
+        try:
+            role = ReplicaRole.from_json(json.loads(body or b""))
+        except ValueError as err:
+            raise HTTPError(400, f"INVALID_ROLE {err}") from None
+        if part.replica is None:
+            if role.replica < 2 or not part.durable:
+                raise HTTPError(400, "NOT_REPLICATED")
+            part.replicate()
+        assert part.replica is not None
+        try:
+            part.replica.apply_role(role)
+        except StaleEpoch as err:
+            raise HTTPError(409, f"E_STALE_EPOCH {err}") from None
+        return ok_empty()
+
+    async def partition_state(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """GET /partition/state?topic&partition: the log's end and the replica's role
+        (the coordinator elects the ISR member with the newest log)."""
+        part = self._replica_partition(params)
+        out: dict[str, Any] = {
+            "end": part.log.end,
+            "end_offset": part.log.end_offset,
+            "node": self.nsqd.node_id,
+        }
+        if part.replica is not None:
+            out.update(part.replica.stats())
+        return ok_json(out)
+
+    async def replication_stream(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.StreamResponse:
+        """GET /replication/stream: a follower's WebSocket (nsqx.wire.replication)."""
+        ws = web.WebSocketResponse(max_msg_size=0, heartbeat=5.0)
+        await ws.prepare(request)
+        try:
+            first = await ws.receive(timeout=10.0)
+            hello = rp.decode(first.data) if first.type.name == "BINARY" else None
+        except (rp.ReplicationProtocolError, TimeoutError):
+            hello = None
+        if not isinstance(hello, rp.Hello):
+            await ws.send_bytes(rp.encode_refused(rp.Refused("E_BAD_HELLO", "no HELLO")))
+            await ws.close()
+            return ws
+        part = self.nsqd.find_partition(hello.topic, hello.partition)
+        replica = part.replica if part is not None else None
+        leader = replica.leader if replica is not None else None
+        if replica is None or leader is None:
+            await ws.send_bytes(
+                rp.encode_refused(rp.Refused(E_FAILED_ON_NOT_LEADER, "not the leader"))
+            )
+            await ws.close()
+            return ws
+        answer = leader.accept(hello)
+        if isinstance(answer, rp.Refused):
+            log.warning("REPL: %s: refused %s: %s", part, hello.node, answer.message)
+            await ws.send_bytes(rp.encode_refused(answer))
+            await ws.close()
+            return ws
+        await ws.send_bytes(rp.encode_welcome(answer))
+        await leader.serve(hello.node, ws, answer.truncate_to)
+        await ws.close()
+        return ws
 
     # topics
 
@@ -894,6 +989,9 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/message/trace/enable": {"POST": _R.message_trace_switch},
     "/message/trace/disable": {"POST": _R.message_trace_switch},
     "/range": {"GET": _R.range_read},
+    "/partition/role": {"POST": _R.partition_role},
+    "/partition/state": {"GET": _R.partition_state},
+    "/replication/stream": {"GET": _R.replication_stream},
 }
 
 

@@ -24,6 +24,7 @@ from nsqx.nsqd.metadata import (
     write_metadata,
 )
 from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.replication.manager import ReplicationManager
 from nsqx.nsqd.stats import GcPauses
 from nsqx.nsqd.statsd import statsd_loop
 from nsqx.nsqd.syncer import Checkpointer, LogSyncer
@@ -130,6 +131,8 @@ class NSQD:
         self.watchers: list[Callable[[TopologyEvent], None]] = []
         #: Registration with --lookupd-tcp-address (set_lookupd_addresses changes them).
         self.lookup = LookupManager(self)
+        #: Replicated partitions (topics with replicator > 1, led by nsqlookupd).
+        self.replication = ReplicationManager(self)
         #: The server TLS context (built in start() from --tls-cert/--tls-key).
         self.tls_context: ssl.SSLContext | None = None
         #: --tls-required (true or tcp-https): TCP clients must upgrade before anything.
@@ -248,6 +251,8 @@ class NSQD:
         else:
             topic.set_meta(meta)
         part = topic.add_partition(pid)
+        if meta.replica > 1:
+            part.replicate()
         if not self._loading and not topic.ephemeral:
             self.persist_metadata()
         return part
@@ -378,6 +383,7 @@ class NSQD:
         if self.options.statsd_address:
             self._statsd_task = asyncio.create_task(statsd_loop(self))
         self.node_id = self._node_id()
+        self.replication.start()
         # last, once every listener is bound: IDENTIFY announces the real ports
         self.lookup.start()
 
@@ -443,12 +449,27 @@ class NSQD:
         futures = [self.syncers[k].request() for k in keys if k in self.syncers]
         return asyncio.gather(*futures)
 
+    def acknowledged(self, keys: set[tuple[str, int]]) -> asyncio.Future[list[None]]:
+        """The one barrier before a publish is answered: a future done once every write
+        so far to these partitions is fsynced (with --sync-before-ack) and, for a
+        replicated partition, held by its ISR (CommitFailed if it will not be)."""
+        futures: list[asyncio.Future[None]] = []
+        sync = self.options.sync_before_ack
+        for key in keys:
+            if sync and key in self.syncers:
+                futures.append(self.syncers[key].request())
+            replica = self.replication.replicas.get(key)
+            if replica is not None:
+                futures.append(replica.wait_commit(replica.part.log.end))
+        return asyncio.gather(*futures)
+
     async def close(self) -> None:
         """Stop listening, close every client, stop the timers."""
         if self._exiting:
             return
         self._exiting = True
         await self.lookup.close()
+        await self.replication.close()
         for server in self._servers:
             server.close()
         await self.http.close()

@@ -47,6 +47,12 @@ class NsqdOptions:
     sync_before_ack: bool = False
     #: nsqx: keep consumed log segments this long (seconds) before deleting them
     retention: float = 0.0
+    #: nsqx: an ISR member behind the leader this long (seconds) is reported to the
+    #: coordinator, which takes it out of the ISR
+    replication_lag_timeout: float = 3.0
+    #: nsqx: host:port where followers reach this node's HTTP API for replication
+    #: (empty: the broadcast address and HTTP port)
+    replication_address: str = ""
     queue_scan_interval: float = 0.1
     queue_scan_worker_pool_max: int = 4
     queue_scan_selection_count: int = 20

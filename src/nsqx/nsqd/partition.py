@@ -33,12 +33,17 @@ from nsqx.wire.frames import encode_extended_batch, encode_message_batch
 
 if TYPE_CHECKING:
     from nsqx.nsqd.nsqd import NSQD
+    from nsqx.nsqd.replication.replica import PartitionReplica
     from nsqx.nsqd.topic import Topic
 
 log = logging.getLogger("nsqx.nsqd")
 
 #: Told None once publishes are acknowledged, or the error that failed them.
 AckWaiter = Callable[[BaseException | None], None]
+
+
+class StagedDropped(Exception):
+    """Publishes staged and never written (the partition was cut under them)."""
 
 
 class Published(NamedTuple):
@@ -109,6 +114,18 @@ class Partition:
         self._staged_counts = [0, 0]
         #: publishes wait for a commit (a DiskLog stages them; a MemoryLog appends)
         self._stages = self.log.durable
+        #: replication (a topic with replicator > 1 on a durable node), else None
+        self.replica: PartitionReplica | None = None
+        if self.durable and topic.meta.replica > 1:
+            self.replicate()
+
+    def replicate(self) -> None:
+        """Become a replica of a replicated topic: writes wait for the coordinator's
+        role, and channels see only what the ISR holds."""
+        if self.replica is None and self.durable:
+            self.replica = self.nsqd.replication.attach(self)
+            # the saved commit point is unknown: consumers wait for the next commit
+            self.visible_end = min(self.visible_end, self.log.end)
 
     def __repr__(self) -> str:
         return f"<partition {self.name}:{self.id}>"
@@ -229,8 +246,11 @@ class Partition:
         return Published((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
 
     def _appended(self) -> None:
-        """New records are in the log: channels may deliver them."""
-        if not self.paused:
+        """New records are in the log: channels may deliver them (a replicated
+        partition's once the ISR holds them: committed())."""
+        if self.replica is not None:
+            self.replica.appended()  # ship them to the followers
+        elif not self.paused:
             self.visible_end = self.log.end
             for ch in self.channels.values():
                 ch.notify()
@@ -239,9 +259,10 @@ class Partition:
 
     def commit(self) -> OSError | None:
         """Write what this loop iteration published (one ``writev``), let channels see
-        it, and answer the publishers waiting in :meth:`when_acknowledged` (after an
-        fsync with --sync-before-ack). nsqd calls it at the end of the iteration; it
-        returns the write's error, if any."""
+        it (or ship it to the followers), and answer the publishers waiting in
+        :meth:`when_acknowledged` (once fsynced with --sync-before-ack, and held by the
+        ISR if replicated). nsqd calls it at the end of the iteration; it returns the
+        write's error, if any."""
         if not self._commit_scheduled:
             return None  # done already (close, delete, an HTTP publish)
         self._commit_scheduled = False
@@ -266,22 +287,24 @@ class Partition:
         self._appended()
         if not waiters:
             return None
-        if self.nsqd.options.sync_before_ack:
-            self._after_sync(waiters)
+        if self.nsqd.options.sync_before_ack or self.replica is not None:
+            self._after_write(waiters)
         else:
             for w in waiters:
                 w(None)
         return None
 
     def when_acknowledged(self, waiter: AckWaiter) -> None:
-        """Call ``waiter(None)`` once every publish so far is acknowledged: written to
-        the log's file by the commit at the end of this loop iteration, and fsynced
-        with --sync-before-ack; ``waiter(error)`` if that failed. Called at once when
-        there is nothing to wait for (a memory partition)."""
+        """The one barrier before a publish is answered: call ``waiter(None)`` once every
+        publish so far is acknowledged (written to the log's file by the commit at the
+        end of this loop iteration; fsynced with --sync-before-ack; held by the ISR if
+        replicated), ``waiter(error)`` if that failed (an OSError: the write or the
+        fsync; CommitFailed: not held by the ISR). Called at once when there is
+        nothing to wait for (a memory partition)."""
         if self._commit_scheduled:
             self._waiters.append(waiter)
-        elif self.nsqd.options.sync_before_ack and self.durable:
-            self._after_sync([waiter])
+        elif self.replica is not None or (self.nsqd.options.sync_before_ack and self.durable):
+            self._after_write([waiter])
         else:
             waiter(None)
 
@@ -299,21 +322,91 @@ class Partition:
         self.when_acknowledged(done)
         return fut
 
-    def _after_sync(self, waiters: list[AckWaiter]) -> None:
-        syncer = self.nsqd.syncers.get(self.key)
-        if syncer is None:
-            for w in waiters:
-                w(None)
-            return
+    def _after_write(self, waiters: list[AckWaiter]) -> None:
+        """Tell ``waiters`` once what is written is fsynced (--sync-before-ack) and held
+        by the ISR (replicated): nsqd.acknowledged."""
 
-        def synced(fut: asyncio.Future[None]) -> None:
-            err = None if fut.cancelled() else fut.exception()
-            if fut.cancelled():
-                err = OSError("fsync cancelled")
+        def done(fut: asyncio.Future[list[None]]) -> None:
+            err = OSError("cancelled") if fut.cancelled() else fut.exception()
             for w in waiters:
                 w(err)
 
-        syncer.request().add_done_callback(synced)
+        self.nsqd.acknowledged({self.key}).add_done_callback(done)
+
+    # -- replication --------------------------------------------------------------------
+
+    @property
+    def committed_end(self) -> int:
+        """The end of what channels may deliver: the log's end, or for a replicated
+        partition the commit point (every record below it is held by the ISR)."""
+        replica = self.replica
+        if replica is None:
+            return self.log.end
+        if replica.leader is not None:
+            return replica.leader.commit
+        return self.visible_end
+
+    def committed(self, seq: int) -> None:
+        """The commit point moved to ``seq``: channels may deliver up to it."""
+        if self.paused or seq <= self.visible_end:
+            return
+        self.visible_end = min(seq, self.log.end)
+        for ch in self.channels.values():
+            ch.notify()
+
+    def append_replicated(
+        self, chunk: bytes, ids: list[bytes], deliver_at: int, stride: int, extended: bool
+    ) -> None:
+        """A follower appends a batch its leader stored, exactly as stored."""
+        self.log.append(chunk, ids, deliver_at, stride)
+        self.message_count += len(ids)
+        if extended and not self.extended:
+            self.extended = True
+            self.save_state()
+
+    def truncate(self, seq: int) -> None:
+        """Cut the log at ``seq`` (records a failed leader wrote that the new leader
+        never had); positions past the new end come back to it. Publishes staged and
+        not yet written are dropped unanswered."""
+        if self._commit_scheduled:
+            self._commit_scheduled = False
+            waiters, self._waiters = self._waiters, []
+            self.message_count -= self._staged_counts[0]
+            self.message_bytes -= self._staged_counts[1]
+            self._staged_counts[0] = self._staged_counts[1] = 0
+            self.log.drop_staged()
+            for w in waiters:
+                w(StagedDropped("the partition was truncated before the write"))
+        end = self.log.truncate(seq)
+        self.visible_end = min(self.visible_end, end)
+        self.hold_from = min(self.hold_from, end)
+        for ch in self.channels.values():
+            if ch.cursor > end:
+                ch.cursor = end
+                ch.requeued.clear()
+                ch.deferred.clear()
+                ch.dirty = True
+        self.save_state()
+
+    def apply_cursors(self, channels: dict[str, tuple[int, bool]], hold_from: int) -> None:
+        """A follower takes its leader's channel positions (and makes its channels), so
+        that consumers resume near there if it becomes the leader."""
+        end = self.log.end
+        for name, (cursor, ordered) in channels.items():
+            cursor = min(cursor, end)
+            ch = self.channels.get(name)
+            if ch is None:
+                ch = self.get_channel(name, start=cursor)
+            elif ch.cursor != cursor:
+                ch.cursor = cursor
+                ch.requeued.clear()
+                ch.deferred.clear()
+                ch.dirty = True
+            if ch.ordered_flag != ordered:
+                ch.set_ordered(ordered)
+        if hold_from != self.hold_from:
+            self.hold_from = min(hold_from, end)
+            self.save_state()
 
     def position(self, start: ConsumeStart) -> int:
         """The sequence a SUB_ADVANCED / /channel/setoffset position names: the first
@@ -386,7 +479,7 @@ class Partition:
 
     def unpause(self) -> None:
         self.paused = False
-        self.visible_end = self.log.end
+        self.visible_end = self.committed_end
         self.save_state()
         for ch in self.channels.values():
             ch.notify()
@@ -478,6 +571,8 @@ class Partition:
         log."""
         if self._commit_scheduled:
             self.commit()
+        if self.replica is not None:
+            self.nsqd.replication.detach(self)
         self.checkpoint()
         for ch in self.channels.values():
             ch.detach()
@@ -488,6 +583,10 @@ class Partition:
         if self._commit_scheduled:
             self.commit()  # its publishers get their answers, as before the delete
         self.deleted = True
+        if self.replica is not None:
+            self.nsqd.replication.detach(self)
+            if os.path.exists(self.replica.path):
+                os.remove(self.replica.path)
         for name in list(self.channels):
             ch = self.channels.pop(name)
             ch.close()

@@ -118,6 +118,13 @@ class BatchCache:
             i += 1
         return chunks, ids
 
+    def batch_at(self, seq: int) -> tuple[CachedBatch, int]:
+        """The held batch that holds ``seq``, and its first sequence (KeyError if none)."""
+        if not self._start <= seq < self._end:
+            raise KeyError(seq)
+        i = bisect_right(self._firsts, seq) - 1
+        return self._batches[i], self._firsts[i]
+
     def get(self, seq: int) -> bytes | None:
         """One record's frame, or None if it is not held."""
         if not self._start <= seq < self._end:

@@ -45,6 +45,7 @@ import google_crc32c
 from nsqx.store.batchcache import BatchCache, CachedBatch
 from nsqx.store.deferred import DeferredIndex
 from nsqx.store.log import frame_starts
+from nsqx.wire.batch import StoredBatch
 
 log = logging.getLogger("nsqx.store")
 
@@ -585,6 +586,10 @@ class DiskLog:
             self._roll()
         return len(records)
 
+    def drop_staged(self) -> None:
+        """Forget what is staged, unwritten (its sequences are given again)."""
+        self._staged = []
+
     def append(
         self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
     ) -> int:
@@ -871,6 +876,123 @@ class DiskLog:
             if not progressed:
                 break
         return out
+
+    def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
+        """Whole stored batches from ``seq`` on, as they were appended (replication ships
+        them so a follower stores the same bytes at the same offsets), until at least
+        ``max_bytes`` of frames are taken (at least one batch if there is one). ``seq``
+        must be where a batch starts (ValueError otherwise); an empty list at the end."""
+        if seq >= self.end:
+            return []
+        if seq < self.start:
+            raise ValueError(f"sequence {seq} is gone (log starts at {self.start})")
+        out: list[StoredBatch] = []
+        taken = 0
+        cache = self.cache
+        while seq < self.end and (not out or taken < max_bytes):
+            if seq >= cache.start:
+                batch, first = cache.batch_at(seq)
+                if first != seq:
+                    raise ValueError(f"sequence {seq} is inside a batch starting at {first}")
+                count = len(batch.ids)
+                due = self._deferred.between(seq, seq + 1)
+                deliver_at = due[0][1] if due else 0
+                out.append(
+                    StoredBatch(seq, count, batch.offset, deliver_at, batch.stride, batch.chunk)
+                )
+                taken += len(batch.chunk)
+                seq += count
+                continue
+            found = self._disk_batch(seq)
+            out.append(found)
+            taken += len(found.chunk)
+            seq += found.messages
+        return out
+
+    def _disk_batch(self, seq: int) -> StoredBatch:
+        """The stored batch that starts at ``seq``, read from its segment file."""
+        seg = self._segment_for(seq)
+        if seg is None or seg.base_seq > seq:
+            raise ValueError(f"sequence {seq} is not in the log")
+        pos = seg.start_pos(seq)
+        while pos < seg.size:
+            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
+            off = pos - base
+            plen, crc, first, count, deliver_at, _f = _BATCH_HEAD.unpack_from(buf, off)
+            rec_end = pos + BATCH_HEAD_SIZE + plen
+            if first + count <= seq:
+                pos = rec_end
+                continue
+            if first != seq:
+                raise ValueError(f"sequence {seq} is inside a batch starting at {first}")
+            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
+            off = pos - base
+            check_batch(buf, off, plen, crc)
+            p0 = off + BATCH_HEAD_SIZE
+            chunk = bytes(buf[p0 : p0 + plen])
+            stride = _equal_frames(buf, p0, plen, count)
+            offset = seg.base_offset + pos + BATCH_HEAD_SIZE - SEG_HEAD_SIZE
+            return StoredBatch(first, count, offset, deliver_at, stride, chunk)
+        raise ValueError(f"sequence {seq} is not in {seg.path}")
+
+    def truncate(self, seq: int) -> int:
+        """Forget every record at or after ``seq`` (a follower's tail that its new leader
+        never had): the files are cut at the batch that holds ``seq`` (so to its first
+        sequence, if ``seq`` is inside a batch) and fsynced. Returns the new end."""
+        self._staged = []  # (nothing staged survives a cut: Partition.truncate)
+        if seq >= self.end:
+            return self.end
+        seq = max(seq, self.start)
+        while len(self.segments) > 1 and self.segments[-1].base_seq >= seq:
+            seg = self.segments.pop()
+            with self._sync_lock:
+                fd, self._fd = self._fd, -1
+            if fd >= 0:
+                os.close(fd)
+            self._close_reader(seg.path)
+            for p in (seg.path, seg.idx_path):
+                try:
+                    os.remove(p)
+                except FileNotFoundError:
+                    pass
+            log.warning("STORE: truncated: removed %s", seg.path)
+            prev = self.segments[-1]
+            self._forget_sealed(prev.path)
+            prev.sealed = False
+            try:
+                os.remove(prev.idx_path)
+            except FileNotFoundError:
+                pass
+            with self._sync_lock:
+                self._fd = os.open(prev.path, os.O_WRONLY | os.O_APPEND)
+        seg = self.segments[-1]
+        pos = seg.start_pos(seq)
+        cut = seg.end_seq
+        while pos < seg.size:
+            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
+            plen, _crc, first, count, _d, _f = _BATCH_HEAD.unpack_from(buf, pos - base)
+            if first + count > seq:
+                cut = first
+                break
+            pos += BATCH_HEAD_SIZE + plen
+        if cut < seg.end_seq:
+            log.warning("STORE: %s: truncating to sequence %d (byte %d)", seg.path, cut, pos)
+            os.ftruncate(self._fd, pos)
+            os.fsync(self._fd)
+            self._close_reader(seg.path)
+            seg.size = pos
+            seg.end_seq = cut
+            seg.verified_upto = min(seg.verified_upto, pos)
+            idx = seg.index
+            keep = 0
+            while keep < len(idx) and idx[keep] < cut:
+                keep += 3
+            del idx[keep:]
+            seg._last_indexed_pos = idx[-2] if idx else -INDEX_INTERVAL
+        fsync_dir(self.directory)
+        self._deferred.forget_from(self.end)
+        self.cache = BatchCache(self.end)
+        return self.end
 
     def locate(self, seq: int) -> tuple[int, int] | None:
         """(virtual offset, timestamp ns) of the message at ``seq``, or None."""

@@ -7,6 +7,8 @@ from array import array
 from collections.abc import Callable
 from typing import Protocol
 
+from nsqx.wire.batch import StoredBatch
+
 _I32 = struct.Struct(">i")
 
 
@@ -114,6 +116,10 @@ class MessageLog(Protocol):
         """Write the staged batches (OSError: none of them is kept); how many records."""
         ...
 
+    def drop_staged(self) -> None:
+        """Forget the staged batches, unwritten."""
+        ...
+
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         """Up to ``limit`` records from ``seq`` (clamped to ``start``): their frames, as
         chunks that may each hold several consecutive frames (so a read from disk can
@@ -191,4 +197,14 @@ class MessageLog(Protocol):
 
     def destroy(self) -> None:
         """Close and delete everything (the topic was deleted)."""
+        ...
+
+    def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
+        """Whole stored batches from ``seq`` (where a batch starts; ValueError if not,
+        or if it is gone) until ``max_bytes`` of frames are taken (at least one)."""
+        ...
+
+    def truncate(self, seq: int) -> int:
+        """Forget every record at or after ``seq`` (cut at the batch that holds it);
+        returns the new end."""
         ...

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from nsqx.store.deferred import DeferredIndex
 from nsqx.store.log import split_chunk
+from nsqx.wire.batch import StoredBatch
 
 # Trimming deletes from the front of a list (a memmove), so do it in big steps.
 _TRIM_MIN = 4096
@@ -88,6 +89,9 @@ class MemoryLog:
     def commit(self) -> int:
         return 0
 
+    def drop_staged(self) -> None:
+        pass
+
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         i = max(seq - self._base, 0)
         j = i + limit
@@ -153,6 +157,36 @@ class MemoryLog:
             else:
                 lo = mid + 1
         return self._base + lo
+
+    def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
+        """Records from ``seq`` as one-record batches (a MemoryLog keeps no batches)."""
+        out: list[StoredBatch] = []
+        taken = 0
+        i = seq - self._base
+        if i < 0:
+            raise ValueError(f"sequence {seq} is gone (log starts at {self._base})")
+        while i < len(self._frames) and (not out or taken < max_bytes):
+            frame = self._frames[i]
+            due = self._deferred.between(self._base + i, self._base + i + 1)
+            out.append(
+                StoredBatch(
+                    self._base + i, 1, self._offsets[i], due[0][1] if due else 0, len(frame), frame
+                )
+            )
+            taken += len(frame)
+            i += 1
+        return out
+
+    def truncate(self, seq: int) -> int:
+        """Forget every record at or after ``seq``; returns the new end."""
+        i = max(seq - self._base, 0)
+        if i < len(self._frames):
+            self._end_offset = self._offsets[i]
+            del self._frames[i:]
+            del self._ids[i:]
+            del self._offsets[i:]
+            self._deferred.forget_from(self.end)
+        return self.end
 
     def deferred_between(self, lo: int, hi: int) -> list[tuple[int, int]]:
         return self._deferred.between(lo, hi)

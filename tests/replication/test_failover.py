@@ -1,0 +1,247 @@
+"""Failover with real processes: three nsqd, one nsqlookupd, a topic with replicator 2
+or 3; a publisher and a consumer run while a node is SIGKILLed. Nothing acknowledged
+is lost, and writes resume through the new leader."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster import Consumer, Publisher, leader_port, partition_state, report, until
+from cutproxy import CutProxy
+
+from lookupdproc import http_request
+from nsqdproc import NsqdProcess, start_nsqd
+
+
+def _cluster(lookupd_factory: Any, tmp_path: Path) -> tuple[Any, list[NsqdProcess], list[str]]:
+    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
+    args = [
+        f"--lookupd-tcp-address={lookupd.tcp_address}",
+        "--http-address=127.0.0.1:0",
+        "--broadcast-address=127.0.0.1",
+        "--replication-lag-timeout=1s",
+    ]
+    nodes = [start_nsqd(tmp_path / f"nsqd{i}", *args) for i in range(3)]
+    until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd registered")
+    return lookupd, nodes, args
+
+
+def _holders(nodes: list[NsqdProcess], topic: str) -> dict[str, NsqdProcess]:
+    """The nodes that hold the partition, by role."""
+    out: dict[str, NsqdProcess] = {}
+    for n in nodes:
+        if not n.alive():
+            continue
+        state = partition_state(n, topic)
+        if state is not None and state.get("role") in ("leader", "follower"):
+            out.setdefault(state["role"], n)
+            out[f"{state['role']}:{n.http_port}"] = n
+    return out
+
+
+@pytest.mark.parametrize("replicator", [2, 3])
+def test_leader_killed_nothing_acknowledged_is_lost(
+    lookupd_factory: Any, tmp_path: Path, replicator: int
+) -> None:
+    lookupd, nodes, args = _cluster(lookupd_factory, tmp_path)
+    topic = f"rep{replicator}"
+    status, _, body = lookupd.post(
+        f"/topic/create?topic={topic}&partition_num=1&replicator={replicator}"
+    )
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(200)
+    con.read_until(lambda: len(set(con.received)) >= 100)
+    # every replica holds what was acknowledged
+    holders = until(
+        lambda: (
+            (h := _holders(nodes, topic))
+            and sum(1 for k in h if ":" in k) == replicator
+            and all(
+                (partition_state(n, topic) or {}).get("end") == 200
+                for k, n in h.items()
+                if ":" in k
+            )
+            and h
+        ),
+        what="every replica at the leader's end",
+    )
+    leader = holders["leader"]
+    followers = [n for k, n in holders.items() if k.startswith("follower:")]
+    # the channel's position reached the followers (so few messages come twice)
+    until(
+        lambda: all(
+            (partition_state(f, topic) or {}).get("channels", {}).get("c", 0) >= 100
+            for f in followers
+        ),
+        what="the channel's position on the followers",
+    )
+    old_port = leader.tcp_port
+    leader.stop(signal.SIGKILL)
+    pub.publish(200)  # retried through the failover
+    assert leader_port(lookupd, topic) != old_port
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, dups = report(f"replicator {replicator}, leader killed", pub, con)
+    assert lost == 0
+    # at most what was in flight (RDY 100) or not yet confirmed comes twice
+    assert dups <= 100 + len(pub.acked) - 200
+    back = start_nsqd(leader.data_path, *args)
+    nodes.append(back)
+    if replicator == 3:
+        # the old leader is a replica still: it comes back as a follower, catches up
+        # and joins the ISR
+        until(
+            lambda: (
+                (s := partition_state(back, topic)) is not None
+                and s.get("role") == "follower"
+                and s.get("end") == 400
+            ),
+            what="the old leader caught up",
+        )
+        until(
+            lambda: len((partition_state(back, topic) or {}).get("isr", [])) == 3,
+            what="the old leader back in the ISR",
+        )
+    for n in nodes:
+        n.stop(signal.SIGKILL)
+
+
+@pytest.mark.parametrize("replicator", [2, 3])
+def test_follower_killed_writes_go_on(
+    lookupd_factory: Any, tmp_path: Path, replicator: int
+) -> None:
+    """A follower SIGKILLed: it leaves the ISR; with replicator 2 the ISR alone is too
+    small to write (Youzan's rule), so the spare node catches up and joins it."""
+    lookupd, nodes, _ = _cluster(lookupd_factory, tmp_path)
+    topic = f"fol{replicator}"
+    status, _, body = lookupd.post(
+        f"/topic/create?topic={topic}&partition_num=1&replicator={replicator}"
+    )
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(150)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and sum(1 for k in h if ":" in k) == replicator and h,
+        what="every replica",
+    )
+    follower = holders["follower"]
+    follower.stop(signal.SIGKILL)
+    pub.publish(150)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report(f"replicator {replicator}, follower killed", pub, con)
+    assert lost == 0
+    leader = holders["leader"]
+    state = partition_state(leader, topic)
+    gone = (follower.data_path / "nsqd.node_id").read_text().strip()
+    assert state is not None and gone not in state["isr"], state
+    # replicator 2: the leader and the spare that caught up; 3: the two left
+    assert len(state["isr"]) == 2, state
+    for n in nodes:
+        n.stop(signal.SIGKILL)
+
+
+def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_path: Path) -> None:
+    """Before maintenance: /cluster/node/drain moves the node's leaderships to in-sync
+    replicas; publishing goes on there and the drained node follows and rejoins the
+    ISR. /stats shows each partition's role, epoch, leader, ISR and lag."""
+    lookupd, nodes, _ = _cluster(lookupd_factory, tmp_path)
+    topic = "drained"
+    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=2")
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(100)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and "follower" in h and h, what="a follower"
+    )
+    leader = holders["leader"]
+    node_id = (leader.data_path / "nsqd.node_id").read_text().strip()
+    stats = json.loads(http_request(f"{leader.http_url}/stats?format=json")[2])
+    (entry,) = [t for t in stats["topics"] if t["topic_name"] == topic]
+    repl = entry["replication"]
+    assert entry["is_leader"] and repl["role"] == "leader" and repl["leader"] == node_id
+    assert len(repl["isr"]) == 2 and set(repl["followers"]) == set(repl["isr"]) - {node_id}
+    status, _, body = lookupd.post(f"/cluster/node/drain?node={node_id}")
+    assert status == 200 and json.loads(body) == {"moved": [f"{topic}:0"]}, body
+    until(lambda: leader_port(lookupd, topic) not in (None, leader.tcp_port), what="a move")
+    pub.publish(100)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report("drain", pub, con)
+    assert lost == 0
+    until(
+        lambda: (
+            (s := partition_state(leader, topic)) is not None
+            and s["role"] == "follower"
+            and len(s["isr"]) == 2
+            and s["end"] == 200
+        ),
+        what="the drained node following, in the ISR again",
+    )
+    assert lookupd.post(f"/topic/partition/move?topic={topic}&partition=0")[0] == 400
+    for n in nodes:
+        n.stop(signal.SIGKILL)
+
+
+def test_network_cut_between_leader_and_follower(lookupd_factory: Any, tmp_path: Path) -> None:
+    """Replicator 3: the replication stream between the leader and one follower goes
+    silent (a proxy holds it). The leader reports the follower, the ISR shrinks to two
+    and writes go on; once healed the follower catches up and joins again."""
+    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
+    proxies = [CutProxy() for _ in range(3)]
+    nodes = []
+    for i, proxy in enumerate(proxies):
+        node = start_nsqd(
+            tmp_path / f"nsqd{i}",
+            f"--lookupd-tcp-address={lookupd.tcp_address}",
+            "--http-address=127.0.0.1:0",
+            "--broadcast-address=127.0.0.1",
+            "--replication-lag-timeout=1s",
+            f"--replication-address=127.0.0.1:{proxy.port}",
+        )
+        proxy.target_port = node.http_port
+        nodes.append(node)
+    until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd")
+    topic = "cut"
+    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=3")
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(100)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and sum(1 for k in h if ":" in k) == 3 and h,
+        what="every replica",
+    )
+    leader = holders["leader"]
+    follower = holders["follower"]
+    proxy = proxies[nodes.index(leader)]
+    follower_id = (follower.data_path / "nsqd.node_id").read_text().strip()
+    proxy.cut(follower_id)
+    pub.publish(100)  # held until the follower leaves the ISR, then on
+    until(
+        lambda: follower_id not in (partition_state(leader, topic) or {}).get("isr", [follower_id]),
+        what="the cut follower out of the ISR",
+    )
+    pub.publish(100)
+    behind = (partition_state(follower, topic) or {}).get("end", 0)
+    assert behind < 300  # it really was cut off
+    proxy.heal(follower_id)
+    until(
+        lambda: follower_id in (partition_state(leader, topic) or {}).get("isr", []),
+        what="the follower back in the ISR",
+    )
+    assert (partition_state(follower, topic) or {}).get("end") == 300
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report("replicator 3, leader-follower network cut", pub, con)
+    assert lost == 0
+    for n in nodes:
+        n.stop(signal.SIGKILL)
