@@ -140,6 +140,7 @@ class ClientV2(asyncio.Protocol):
         self._paused_for_ack = False
         self._close_after_ack = False
         self._ack_failed = False
+        self._ack_callback = self._acknowledged
         self._pub_verb = "PUB"
         #: Youzan's message layout for this client (see nsqx.wire.frames): binary ids,
         #: the ext part (ext topic, extend_support), (offset, size) before the body
@@ -211,14 +212,17 @@ class ClientV2(asyncio.Protocol):
         reads nothing more meanwhile)."""
         parts, self._awaiting = self._awaiting, []
         self._acks_due += len(parts)
-        if not self._paused_for_ack and (
-            self.nsqd.options.sync_before_ack or any(p.replica is not None for p in parts)
-        ):
-            assert self._transport is not None
-            self._paused_for_ack = True
-            self._transport.pause_reading()
+        if not self._paused_for_ack:
+            slow = self.nsqd.options.sync_before_ack
+            for part in parts:
+                slow = slow or part.replica is not None
+            if slow:
+                assert self._transport is not None
+                self._paused_for_ack = True
+                self._transport.pause_reading()
+        acknowledged = self._ack_callback
         for part in parts:
-            part.when_acknowledged(self._acknowledged)
+            part.when_acknowledged(acknowledged)
 
     def _acknowledged(self, err: BaseException | None) -> None:
         self._acks_due -= 1
