@@ -143,3 +143,16 @@ def test_stage_refuses_a_chunk_its_frames_do_not_tile(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         log.stage(chunk, ids, stride=7)
     assert not log.staged and log.next_seq == 0
+
+
+def test_big_batches_are_not_merged(tmp_path: Path) -> None:
+    """Staged batches merge into one record only while it stays small: bigger ones (an
+    MPUB of 200 messages) are written as their own records, without a copy."""
+    log = DiskLog(str(tmp_path))
+    big = [b"x" * 200] * 200
+    stage(log, big)
+    stage(log, big)
+    stage(log, [b"small"])
+    stage(log, [b"small too"])
+    assert log.commit() == 3
+    assert read_bodies(log) == big + big + [b"small", b"small too"]

@@ -188,6 +188,9 @@ def split_frames(payload: memoryview | bytes, count: int) -> list[bytes]:
 
 
 _LEN_CRC = struct.Struct(">II")
+#: staged batches are merged into one record up to this size (small publishes: their
+#: per-record cost matters; big ones would only be copied)
+_MERGE_MAX = 64 * 1024
 #: buffers per writev (the kernel's IOV_MAX is 1024)
 _IOV_MAX = 1024
 
@@ -210,7 +213,7 @@ class _StagedBatch:
     """Batches staged together that become one batch record: their chunks, ids and
     frame layout (a common stride, else each chunk's stride or start positions)."""
 
-    __slots__ = ("chunks", "deliver_at", "ids", "kind", "parts", "stride")
+    __slots__ = ("chunks", "deliver_at", "ids", "kind", "parts", "size", "stride")
 
     def __init__(
         self,
@@ -223,6 +226,7 @@ class _StagedBatch:
     ) -> None:
         self.chunks = [chunk]
         self.ids = ids
+        self.size = len(chunk)
         self.stride = stride
         #: (stride, starts, chunk length) per chunk, kept once the strides differ
         self.parts: list[tuple[int, array[int] | None, int]] | None = (
@@ -238,6 +242,7 @@ class _StagedBatch:
         else:
             self.ids.extend(ids)
         chunks.append(chunk)
+        self.size += len(chunk)
         parts = self.parts
         if parts is not None:
             parts.append((stride, starts, len(chunk)))
@@ -507,7 +512,8 @@ class DiskLog:
         call; returns the virtual offset its first frame will have. Readers see it once
         committed (``end`` does not count it before). Consecutive staged batches with
         the same deliver-at time and ``kind`` (frames of different kinds never share a
-        stored batch) become one batch record: one header, one crc, one cache entry.
+        stored batch) become one batch record: one header, one crc, one cache entry
+        (up to 64 KiB: bigger batches, MPUBs, are written as they are, without a copy).
         Raises ValueError (nothing staged) if the frames do not tile the chunk."""
         count = len(ids)
         starts = None
@@ -521,7 +527,12 @@ class DiskLog:
             self._staged_end = self.end
             self._staged_offset = self.end_offset
         last = staged[-1] if staged else None
-        if last is not None and last.deliver_at == deliver_at_ns and last.kind == kind:
+        if (
+            last is not None
+            and last.deliver_at == deliver_at_ns
+            and last.kind == kind
+            and last.size + len(chunk) <= _MERGE_MAX
+        ):
             offset = self._staged_offset
             last.add(chunk, ids, stride, starts)
         else:
