@@ -188,8 +188,10 @@ def split_frames(payload: memoryview | bytes, count: int) -> list[bytes]:
 
 
 _LEN_CRC = struct.Struct(">II")
-#: staged batches are merged into one record up to this size (small publishes: their
-#: per-record cost matters; big ones would only be copied)
+#: staged batches smaller than _MERGE_CHUNK are merged into one record up to _MERGE_MAX
+#: bytes (small publishes: their per-record cost matters); bigger ones are records of
+#: their own (merging would only copy them)
+_MERGE_CHUNK = 16 * 1024
 _MERGE_MAX = 64 * 1024
 #: buffers per writev (the kernel's IOV_MAX is 1024)
 _IOV_MAX = 1024
@@ -513,7 +515,8 @@ class DiskLog:
         committed (``end`` does not count it before). Consecutive staged batches with
         the same deliver-at time and ``kind`` (frames of different kinds never share a
         stored batch) become one batch record: one header, one crc, one cache entry
-        (up to 64 KiB: bigger batches, MPUBs, are written as they are, without a copy).
+        (small ones, up to 64 KiB: a batch of 16 KiB or more, an MPUB, is a record of
+        its own, written without a copy).
         Raises ValueError (nothing staged) if the frames do not tile the chunk."""
         count = len(ids)
         starts = None
@@ -531,7 +534,9 @@ class DiskLog:
             last is not None
             and last.deliver_at == deliver_at_ns
             and last.kind == kind
+            and len(chunk) < _MERGE_CHUNK
             and last.size + len(chunk) <= _MERGE_MAX
+            and len(last.chunks[0]) < _MERGE_CHUNK
         ):
             offset = self._staged_offset
             last.add(chunk, ids, stride, starts)
