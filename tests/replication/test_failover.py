@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +19,12 @@ from lookupdproc import http_request
 from nsqdproc import NsqdProcess, start_nsqd
 
 
-def _cluster(lookupd_factory: Any, tmp_path: Path) -> tuple[Any, list[NsqdProcess], list[str]]:
+def _cluster(
+    lookupd_factory: Any, tmp_path: Path, *extra: str
+) -> tuple[Any, list[NsqdProcess], list[str]]:
     lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
     args = [
+        *extra,
         f"--lookupd-tcp-address={lookupd.tcp_address}",
         "--http-address=127.0.0.1:0",
         "--broadcast-address=127.0.0.1",
@@ -108,6 +113,13 @@ def test_leader_killed_nothing_acknowledged_is_lost(
             lambda: len((partition_state(back, topic) or {}).get("isr", [])) == 3,
             what="the old leader back in the ISR",
         )
+    else:
+        # a spare took its place: it is told it holds no replica (no leader, no writes)
+        until(
+            lambda: (partition_state(back, topic) or {}).get("role") == "none",
+            what="the replaced old leader told it is no replica",
+        )
+        assert leader_port(lookupd, topic) != back.tcp_port
     for n in nodes:
         n.stop(signal.SIGKILL)
 
@@ -170,8 +182,38 @@ def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_
     repl = entry["replication"]
     assert entry["is_leader"] and repl["role"] == "leader" and repl["leader"] == node_id
     assert len(repl["isr"]) == 2 and set(repl["followers"]) == set(repl["isr"]) - {node_id}
-    status, _, body = lookupd.post(f"/cluster/node/drain?node={node_id}")
-    assert status == 200 and json.loads(body) == {"moved": [f"{topic}:0"]}, body
+    metrics = http_request(f"{leader.http_url}/metrics")[2].decode()
+    assert f'nsq_partition_is_leader{{partition="0",topic="{topic}"}} 1.0' in metrics
+    assert f'nsq_partition_isr_size{{partition="0",topic="{topic}"}} 2.0' in metrics
+    # the CLI lists the partition, then drains its leader's node
+    listed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nsqx",
+            "replicas",
+            f"--lookupd-http-address={lookupd.http_address}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert listed[0].split()[:4] == ["topic", "part", "epoch", "leader"]
+    assert listed[1].split()[:4] == [topic, "0", str(repl["epoch"]), node_id], listed
+    drained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nsqx",
+            "replicas",
+            f"--lookupd-http-address={lookupd.http_address}",
+            f"--drain={node_id}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert drained.strip() == f"moved 1 leadership(s) away from {node_id}: {topic}:0"
     until(lambda: leader_port(lookupd, topic) not in (None, leader.tcp_port), what="a move")
     pub.publish(100)
     con.read_until(lambda: set(pub.acked) <= set(con.received))
@@ -242,6 +284,55 @@ def test_network_cut_between_leader_and_follower(lookupd_factory: Any, tmp_path:
     assert (partition_state(follower, topic) or {}).get("end") == 300
     con.read_until(lambda: set(pub.acked) <= set(con.received))
     lost, _ = report("replicator 3, leader-follower network cut", pub, con)
+    assert lost == 0
+    for n in nodes:
+        n.stop(signal.SIGKILL)
+
+
+def test_follower_back_after_the_leader_reclaimed_starts_over(
+    lookupd_factory: Any, tmp_path: Path
+) -> None:
+    """A follower down while the leader deleted the segments it lacks (consumed, no
+    retention) cannot catch up from its own end: it empties its log, starts over where
+    the leader's log starts, and joins the ISR again."""
+    lookupd, nodes, args = _cluster(lookupd_factory, tmp_path, "--max-bytes-per-file=4096")
+    topic = "reclaimed"
+    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=3")
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(20)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and sum(1 for k in h if ":" in k) == 3 and h,
+        what="every replica",
+    )
+    leader, follower = holders["leader"], holders["follower"]
+    follower.stop(signal.SIGKILL)
+    pub.publish(300)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    until(
+        lambda: (s := partition_state(leader, topic)) is not None and s["start"] > 20,
+        what="the leader reclaiming what the follower lacks",
+    )
+    back = start_nsqd(follower.data_path, *args)
+    nodes.append(back)
+    until(
+        lambda: (
+            (s := partition_state(back, topic)) is not None
+            and s.get("role") == "follower"
+            and s["end"] == 320
+            and s["start"] > 20
+        ),
+        what="the follower started over and caught up",
+    )
+    until(
+        lambda: len((partition_state(leader, topic) or {}).get("isr", [])) == 3,
+        what="the follower back in the ISR",
+    )
+    pub.publish(10)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report("replicator 3, follower back after reclaim", pub, con)
     assert lost == 0
     for n in nodes:
         n.stop(signal.SIGKILL)

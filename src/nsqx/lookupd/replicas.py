@@ -146,12 +146,20 @@ class Replicas:
         record = self.coord.records.get(topic)
         if record is None or record.meta.replica < 2 or not self.coord.leading:
             return
-        if peer.node_id not in record.placements.get(pid, ()):
+        if pid not in record.placements:
             return
         if self._told.get((peer.id, topic, pid)) == record.epoch_of(pid):
             return
         self._told[(peer.id, topic, pid)] = record.epoch_of(pid)
-        self._spawn(self.tell(topic, record, pid))
+        if peer.node_id in record.placements[pid]:
+            self._spawn(self.tell(topic, record, pid))
+            return
+        # a replica that was replaced while it was away: the current role tells it it
+        # is none (it stops leading or following; its data stays, for an operator)
+        role = self.role(topic, record, pid, self.coord.nodes())
+        if role is not None:
+            log.warning("REPL: %s:%d: %s is no longer a replica", topic, pid, peer.node_id)
+            self._spawn(self._tell_one(peer, topic, pid, role))
 
     def created(self, peer: Peer, topic: str, pid: int, record: TopicRecord) -> None:
         """The coordinator created a partition on a node: tell it its role."""

@@ -711,6 +711,7 @@ class HTTPServer:
         (the coordinator elects the ISR member with the newest log)."""
         part = self._replica_partition(params)
         out: dict[str, Any] = {
+            "start": part.log.start,
             "end": part.log.end,
             "end_offset": part.log.end_offset,
             "node": self.nsqd.node_id,

@@ -388,6 +388,19 @@ class Partition:
                 ch.dirty = True
         self.save_state()
 
+    def reset(self, seq: int, offset: int) -> None:
+        """Empty the log and start over at ``seq`` (its leader reclaimed what this
+        follower lacks); positions come up to it."""
+        self.log.reset(seq, offset)
+        self.visible_end = seq
+        self.hold_from = max(self.hold_from, seq)
+        for ch in self.channels.values():
+            ch.cursor = seq
+            ch.requeued.clear()
+            ch.deferred.clear()
+            ch.dirty = True
+        self.save_state()
+
     def apply_cursors(self, channels: dict[str, tuple[int, bool]], hold_from: int) -> None:
         """A follower takes its leader's channel positions (and makes its channels), so
         that consumers resume near there if it becomes the leader."""

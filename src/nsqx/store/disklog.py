@@ -951,6 +951,24 @@ class DiskLog:
             return StoredBatch(first, count, offset, deliver_at, stride, chunk)
         raise ValueError(f"sequence {seq} is not in {seg.path}")
 
+    def reset(self, seq: int, offset: int) -> None:
+        """Forget every record and start over empty at sequence ``seq``, the next
+        record's frame at virtual offset ``offset`` (a follower too far behind its
+        leader, whose log starts there now)."""
+        if offset < BATCH_HEAD_SIZE:
+            raise ValueError(f"offset {offset} is before the first batch header")
+        self.close(sync=False)
+        for name in os.listdir(self.directory):
+            if name.endswith((".seg", ".idx")):
+                os.remove(os.path.join(self.directory, name))
+        log.warning("STORE: %s: reset to start at sequence %d", self.directory, seq)
+        self._closed = False
+        self.sync_error = None
+        self.segments = [self._new_segment(seq, offset - BATCH_HEAD_SIZE)]
+        self._deferred = DeferredIndex()
+        self._fd = os.open(self.segments[0].path, os.O_WRONLY | os.O_APPEND)
+        self.cache = BatchCache(seq)
+
     def truncate(self, seq: int) -> int:
         """Forget every record at or after ``seq`` (a follower's tail that its new leader
         never had): the files are cut at the batch that holds ``seq`` (so to its first

@@ -208,3 +208,8 @@ class MessageLog(Protocol):
         """Forget every record at or after ``seq`` (cut at the batch that holds it);
         returns the new end."""
         ...
+
+    def reset(self, seq: int, offset: int) -> None:
+        """Forget every record and start over empty: the next record gets sequence
+        ``seq`` and its frame virtual offset ``offset``."""
+        ...

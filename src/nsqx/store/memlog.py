@@ -177,6 +177,15 @@ class MemoryLog:
             i += 1
         return out
 
+    def reset(self, seq: int, offset: int) -> None:
+        """Forget every record; the next gets sequence ``seq`` at virtual ``offset``."""
+        self._frames.clear()
+        self._ids.clear()
+        del self._offsets[:]
+        self._base = seq
+        self._end_offset = offset
+        self._deferred = DeferredIndex()
+
     def truncate(self, seq: int) -> int:
         """Forget every record at or after ``seq``; returns the new end."""
         i = max(seq - self._base, 0)

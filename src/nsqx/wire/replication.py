@@ -10,7 +10,9 @@ WebSocket message whose first byte is its kind:
 
 ``WELCOME`` (leader -> follower), JSON: the leader's ``epoch``, its epoch ``history`` and
 ``truncate_to``, the sequence the follower must cut its log to before it appends
-(:func:`divergence`), or ``REFUSED``, JSON ``{"error", "message"}``, then the close.
+(:func:`divergence`), and ``reset`` ``[sequence, offset]`` when what the follower has
+ends before the leader's log starts (it empties its log and starts over there); or
+``REFUSED``, JSON ``{"error", "message"}``, then the close.
 
 ``BATCHES`` (leader -> follower)::
 
@@ -77,11 +79,14 @@ class Hello:
 
 @dataclass(frozen=True)
 class Welcome:
-    """The leader accepts: its epoch and history, and where the follower must cut."""
+    """The leader accepts: its epoch and history, and where the follower must cut; or,
+    for a follower whose log ends before the leader's starts (reclaimed meanwhile),
+    ``reset``: (sequence, offset) where the follower's emptied log starts over."""
 
     epoch: int
     history: History
     truncate_to: int
+    reset: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -138,10 +143,14 @@ def encode_hello(h: Hello) -> bytes:
 
 
 def encode_welcome(w: Welcome) -> bytes:
-    return _json(
-        WELCOME,
-        {"epoch": w.epoch, "history": [list(e) for e in w.history], "truncate_to": w.truncate_to},
-    )
+    obj: dict[str, Any] = {
+        "epoch": w.epoch,
+        "history": [list(e) for e in w.history],
+        "truncate_to": w.truncate_to,
+    }
+    if w.reset is not None:
+        obj["reset"] = list(w.reset)
+    return _json(WELCOME, obj)
 
 
 def encode_refused(r: Refused) -> bytes:
@@ -230,7 +239,16 @@ def decode(data: bytes) -> Message:
             _history(obj),
         )
     if kind == WELCOME:
-        return Welcome(_int(obj, "epoch"), _history(obj), _int(obj, "truncate_to"))
+        reset = obj.get("reset")
+        if reset is not None:
+            if (
+                not isinstance(reset, list)
+                or len(reset) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in reset)
+            ):
+                raise ReplicationProtocolError(f"bad reset {reset!r}")
+            reset = (reset[0], reset[1])
+        return Welcome(_int(obj, "epoch"), _history(obj), _int(obj, "truncate_to"), reset)
     if kind == REFUSED:
         return Refused(_str(obj, "error"), _str(obj, "message"))
     channels = obj.get("channels")

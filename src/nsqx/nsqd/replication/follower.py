@@ -105,7 +105,16 @@ class FollowerReplication:
             raise ReplicationError(f"unexpected {type(welcome).__name__}")
         if welcome.epoch < role.epoch:
             raise ReplicationError(f"the leader's epoch {welcome.epoch} < {role.epoch}")
-        if welcome.truncate_to < log_.end:
+        if welcome.reset is not None:
+            seq, offset = welcome.reset
+            log.warning(
+                "REPL: %s: the leader's log starts at %d, past this one's end %d: starting over",
+                part,
+                seq,
+                log_.end,
+            )
+            part.reset(seq, offset)
+        elif welcome.truncate_to < log_.end:
             log.warning(
                 "REPL: %s: cutting records %d-%d the leader does not have",
                 part,

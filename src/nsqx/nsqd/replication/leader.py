@@ -109,16 +109,13 @@ class LeaderReplication:
             if not fut.done():
                 fut.set_result(None)
         self.part.committed(commit)
-        for stream in self.streams.values():
-            stream.wake.set()
+        # followers learn the commit point with the next batches, or from heartbeat()
+        # when idle: not one message more per acknowledgement
 
     def appended(self) -> None:
         """A publish appended records: send them to every follower."""
         for stream in self.streams.values():
             stream.wake.set()
-        role = self.replica.role
-        if role is not None and len(role.isr) == 1 and role.quorum_ok:
-            self.recompute()  # an ISR of the leader alone (replicator 1 or 2 of 3 down)
 
     def expire(self, timeout: float) -> None:
         """Fail the writes that waited ``timeout`` seconds for the ISR (their
@@ -154,12 +151,13 @@ class LeaderReplication:
         log_ = self.part.log
         cut = rp.divergence(role.history, log_.end, hello.history, hello.end)
         cut = min(cut, hello.end)
+        history = [tuple(h) for h in role.history]
         if cut < log_.start:
-            return rp.Refused(
-                "E_TOO_FAR_BEHIND",
-                f"the log starts at {log_.start}, the follower ends at {cut}",
-            )
-        return rp.Welcome(role.epoch, [tuple(h) for h in role.history], cut)  # type: ignore[misc]
+            # reclaimed since the follower left: it starts over where this log starts
+            first = log_.read_batches(log_.start, 1)
+            offset = first[0].offset if first else log_.next_offset
+            return rp.Welcome(role.epoch, history, log_.start, (log_.start, offset))  # type: ignore[arg-type]
+        return rp.Welcome(role.epoch, history, cut)  # type: ignore[arg-type]
 
     async def serve(self, node: str, ws: web.WebSocketResponse, start: int) -> None:
         """Run one follower's stream until it closes or the leadership ends."""
@@ -216,6 +214,12 @@ class LeaderReplication:
         except (ConnectionError, RuntimeError, ValueError) as err:
             log.warning("REPL: %s: sending to %s failed: %s", self.part, stream.node, err)
             await ws.close()
+
+    def heartbeat(self) -> None:
+        """Send the commit point to followers that have not had it (an idle leader)."""
+        for stream in self.streams.values():
+            if stream.sent_commit != self.commit:
+                stream.wake.set()
 
     def send_cursors(self, message: bytes) -> None:
         for stream in self.streams.values():

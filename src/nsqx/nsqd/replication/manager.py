@@ -105,6 +105,7 @@ class ReplicationManager:
             if leader is None or role is None or not replica.confirmed:
                 continue
             leader.expire(self.commit_timeout)
+            leader.heartbeat()
             for node in leader.lagging(self.lag_timeout):
                 self._report(replica, "leave", node)
             for node in leader.caught_up():
