@@ -368,15 +368,7 @@ class Partition:
         """Cut the log at ``seq`` (records a failed leader wrote that the new leader
         never had); positions past the new end come back to it. Publishes staged and
         not yet written are dropped unanswered."""
-        if self._commit_scheduled:
-            self._commit_scheduled = False
-            waiters, self._waiters = self._waiters, []
-            self.message_count -= self._staged_counts[0]
-            self.message_bytes -= self._staged_counts[1]
-            self._staged_counts[0] = self._staged_counts[1] = 0
-            self.log.drop_staged()
-            for w in waiters:
-                w(StagedDropped("the partition was truncated before the write"))
+        self._drop_staged("truncated")
         end = self.log.truncate(seq)
         self.visible_end = min(self.visible_end, end)
         self.hold_from = min(self.hold_from, end)
@@ -388,9 +380,23 @@ class Partition:
                 ch.dirty = True
         self.save_state()
 
+    def _drop_staged(self, why: str) -> None:
+        """Forget publishes staged and not written; their publishers get no answer."""
+        if not self._commit_scheduled:
+            return
+        self._commit_scheduled = False
+        waiters, self._waiters = self._waiters, []
+        self.message_count -= self._staged_counts[0]
+        self.message_bytes -= self._staged_counts[1]
+        self._staged_counts[0] = self._staged_counts[1] = 0
+        self.log.drop_staged()
+        for w in waiters:
+            w(StagedDropped(f"the partition was {why} before the write"))
+
     def reset(self, seq: int, offset: int) -> None:
         """Empty the log and start over at ``seq`` (its leader reclaimed what this
         follower lacks); positions come up to it."""
+        self._drop_staged("reset")
         self.log.reset(seq, offset)
         self.visible_end = seq
         self.hold_from = max(self.hold_from, seq)
