@@ -174,3 +174,31 @@ def test_http_publish_is_written_before_its_answer(monkeypatch: pytest.MonkeyPat
         await nsqd.close()
 
     run(body())
+
+
+def test_a_truncate_drops_what_is_staged() -> None:
+    """A follower cut (replication) between a publish and its commit: the staged
+    messages are never written, uncounted, and their publishers told so."""
+
+    async def body() -> None:
+        from nsqx.nsqd.partition import StagedDropped
+
+        nsqd = await start_nsqd()
+        part = nsqd.get_topic("t").default_partition
+        part.publish([b"kept"])
+        await asyncio.sleep(0)
+        heard: list[Any] = []
+        part.publish([b"dropped"])
+        part.when_acknowledged(heard.append)
+        part.truncate(1)
+        assert len(heard) == 1 and isinstance(heard[0], StagedDropped)
+        await asyncio.sleep(0)  # the iteration's commit finds nothing to write
+        assert part.log.end == 1 and part.message_count == 1
+        part.publish([b"next"])
+        await asyncio.sleep(0)
+        assert part.log.end == 2
+        chunks, _ = part.log.read(1, 1)
+        assert chunks[0].endswith(b"next")
+        await nsqd.close()
+
+    run(body())
