@@ -429,8 +429,8 @@ class HTTPServer:
     async def _publish(
         self, name: str, bodies: list[bytes], defer_ms: int = 0, pid: int = -1
     ) -> None:
-        """Publish as TCP does: written before the answer; fsynced too with
-        --sync-before-ack."""
+        """Publish as TCP does: written (by the loop iteration's group commit) before
+        the answer; fsynced too with --sync-before-ack."""
         part = self._pub_partition(name, pid)
         replica = part.replica
         if replica is not None:
@@ -439,6 +439,12 @@ class HTTPServer:
                 raise HTTPError(503, code)
         try:
             part.publish(bodies, defer_ms)
+            if part.durable:
+                # written now, not at the end of the loop iteration: a request costs
+                # far more than its write, and its answer would wait an iteration more
+                err = part.commit()
+                if err is not None:
+                    raise err
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", name, err)
             raise HTTPError(500, "PUB_FAILED") from None
