@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import Consumer, Publisher, leader_port, partition_state, report, until
+from cluster import Consumer, Publisher, leader_port, partition_state, report, start_node, until
 from cutproxy import CutProxy
 
 from lookupdproc import http_request
-from nsqdproc import NsqdProcess, start_nsqd
+from nsqdproc import NsqdProcess
 
 
 def _cluster(
@@ -30,7 +30,7 @@ def _cluster(
         "--broadcast-address=127.0.0.1",
         "--replication-lag-timeout=1s",
     ]
-    nodes = [start_nsqd(tmp_path / f"nsqd{i}", *args) for i in range(3)]
+    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(3)]
     until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd registered")
     return lookupd, nodes, args
 
@@ -96,7 +96,7 @@ def test_leader_killed_nothing_acknowledged_is_lost(
     assert lost == 0
     # at most what was in flight (RDY 100) or not yet confirmed comes twice
     assert dups <= 100 + len(pub.acked) - 200
-    back = start_nsqd(leader.data_path, *args)
+    back = start_node(leader.data_path, *args)
     nodes.append(back)
     if replicator == 3:
         # the old leader is a replica still: it comes back as a follower, catches up
@@ -247,7 +247,7 @@ def test_network_cut_between_leader_and_follower(lookupd_factory: Any, tmp_path:
     proxies = [CutProxy() for _ in range(3)]
     nodes = []
     for i, proxy in enumerate(proxies):
-        node = start_nsqd(
+        node = start_node(
             tmp_path / f"nsqd{i}",
             f"--lookupd-tcp-address={lookupd.tcp_address}",
             "--http-address=127.0.0.1:0",
@@ -321,7 +321,7 @@ def test_follower_back_after_the_leader_reclaimed_starts_over(
         lambda: (s := partition_state(leader, topic)) is not None and s["start"] > 20,
         what="the leader reclaiming what the follower lacks",
     )
-    back = start_nsqd(follower.data_path, *args)
+    back = start_node(follower.data_path, *args)
     nodes.append(back)
     until(
         lambda: (
