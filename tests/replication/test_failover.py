@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import Consumer, Publisher, leader_port, partition_state, report, start_node, until
+from cluster import (
+    STARTED,
+    Consumer,
+    Publisher,
+    leader_port,
+    partition_state,
+    report,
+    start_node,
+    until,
+)
 from cutproxy import CutProxy
 
 from lookupdproc import http_request
@@ -342,3 +351,31 @@ def test_follower_back_after_the_leader_reclaimed_starts_over(
     assert lost == 0
     for n in nodes:
         n.stop(signal.SIGKILL)
+
+
+def test_leader_killed_and_restarted_at_once(lookupd_factory: Any, tmp_path: Path) -> None:
+    """A supervisor restarts a SIGKILLed leader at once, within the grace nsqlookupd
+    gives a lost node (where Youzan's nsqd lost acknowledged messages): it keeps its
+    leadership after nsqlookupd confirms it, its followers catch up from it, and nothing
+    acknowledged is lost."""
+    lookupd, nodes, args = _cluster(lookupd_factory, tmp_path)
+    topic = "quick"
+    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=3")
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(150)
+    con.read_until(lambda: len(set(con.received)) >= 50)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and "leader" in h and h, what="the leader"
+    )
+    leader = holders["leader"]
+    leader.stop(signal.SIGKILL)
+    start_node(leader.data_path, *args)
+    pub.publish(150)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report("replicator 3, leader killed and restarted at once", pub, con)
+    assert lost == 0
+    ends = {(partition_state(n, topic) or {}).get("end") for n in STARTED if n.alive()}
+    assert ends == {300}, ends  # every live replica holds every acknowledged message

@@ -124,8 +124,10 @@ class Partition:
         role, and channels see only what the ISR holds."""
         if self.replica is None and self.durable:
             self.replica = self.nsqd.replication.attach(self)
-            # the saved commit point is unknown: consumers wait for the next commit
-            self.visible_end = min(self.visible_end, self.log.end)
+            # what the ISR held before a restart is not known here (records at the end
+            # may never have reached it): channels wait for the next commit point, from
+            # the leader's followers or, on a follower, from its leader
+            self.visible_end = self.log.start
 
     def __repr__(self) -> str:
         return f"<partition {self.name}:{self.id}>"
