@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -235,6 +236,8 @@ def main() -> None:
         for p in (*nodes, lookupd):
             if p.proc.poll() is None:
                 p.kill()
+        # the data can be gigabytes (in /dev/shm: memory): never leave it behind
+        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -81,11 +81,15 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
 
 
 def _merge_fins(events: list[Any]) -> list[Any]:
-    """Consecutive FINs may come as one Fin event or several: compare the ids."""
+    """Consecutive FINs may come as one Fin event or several, and PUBs with one command
+    line as one Pubs event or several (depending on the reads): compare the ids, and
+    PUB by PUB."""
     out: list[Any] = []
     for ev in events:
         if isinstance(ev, c.Fin) and out and isinstance(out[-1], c.Fin):
             out[-1] = c.Fin(out[-1].ids + ev.ids)
+        elif isinstance(ev, c.Pubs):
+            out.extend(c.Pub(ev.topic, bytes(b), ev.partition) for b in ev.bodies)
         else:
             out.append(ev)
     return out
@@ -144,6 +148,8 @@ def fuzz_commands(data: bytes) -> None:
                 assert 0 <= ev.timeout_ms <= limits.max_req_timeout_ms
             if isinstance(ev, (c.Pub, c.Dpub)):
                 assert 0 < len(ev.body) <= limits.max_msg_size
+            if isinstance(ev, c.Pubs):
+                assert all(0 < len(b) <= limits.max_msg_size for b in ev.bodies)
         outcomes.append([_normalise(e) for e in _merge_fins(events)])
     whole, pieces_ = outcomes
     assert whole == pieces_, (whole, pieces_)
@@ -154,6 +160,7 @@ _COMMAND_TYPES = (
     c.Auth,
     c.Sub,
     c.Pub,
+    c.Pubs,
     c.Mpub,
     c.Dpub,
     c.Rdy,

@@ -314,8 +314,17 @@ def test_meta_persists_across_a_restart(tmp_path: Path) -> None:
             lambda: a.partitions_created("keep") | b.partitions_created("keep") == {0, 1},
             what="partitions re-created",
         )
+        # each partition gets the channel: at least once each (asked again if a node
+        # answers late under load)
         await wait_for(
-            lambda: len(a.created("/channel/create")) + len(b.created("/channel/create")) == 2,
+            lambda: (
+                {
+                    (q["partition"], q["channel"])
+                    for n in (a, b)
+                    for q in n.created("/channel/create")
+                }
+                == {("0", "c1"), ("1", "c1")}
+            ),
             what="channels re-created",
         )
         await wait_for(lambda: lk.coordinator.pending_asks == 0, what="settled")

@@ -10,6 +10,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nsqx.wire import commands as c
@@ -22,9 +23,22 @@ from nsqx.wire.frames import (
 )
 
 from lookupdproc import LookupdProcess, http_request
-from nsqdproc import NsqdProcess
+from nsqdproc import NsqdProcess, start_nsqd
 
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
+
+#: every nsqd a test started (tests/replication/conftest.py kills them after each test,
+#: also when it fails half-way)
+STARTED: list[NsqdProcess] = []
+
+
+def start_node(data_path: Path, *args: str) -> NsqdProcess:
+    """``start_nsqd``, and remembered so that the test's end stops it whatever happens."""
+    node = start_nsqd(data_path, *args)
+    STARTED.append(node)
+    return node
+
+
 HEARTBEAT = b"_heartbeat_"
 
 

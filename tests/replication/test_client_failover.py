@@ -10,11 +10,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from cluster import leader_port, until
+from cluster import leader_port, start_node, until
 
 from nsqx.client import Consumer, Message, PartitionProducer
-
-from nsqdproc import start_nsqd
 
 
 def test_nsqx_client_follows_the_new_leader(lookupd_factory: Any, tmp_path: Path) -> None:
@@ -25,7 +23,7 @@ def test_nsqx_client_follows_the_new_leader(lookupd_factory: Any, tmp_path: Path
         "--broadcast-address=127.0.0.1",
         "--replication-lag-timeout=1s",
     ]
-    nodes = [start_nsqd(tmp_path / f"nsqd{i}", *args) for i in range(3)]
+    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(3)]
     until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd")
     status, _, body = lookupd.post("/topic/create?topic=cl&partition_num=1&replicator=2")
     assert status == 200, body

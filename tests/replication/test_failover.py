@@ -12,11 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import Consumer, Publisher, leader_port, partition_state, report, until
+from cluster import (
+    STARTED,
+    Consumer,
+    Publisher,
+    leader_port,
+    partition_state,
+    report,
+    start_node,
+    until,
+)
 from cutproxy import CutProxy
 
 from lookupdproc import http_request
-from nsqdproc import NsqdProcess, start_nsqd
+from nsqdproc import NsqdProcess
 
 
 def _cluster(
@@ -30,7 +39,7 @@ def _cluster(
         "--broadcast-address=127.0.0.1",
         "--replication-lag-timeout=1s",
     ]
-    nodes = [start_nsqd(tmp_path / f"nsqd{i}", *args) for i in range(3)]
+    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(3)]
     until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd registered")
     return lookupd, nodes, args
 
@@ -96,7 +105,7 @@ def test_leader_killed_nothing_acknowledged_is_lost(
     assert lost == 0
     # at most what was in flight (RDY 100) or not yet confirmed comes twice
     assert dups <= 100 + len(pub.acked) - 200
-    back = start_nsqd(leader.data_path, *args)
+    back = start_node(leader.data_path, *args)
     nodes.append(back)
     if replicator == 3:
         # the old leader is a replica still: it comes back as a follower, catches up
@@ -229,6 +238,12 @@ def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_
         what="the drained node following, in the ISR again",
     )
     assert lookupd.post(f"/topic/partition/move?topic={topic}&partition=0")[0] == 400
+    # a follower's channel positions come from its leader: moving one there is refused
+    status, _, body = http_request(
+        f"{leader.http_url}/channel/setoffset?topic={topic}&channel=c&partition=0",
+        method="POST",
+    )
+    assert (status, json.loads(body)) == (400, {"message": "E_FAILED_ON_NOT_LEADER"})
     for n in nodes:
         n.stop(signal.SIGKILL)
 
@@ -241,7 +256,7 @@ def test_network_cut_between_leader_and_follower(lookupd_factory: Any, tmp_path:
     proxies = [CutProxy() for _ in range(3)]
     nodes = []
     for i, proxy in enumerate(proxies):
-        node = start_nsqd(
+        node = start_node(
             tmp_path / f"nsqd{i}",
             f"--lookupd-tcp-address={lookupd.tcp_address}",
             "--http-address=127.0.0.1:0",
@@ -315,7 +330,7 @@ def test_follower_back_after_the_leader_reclaimed_starts_over(
         lambda: (s := partition_state(leader, topic)) is not None and s["start"] > 20,
         what="the leader reclaiming what the follower lacks",
     )
-    back = start_nsqd(follower.data_path, *args)
+    back = start_node(follower.data_path, *args)
     nodes.append(back)
     until(
         lambda: (
@@ -336,3 +351,31 @@ def test_follower_back_after_the_leader_reclaimed_starts_over(
     assert lost == 0
     for n in nodes:
         n.stop(signal.SIGKILL)
+
+
+def test_leader_killed_and_restarted_at_once(lookupd_factory: Any, tmp_path: Path) -> None:
+    """A supervisor restarts a SIGKILLed leader at once, within the grace nsqlookupd
+    gives a lost node (where Youzan's nsqd lost acknowledged messages): it keeps its
+    leadership after nsqlookupd confirms it, its followers catch up from it, and nothing
+    acknowledged is lost."""
+    lookupd, nodes, args = _cluster(lookupd_factory, tmp_path)
+    topic = "quick"
+    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=3")
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    pub = Publisher(lookupd, topic)
+    con = Consumer(lookupd, topic, "c")
+    pub.publish(150)
+    con.read_until(lambda: len(set(con.received)) >= 50)
+    holders = until(
+        lambda: (h := _holders(nodes, topic)) and "leader" in h and h, what="the leader"
+    )
+    leader = holders["leader"]
+    leader.stop(signal.SIGKILL)
+    start_node(leader.data_path, *args)
+    pub.publish(150)
+    con.read_until(lambda: set(pub.acked) <= set(con.received))
+    lost, _ = report("replicator 3, leader killed and restarted at once", pub, con)
+    assert lost == 0
+    ends = {(partition_state(n, topic) or {}).get("end") for n in STARTED if n.alive()}
+    assert ends == {300}, ends  # every live replica holds every acknowledged message

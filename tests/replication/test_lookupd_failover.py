@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import Consumer, Publisher, leader_port, partition_state, report, until
+from cluster import Consumer, Publisher, leader_port, partition_state, report, start_node, until
 
 from etcdproc import ETCD, EtcdProcess, start_etcd
 from lookupdproc import LookupdProcess
-from nsqdproc import NsqdProcess, start_nsqd
+from nsqdproc import NsqdProcess
 
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 
@@ -51,7 +51,7 @@ def test_leading_lookupd_and_partition_leader_killed_together(
         "--broadcast-address=127.0.0.1",
         "--replication-lag-timeout=1s",
     ]
-    nodes: list[NsqdProcess] = [start_nsqd(tmp_path / f"nsqd{i}", *args) for i in range(3)]
+    nodes: list[NsqdProcess] = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(3)]
     try:
         until(
             lambda: all(len(lk.json("/nodes")["producers"]) == 3 for lk in lookupds),

@@ -41,10 +41,13 @@ command = st.one_of(
 
 
 def merge_fins(events: list[object]) -> list[object]:
-    """Consecutive FINs may arrive as one Fin event; compare id sequences."""
+    """Consecutive FINs may arrive as one Fin event, consecutive PUBs of one topic as one
+    Pubs event: compare them as single commands."""
     out: list[object] = []
     for ev in events:
-        if isinstance(ev, c.Fin) and out and isinstance(out[-1], c.Fin):
+        if isinstance(ev, c.Pubs):
+            out.extend(c.Pub(ev.topic, b, ev.partition) for b in ev.bodies)
+        elif isinstance(ev, c.Fin) and out and isinstance(out[-1], c.Fin):
             out[-1] = c.Fin(out[-1].ids + ev.ids)
         else:
             out.append(ev)
@@ -311,3 +314,37 @@ def test_found_by_fuzzing_answers_do_not_depend_on_how_tcp_cut_the_input() -> No
     for data in (long_line, long_line + b"\n"):
         (err,) = TLSRequiredParser(limits).feed(MAGIC_V2 + data)
         assert str(err) == "E_INVALID command line too long (> 64 bytes)"
+
+
+def test_pubs_in_a_row_with_one_line_are_one_event() -> None:
+    """PUBs with the same command line in one read are one Pubs event (published
+    together, each answered); another command or another topic ends the run."""
+    pubs = c.pub("t", b"a") + c.pub("t", b"bb") + c.pub("t", b"c")
+    events = CommandParser().feed(MAGIC_V2 + pubs + c.nop() + c.pub("t", b"d") + c.pub("u", b"e"))
+    assert events == [
+        c.Pubs("t", [b"a", b"bb", b"c"]),
+        c.Nop(),
+        c.Pub("t", b"d"),
+        c.Pub("u", b"e"),
+    ]
+    # the next read continues with the line checked already; a partition is part of it
+    parser = CommandParser()
+    assert parser.feed(MAGIC_V2 + c.pub("t", b"a", 3)) == [c.Pub("t", b"a", 3)]
+    assert parser.feed(c.pub("t", b"b", 3) * 2 + c.pub("t", b"c")) == [
+        c.Pubs("t", [b"b", b"b"], 3),
+        c.Pub("t", b"c"),
+    ]
+
+
+def test_pubs_run_keeps_the_checks() -> None:
+    """A repeated PUB line still has its body checked: too big is refused as ever, and
+    a body split across reads is waited for."""
+    parser = CommandParser(ParserLimits(max_msg_size=4))
+    assert parser.feed(MAGIC_V2 + c.pub("t", b"ok")) == [c.Pub("t", b"ok")]
+    whole = c.pub("t", b"wait")
+    assert parser.feed(whole[:-2]) == []
+    assert parser.feed(whole[-2:]) == [c.Pub("t", b"wait")]
+    events = parser.feed(c.pub("t", b"fine") + c.pub("t", b"toobig"))
+    assert events[0] == c.Pub("t", b"fine")
+    assert isinstance(events[1], ProtocolError)
+    assert events[1].code == "E_BAD_MESSAGE"

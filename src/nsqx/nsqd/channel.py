@@ -98,6 +98,11 @@ class Channel:
         self._pump_scheduled = False
         self._rr = 0
         self._loop = asyncio.get_running_loop()
+        #: one timer for the earliest deferred message (not one per message), and its due
+        #: time (wall clock ns): deferred messages come due within a timer tick of their
+        #: time, not at the next scan (--queue-scan-interval)
+        self._defer_timer: asyncio.TimerHandle | None = None
+        self._defer_timer_due = 0
         #: set when the cursor state changed since the last checkpoint
         self.dirty = False
         #: size and time of the last checkpoint (to pace very large ones)
@@ -146,6 +151,7 @@ class Channel:
             else:
                 self.requeued.append((seq, attempts))
         heapq.heapify(self.deferred)
+        self._arm_deferred()
 
     def cursor_state(self) -> CursorState:
         """The checkpoint of this channel now (see nsqx.store.cursor)."""
@@ -237,10 +243,12 @@ class Channel:
     def detach(self) -> None:
         """nsqd is stopping: stop delivering (state stays on disk)."""
         self.paused = True
+        self._disarm_deferred()
 
     def close(self) -> None:
         """Deleted: close subscribers, forget everything, remove the cursor file."""
         self.deleted = True
+        self._disarm_deferred()
         for c in list(self.clients):
             c.close()
         self.clients.clear()
@@ -548,6 +556,7 @@ class Channel:
                 skip.add(seq - lo)
         if not skip:
             return frames, ids
+        self._arm_deferred()
         frames = split_chunks(frames)
         keep = [j for j in range(len(frames)) if j not in skip]
         return [frames[j] for j in keep], [ids[j] for j in keep]
@@ -619,6 +628,7 @@ class Channel:
         else:
             due = clock.monotonic_ns() + timeout_ms * 1_000_000
             heapq.heappush(self.deferred, (due, seq_of(msg_id), attempts))
+            self._arm_deferred()
             self.notify()  # the client's RDY has room again
         return None
 
@@ -658,10 +668,43 @@ class Channel:
                 self.timeout_count += len(expired)
                 c.timeout_count += len(expired)
                 moved = True
+        if self._release_deferred(now_ns):
+            moved = True
+        if moved:
+            self.notify()
+
+    def _release_deferred(self, now_ns: int) -> bool:
+        """Move the deferred messages due by ``now_ns`` to the requeued ones."""
         deferred = self.deferred
+        moved = False
         while deferred and deferred[0][0] <= now_ns:
             _, seq, attempts = heapq.heappop(deferred)
             self.requeued.append((seq, attempts))
             moved = True
-        if moved:
+        self._arm_deferred()
+        return moved
+
+    def _arm_deferred(self) -> None:
+        """Have the timer go off when the earliest deferred message is due."""
+        if not self.deferred or self.deleted:
+            return
+        due = self.deferred[0][0]
+        timer = self._defer_timer
+        if timer is not None:
+            if self._defer_timer_due <= due:
+                return  # it goes off first; it re-arms for the next
+            timer.cancel()
+        self._defer_timer_due = due
+        # at least a timer tick (1 ms): the loop's timers may round a little early
+        delay = max((due - clock.monotonic_ns()) / 1e9, 0.001)
+        self._defer_timer = self._loop.call_later(delay, self._deferred_timer)
+
+    def _disarm_deferred(self) -> None:
+        if self._defer_timer is not None:
+            self._defer_timer.cancel()
+            self._defer_timer = None
+
+    def _deferred_timer(self) -> None:
+        self._defer_timer = None
+        if self._release_deferred(clock.monotonic_ns()):
             self.notify()

@@ -461,8 +461,8 @@ class HTTPServer:
     async def _publish(
         self, name: str, bodies: list[bytes], defer_ms: int = 0, pid: int = -1
     ) -> None:
-        """Publish as TCP does: written before the answer; fsynced too with
-        --sync-before-ack."""
+        """Publish as TCP does: written (by the loop iteration's group commit) before
+        the answer; fsynced too with --sync-before-ack."""
         try:
             part = self._pub_partition(name, pid)
             replica = part.replica
@@ -471,6 +471,12 @@ class HTTPServer:
                 if code is not None:
                     raise HTTPError(503, code)
             part.publish(bodies, defer_ms)
+            if part.durable:
+                # written now, not at the end of the loop iteration: a request costs
+                # far more than its write, and its answer would wait an iteration more
+                err = part.commit()
+                if err is not None:
+                    raise err
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", name, err)
             raise HTTPError(500, "PUB_FAILED") from None
@@ -563,6 +569,9 @@ class HTTPServer:
             if err.message in ("TOPIC_NOT_FOUND", "PARTITION_NOT_FOUND"):
                 raise HTTPError(404, "E_TOPIC_NOT_EXIST") from None  # Youzan's answer
             raise
+        if part.replica is not None and part.replica.leader is None:
+            # a follower's positions come from its leader (Youzan's answer)
+            raise HTTPError(400, E_FAILED_ON_NOT_LEADER)
         if "sequence" in params:
             seq = _int_param(params, "sequence", -1)
             if seq < 0:

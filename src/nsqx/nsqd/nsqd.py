@@ -32,7 +32,7 @@ from nsqx.nsqd.syncer import Checkpointer, LogSyncer
 from nsqx.nsqd.tls import build_server_context
 from nsqx.nsqd.topic import Topic
 from nsqx.nsqd.tracer import Tracer
-from nsqx.store.disklog import DiskLog
+from nsqx.store.disklog import DiskLog, remove_file
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.topic_meta import DEFAULT_META, TopicMeta
 
@@ -74,6 +74,11 @@ def _saved_meta(name: str, saved: dict[str, Any] | None) -> TopicMeta:
         return DEFAULT_META
 
 
+def _log_failed_removal(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("STORE: could not delete a reclaimed file: %s", fut.exception())
+
+
 def split_address(address: str) -> tuple[str, int]:
     """``host:port`` (``[v6]:port`` too) -> (host, port); an empty host means all."""
     host, sep, port = address.rpartition(":")
@@ -111,7 +116,10 @@ class NSQD:
         self._scan_task: asyncio.Task[None] | None = None
         self._exiting = False
         self._read_this_turn = 0
-        self._budget_reset_scheduled = False
+        self._turn_end_scheduled = False
+        #: partitions with publishes staged in this loop iteration
+        self._to_commit: list[Partition] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._loading = False
         self.data_path = options.data_path or os.getcwd()
         self._lock = DataDirLock(self.data_path)
@@ -145,15 +153,34 @@ class NSQD:
 
     def spend_read_budget(self, nbytes: int) -> bool:
         """Count bytes read in this loop iteration; True once over the budget."""
-        if not self._budget_reset_scheduled:
-            self._budget_reset_scheduled = True
-            asyncio.get_running_loop().call_soon(self._reset_read_budget)
+        if not self._turn_end_scheduled:
+            self._schedule_turn_end()
         self._read_this_turn += nbytes
         return self._read_this_turn >= READ_BUDGET_PER_ITERATION
 
-    def _reset_read_budget(self) -> None:
+    def commit_soon(self, part: Partition) -> None:
+        """Have ``part`` commit what it staged once this loop iteration's reads are done
+        (one write for every publish of the iteration, from every connection)."""
+        self._to_commit.append(part)
+        if not self._turn_end_scheduled:
+            self._schedule_turn_end()
+
+    def _schedule_turn_end(self) -> None:
+        # One handle per loop iteration, run after the iteration's I/O callbacks: ready
+        # handles run in the next iteration's first phase, before it polls again.
+        self._turn_end_scheduled = True
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        loop.call_soon(self._turn_end)
+
+    def _turn_end(self) -> None:
+        self._turn_end_scheduled = False
         self._read_this_turn = 0
-        self._budget_reset_scheduled = False
+        if self._to_commit:
+            parts, self._to_commit = self._to_commit, []
+            for part in parts:
+                part.commit()
 
     @property
     def exiting(self) -> bool:
@@ -414,6 +441,13 @@ class NSQD:
                 for topic in list(self.topics.values()):
                     for part in list(topic.partitions.values()):
                         part.reclaim()
+
+    def remove_later(self, path: str) -> None:
+        """Unlink a file in a thread (a reclaimed 100 MB segment takes 5-30 ms to unlink:
+        the event loop would stall meanwhile)."""
+        loop = self._loop or asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, remove_file, path)
+        fut.add_done_callback(_log_failed_removal)
 
     def sync_partitions(self, keys: set[tuple[str, int]]) -> asyncio.Future[list[None]]:
         """A future done once every write so far to these partitions is fsynced."""

@@ -24,7 +24,14 @@ class CachedBatch:
 
     __slots__ = ("chunk", "ids", "offset", "starts", "stride")
 
-    def __init__(self, chunk: bytes, ids: list[bytes], stride: int = 0, offset: int = 0) -> None:
+    def __init__(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        stride: int = 0,
+        offset: int = 0,
+        starts: array[int] | None = None,
+    ) -> None:
         if stride and stride * len(ids) != len(chunk):
             raise ValueError("chunk length does not match its frames")
         self.chunk = chunk
@@ -32,8 +39,13 @@ class CachedBatch:
         self.stride = stride
         #: the virtual offset of the first frame (set by the log that appends it)
         self.offset = offset
-        # frame start positions (count + 1 of them) when sizes differ
-        self.starts: array[int] | None = None if stride else frame_starts(chunk, len(ids))
+        # frame start positions (count + 1 of them) when sizes differ; ``starts`` when
+        # the caller found them already (checked: they tile the chunk)
+        if stride:
+            starts = None
+        elif starts is None:
+            starts = frame_starts(chunk, len(ids))
+        self.starts: array[int] | None = starts
 
     def frame_offset(self, a: int) -> int:
         """The virtual offset of frame ``a``."""

@@ -7,7 +7,9 @@ Layout of a partition directory::
     00000000000000052417.idx   sparse index of a sealed segment (rebuilt if missing)
 
 A segment starts with a 24-byte header (magic, first sequence, first virtual offset)
-followed by batch records. A batch is what one PUB, MPUB or DPUB appended::
+followed by batch records. A batch is what one PUB, MPUB or DPUB appended, or the
+publishes staged together for one commit (consecutive ones with the same deliver-at
+time and kind of frame: see :meth:`DiskLog.stage`)::
 
     [u32 payload length][u32 crc32c][u64 first seq][u32 count][i64 deliver-at ns][u16 flags]
     [payload: the batch's message frames, exactly as nsqd sends them with attempts=1]
@@ -36,7 +38,7 @@ import time
 import zlib
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import google_crc32c
@@ -231,6 +233,95 @@ def split_frames(payload: memoryview | bytes, count: int) -> list[bytes]:
     return [bytes(payload[starts[k] : starts[k + 1]]) for k in range(count)]
 
 
+_LEN_CRC = struct.Struct(">II")
+#: staged batches smaller than _MERGE_CHUNK are merged into one record up to _MERGE_MAX
+#: bytes (small publishes: their per-record cost matters); bigger ones are records of
+#: their own (merging would only copy them)
+_MERGE_CHUNK = 16 * 1024
+_MERGE_MAX = 64 * 1024
+#: buffers per writev (the kernel's IOV_MAX is 1024)
+_IOV_MAX = 1024
+
+
+def _writev_all(fd: int, buffers: list[bytes]) -> int:
+    """writev ``buffers`` (in IOV_MAX slices); the bytes written."""
+    if len(buffers) <= _IOV_MAX:
+        return os.writev(fd, buffers)
+    written = 0
+    for i in range(0, len(buffers), _IOV_MAX):
+        part = buffers[i : i + _IOV_MAX]
+        n = os.writev(fd, part)
+        written += n
+        if n != sum(map(len, part)):
+            break
+    return written
+
+
+class _StagedBatch:
+    """Batches staged together that become one batch record: their chunks, ids and
+    frame layout (a common stride, else each chunk's stride or start positions)."""
+
+    __slots__ = ("chunks", "deliver_at", "ids", "kind", "parts", "size", "stride")
+
+    def __init__(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        stride: int,
+        starts: array[int] | None,
+        deliver_at: int,
+        kind: int,
+    ) -> None:
+        self.chunks = [chunk]
+        self.ids = ids
+        self.size = len(chunk)
+        self.stride = stride
+        #: (stride, starts, chunk length) per chunk, kept once the strides differ
+        self.parts: list[tuple[int, array[int] | None, int]] | None = (
+            None if stride else [(0, starts, len(chunk))]
+        )
+        self.deliver_at = deliver_at
+        self.kind = kind
+
+    def add(self, chunk: bytes, ids: list[bytes], stride: int, starts: array[int] | None) -> None:
+        chunks = self.chunks
+        if len(chunks) == 1:
+            self.ids = self.ids + ids  # the first list may be the caller's
+        else:
+            self.ids.extend(ids)
+        chunks.append(chunk)
+        self.size += len(chunk)
+        parts = self.parts
+        if parts is not None:
+            parts.append((stride, starts, len(chunk)))
+        elif stride != self.stride:
+            # frame sizes differ from here on: keep the layout of every chunk
+            common = self.stride
+            self.parts = [(common, None, len(c)) for c in chunks[:-1]]
+            self.parts.append((stride, starts, len(chunk)))
+            self.stride = 0
+
+    def batch(self) -> tuple[bytes, list[bytes], int, array[int] | None]:
+        """(chunk, ids, stride, starts) of the whole record."""
+        chunks = self.chunks
+        parts = self.parts
+        if len(chunks) == 1:
+            return chunks[0], self.ids, self.stride, parts[0][1] if parts else None
+        chunk = b"".join(chunks)
+        if parts is None:
+            return chunk, self.ids, self.stride, None
+        starts = array("q")
+        base = 0
+        for stride, part_starts, length in parts:
+            if part_starts is None:
+                starts.extend(range(base, base + length, stride))
+            else:
+                starts.extend(x + base for x in part_starts[:-1])
+            base += length
+        starts.append(base)
+        return chunk, self.ids, 0, starts
+
+
 class DiskLog:
     """A :class:`~nsqx.store.log.MessageLog` kept in segment files.
 
@@ -279,6 +370,10 @@ class DiskLog:
         self._chunk: tuple[str, int, bytes] = ("", 0, b"")
         self.unsynced = 0
         self.last_sync = time.monotonic()
+        # batches waiting for commit(), the sequence and virtual offset after them
+        self._staged: list[_StagedBatch] = []
+        self._staged_end = 0
+        self._staged_offset = 0
         os.makedirs(directory, exist_ok=True)
         self._open()
         self.cache = BatchCache(self.end)
@@ -526,28 +621,100 @@ class DiskLog:
 
     # -- writing ----------------------------------------------------------------------
 
-    def append(
-        self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
+    @property
+    def next_seq(self) -> int:
+        """The sequence the next staged batch gets (after those staged already)."""
+        return self._staged_end if self._staged else self.end
+
+    @property
+    def staged(self) -> bool:
+        """Whether batches wait for :meth:`commit`."""
+        return bool(self._staged)
+
+    def stage(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        deliver_at_ns: int = 0,
+        stride: int = 0,
+        kind: int = 0,
     ) -> int:
+        """Add a batch to the group that the next :meth:`commit` writes with one system
+        call; returns the virtual offset its first frame will have. Readers see it once
+        committed (``end`` does not count it before). Consecutive staged batches with
+        the same deliver-at time and ``kind`` (frames of different kinds never share a
+        stored batch) become one batch record: one header, one crc, one cache entry
+        (small ones, up to 64 KiB: a batch of 16 KiB or more, an MPUB, is a record of
+        its own, written without a copy).
+        Raises ValueError (nothing staged) if the frames do not tile the chunk."""
         if not ids:
             raise ValueError("an empty batch")  # a record holds one message or more
-        seg = self.segments[-1]
-        # checks the chunk before it is written; its frames start after the batch header
-        offset = seg.base_offset + seg.size - SEG_HEAD_SIZE + BATCH_HEAD_SIZE
-        cached = CachedBatch(chunk, ids, stride, offset)
-        first = seg.end_seq
         count = len(ids)
-        rest = _BATCH_HEAD.pack(0, 0, first, count, deliver_at_ns, 0)[8:]
-        crc = google_crc32c.extend(google_crc32c.value(rest), chunk)
-        head = struct.pack(">II", len(chunk), crc) + rest
+        starts = None
+        if stride:
+            if stride * count != len(chunk):
+                raise ValueError("chunk length does not match its frames")
+        else:
+            starts = frame_starts(chunk, count)
+        staged = self._staged
+        if not staged:
+            self._staged_end = self.end
+            self._staged_offset = self.end_offset
+        last = staged[-1] if staged else None
+        if (
+            last is not None
+            and last.deliver_at == deliver_at_ns
+            and last.kind == kind
+            and len(chunk) < _MERGE_CHUNK
+            and last.size + len(chunk) <= _MERGE_MAX
+            and len(last.chunks[0]) < _MERGE_CHUNK
+        ):
+            offset = self._staged_offset
+            last.add(chunk, ids, stride, starts)
+        else:
+            offset = self._staged_offset + BATCH_HEAD_SIZE
+            staged.append(_StagedBatch(chunk, ids, stride, starts, deliver_at_ns, kind))
+        self._staged_offset = offset + len(chunk)
+        self._staged_end += count
+        return offset
+
+    def commit(self) -> int:
+        """Write every staged batch record with one ``writev`` (so an acknowledged
+        message is in the file, the OS page cache, and survives the process being
+        killed); returns the number of records committed. On an OSError nothing staged
+        is kept (their sequences are given again) and no partial record stays behind."""
+        staged = self._staged
+        if not staged:
+            return 0
+        self._staged = []
+        seg = self.segments[-1]
+        seq = seg.end_seq
+        pos = seg.size
+        buffers: list[bytes] = []
+        records: list[tuple[int, int, int, CachedBatch]] = []
+        pack = _BATCH_HEAD.pack
+        value, extend = google_crc32c.value, google_crc32c.extend
+        for st in staged:
+            chunk, ids, stride, starts = st.batch()
+            count = len(ids)
+            rest = pack(0, 0, seq, count, st.deliver_at, 0)[8:]
+            head = _LEN_CRC.pack(len(chunk), extend(value(rest), chunk)) + rest
+            offset = seg.base_offset + pos - SEG_HEAD_SIZE + BATCH_HEAD_SIZE
+            cached = CachedBatch(chunk, ids, stride, offset, starts)
+            buffers.append(head)
+            buffers.append(chunk)
+            records.append((seq, pos, st.deliver_at, cached))
+            pos += BATCH_HEAD_SIZE + len(chunk)
+            seq += count
+        total = pos - seg.size
         if self._tail_dirty:
             # a failed write left bytes that could not be cut then: cut them first (the
             # file is appended to at its end, which must be the last whole record's)
             os.ftruncate(self._fd, seg.size)
             self._tail_dirty = False
         try:
-            written = os.writev(self._fd, (head, chunk))
-            if written != len(head) + len(chunk):
+            written = _writev_all(self._fd, buffers)
+            if written != total:
                 raise OSError(
                     errno.ENOSPC, f"short write to {seg.path}: {written} bytes (disk full?)"
                 )
@@ -558,16 +725,17 @@ class DiskLog:
             except OSError:
                 self._tail_dirty = True
             raise
-        seg.note_batch(first, seg.size, deliver_at_ns)
-        if seg.verified_upto == seg.size:
-            seg.verified_upto += written
-        seg.size += written
-        seg.end_seq = first + count
-        self.unsynced += count
-        if deliver_at_ns:
-            self._deferred.add(first, count, deliver_at_ns)
         cache = self.cache
-        cache.append(cached)
+        for first, at, deliver_at, cached in records:
+            seg.note_batch(first, at, deliver_at)
+            if deliver_at:
+                self._deferred.add(first, len(cached.ids), deliver_at)
+            cache.append(cached)
+        if seg.verified_upto == seg.size:
+            seg.verified_upto += total
+        self.unsynced += seq - seg.end_seq
+        seg.size = pos
+        seg.end_seq = seq
         if len(cache) > self.cache_size + self._cache_slack:
             # trimming shifts the lists: do it every cache_size/4 records, not each time
             cache.trim_to(cache.end - self.cache_size)
@@ -582,6 +750,20 @@ class DiskLog:
                 self._roll_failing = True
             else:
                 self._roll_failing = False
+        return len(records)
+
+    def drop_staged(self) -> None:
+        """Forget what is staged, unwritten (its sequences are given again)."""
+        self._staged = []
+
+    def append(
+        self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
+    ) -> int:
+        """Write one batch record now (after whatever was staged), as its own record."""
+        self.commit()
+        first = self.end
+        self.stage(chunk, ids, deliver_at_ns, stride)
+        self.commit()
         return first
 
     def _roll(self) -> None:
@@ -1013,6 +1195,7 @@ class DiskLog:
         """Forget every record at or after ``seq`` (a follower's tail that its new leader
         never had): the files are cut at the batch that holds ``seq`` (so to its first
         sequence, if ``seq`` is inside a batch) and fsynced. Returns the new end."""
+        self._staged = []  # (nothing staged survives a cut: Partition.truncate)
         if seq >= self.end:
             return self.end
         seq = max(seq, self.start)
@@ -1146,9 +1329,16 @@ class DiskLog:
         segs = self.segments
         return segs[0].end_seq if len(segs) > 1 else None
 
-    def reclaim(self, before: int, retention: float = 0.0) -> int:
+    def reclaim(
+        self,
+        before: int,
+        retention: float = 0.0,
+        remove: Callable[[str], None] | None = None,
+    ) -> int:
         """Delete sealed segments wholly below ``before`` and idle for ``retention``
-        seconds. Returns the bytes freed."""
+        seconds. Returns the bytes freed. The files are unlinked by ``remove`` (nsqd
+        passes one that runs in a thread: unlinking a 100 MB segment takes 5-30 ms),
+        else at once."""
         freed = 0
         now = time.time()
         while len(self.segments) > 1:
@@ -1159,10 +1349,7 @@ class DiskLog:
             self._close_reader(seg.path)
             self._forget_sealed(seg.path)
             for p in (seg.path, seg.idx_path):
-                try:
-                    os.remove(p)
-                except FileNotFoundError:
-                    pass
+                (remove or remove_file)(p)
             freed += seg.size
             log.info("STORE: deleted %s", seg.path)
         self._deferred.forget_below(self.start)
@@ -1195,12 +1382,14 @@ class DiskLog:
     def close(self, *, sync: bool = True) -> None:
         """fsync (unless ``sync`` is false) and close: a clean shutdown. Waits for a
         sync running in another thread; a failed fsync is raised after the files are
-        closed."""
+        closed. Staged batches are committed first (dropped without ``sync``)."""
         with self._syncing:
             try:
                 if sync and not self._closed:
+                    self.commit()
                     self._sync()
             finally:
+                self._staged = []
                 with self._sync_lock:
                     fds = [fd for fd, _ in self._sealed_fds] + [self._fd]
                     self._sealed_fds, self._fd = [], -1
@@ -1215,8 +1404,16 @@ class DiskLog:
         """Close and delete every file (the topic was deleted: nothing to fsync)."""
         self.close(sync=False)
         for name in os.listdir(self.directory):
-            os.remove(os.path.join(self.directory, name))
+            remove_file(os.path.join(self.directory, name))  # (a reclaim may race us)
         os.rmdir(self.directory)
+
+
+def remove_file(path: str) -> None:
+    """Unlink ``path`` if it is there."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def fsync_dir(path: str) -> None:

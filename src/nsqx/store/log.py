@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 from array import array
+from collections.abc import Callable
 from typing import Protocol
 
 from nsqx.wire.batch import StoredBatch
@@ -86,6 +87,39 @@ class MessageLog(Protocol):
         ``deliver_at_ns`` (wall clock) marks them deferred until then (DPUB)."""
         ...
 
+    @property
+    def next_seq(self) -> int:
+        """Sequence the next staged batch gets (``end`` plus what waits for commit)."""
+        ...
+
+    @property
+    def staged(self) -> bool:
+        """Whether staged batches wait for :meth:`commit` (a MemoryLog appends at once)."""
+        ...
+
+    def stage(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        deliver_at_ns: int = 0,
+        stride: int = 0,
+        kind: int = 0,
+    ) -> int:
+        """Like :meth:`append`, but a DiskLog only stages the batch for the next
+        :meth:`commit`, which writes everything staged at once (a group commit; readers
+        see staged records once committed). Batches of different ``kind`` (vanilla or
+        extended frames) never share a stored batch. Returns the virtual offset of the
+        batch's first frame."""
+        ...
+
+    def commit(self) -> int:
+        """Write the staged batches (OSError: none of them is kept); how many records."""
+        ...
+
+    def drop_staged(self) -> None:
+        """Forget the staged batches, unwritten."""
+        ...
+
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         """Up to ``limit`` records from ``seq`` (clamped to ``start``): their frames, as
         chunks that may each hold several consecutive frames (so a read from disk can
@@ -153,9 +187,14 @@ class MessageLog(Protocol):
         something (None: there is nothing to reclaim)."""
         ...
 
-    def reclaim(self, before: int, retention: float = 0.0) -> int:
+    def reclaim(
+        self,
+        before: int,
+        retention: float = 0.0,
+        remove: Callable[[str], None] | None = None,
+    ) -> int:
         """Delete what is below ``before`` and idle for ``retention`` seconds; the bytes
-        freed."""
+        freed. Files are unlinked with ``remove`` (default: at once)."""
         ...
 
     def close(self, *, sync: bool = True) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from collections.abc import Callable
 
 from nsqx.store.deferred import DeferredIndex
 from nsqx.store.log import split_chunk
@@ -63,6 +64,34 @@ class MemoryLog:
             self._deferred.add(first, len(frames), deliver_at_ns)
         return first
 
+    @property
+    def next_seq(self) -> int:
+        return self.end
+
+    @property
+    def staged(self) -> bool:
+        """Never: a stage is an append."""
+        return False
+
+    def stage(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        deliver_at_ns: int = 0,
+        stride: int = 0,
+        kind: int = 0,
+    ) -> int:
+        """Append now (there is nothing to write); returns the first frame's offset."""
+        offset = self._end_offset
+        self.append(chunk, ids, deliver_at_ns, stride)
+        return offset
+
+    def commit(self) -> int:
+        return 0
+
+    def drop_staged(self) -> None:
+        pass
+
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         i = max(seq - self._base, 0)
         j = i + limit
@@ -97,7 +126,12 @@ class MemoryLog:
     def reclaim_floor(self) -> int | None:
         return None  # memory is released as channels finish, not reclaimed
 
-    def reclaim(self, before: int, retention: float = 0.0) -> int:
+    def reclaim(
+        self,
+        before: int,
+        retention: float = 0.0,
+        remove: Callable[[str], None] | None = None,
+    ) -> int:
         return 0
 
     def close(self, *, sync: bool = True) -> None:

@@ -12,7 +12,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from nsqx.wire.errors import (
     E_BAD_BODY,
@@ -86,6 +86,15 @@ class Sub(NamedTuple):
 class Pub(NamedTuple):
     topic: str
     body: bytes
+    partition: int = DEFAULT_PARTITION
+
+
+class Pubs(NamedTuple):
+    """Two or more PUBs in a row, in one read, with the same command line (topic and
+    partition): parsed together, published together, each answered on its own."""
+
+    topic: str
+    bodies: list[bytes]
     partition: int = DEFAULT_PARTITION
 
 
@@ -173,6 +182,7 @@ Command = (
     | Auth
     | Sub
     | Pub
+    | Pubs
     | Mpub
     | Dpub
     | Rdy
@@ -293,6 +303,13 @@ class CommandParser:
         #: 8-byte id + 8-byte trace id): FIN, REQ and TOUCH then carry 16 raw bytes that
         #: may contain a newline or a space, so they are cut at fixed offsets.
         self.binary_ids = False
+        # the command line of the last PUB parsed, checked already: the same line again
+        # (a publisher's usual case) skips the checks
+        self._pub_line = b""
+        #: the last body command line whose parameters were checked
+        self._checked_line = b""
+        self._pub_topic = ""
+        self._pub_partition = DEFAULT_PARTITION
 
     @property
     def dead(self) -> bool:
@@ -377,13 +394,40 @@ class CommandParser:
         """Parse ``data[pos:]``."""
         limits = self.limits
         max_line = limits.max_line
+        max_msg = limits.max_msg_size
         n = len(data)
+        # PUBs in a row with one command line become one Pubs event: run_at is the index
+        # of the last such event in ``events``, run its bodies (None: a single Pub yet)
+        run_at = -1
+        run: list[bytes] | None = None
+        pub_line = self._pub_line
+        pub_len = len(pub_line)
         while pos < n:
             nl = data.find(b"\n", pos)
             if nl < 0:
                 if n - pos > max_line:
                     raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
                 break
+            if nl - pos == pub_len and pub_len and n - nl > 4 and data.startswith(pub_line, pos):
+                # the PUB line checked last time: only the body's size is left to check
+                size = _I32.unpack_from(data, nl + 1)[0]
+                start = nl + 5
+                if 0 < size <= max_msg and start + size <= n:
+                    body = data[start : start + size]
+                    pos = start + size
+                    if run_at >= 0 and run_at == len(events) - 1:
+                        if run is None:
+                            first = cast(Pub, events[run_at])
+                            run = [first.body, body]
+                            events[run_at] = Pubs(first.topic, run, first.partition)
+                        else:
+                            run.append(body)
+                    else:
+                        events.append(Pub(self._pub_topic, body, self._pub_partition))
+                        run_at = len(events) - 1
+                        run = None
+                    continue
+                # too big, or incomplete: the general path below
             if nl - pos > max_line:
                 raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
             if self.binary_ids and data[pos] in b"FRT":
@@ -412,7 +456,9 @@ class CommandParser:
                 events.append(self._line_command(cmd, params))
                 pos = nl + 1
                 continue
-            self._check_body_params(cmd, params)
+            if line != self._checked_line:  # (the same line as the last body command's)
+                self._check_body_params(cmd, params)
+                self._checked_line = line
             if n - nl - 1 < 4:
                 break
             size = _I32.unpack_from(data, nl + 1)[0]
@@ -425,8 +471,19 @@ class CommandParser:
                 self._chunks = [memoryview(data)[start:]]
                 self._have = n - start
                 return
-            events.append(self._body_command(cmd, params, data[start : start + size]))
+            ev = self._body_command(cmd, params, data[start : start + size])
+            events.append(ev)
             pos = start + size
+            if cmd == b"PUB" and data[nl - 1] != 13:  # (no "\r": the line is as sent)
+                pub = cast(Pub, ev)
+                self._pub_line, self._pub_topic, self._pub_partition = (
+                    line,
+                    pub.topic,
+                    pub.partition,
+                )
+                pub_line, pub_len = line, len(line)
+                run_at = len(events) - 1
+                run = None
             if cmd == b"IDENTIFY":
                 # what follows may be TLS or compressed: the server decides (take_buffered)
                 break
@@ -715,6 +772,10 @@ def parse_mpub_body(body: bytes, max_msg_size: int) -> list[bytes]:
     count = _I32.unpack_from(body, 0)[0]
     if count <= 0:
         raise ProtocolError(E_BAD_BODY, f"MPUB invalid message count {count}")
+    if count == 1 and total >= 8:  # (Go's bench_writer --batch-size 1, and others)
+        size = _I32.unpack_from(body, 4)[0]
+        if 0 < size <= max_msg_size and total == 8 + size:
+            return [body[8:]]
     if total >= 8:
         size = _I32.unpack_from(body, 4)[0]
         stride = size + 4
