@@ -352,6 +352,14 @@ def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
         seq = res.next_sequence
 
 
+def _read_partition(opts: NsqOptions, partition: InputPartition) -> Iterator[Any]:
+    """Executor side of both readers. Spark hands a plain ``InputPartition(None)`` to
+    read when planning found no range: that reads nothing."""
+    if not isinstance(partition, RangePartition):
+        return iter(())
+    return read_range(opts, partition)
+
+
 def share_budget(backlog: dict[str, int], budget: int) -> dict[str, int]:
     """Rows to read from each partition when their backlogs exceed ``budget``: shares in
     proportion to the backlogs that add up to exactly ``budget`` (largest remainders
@@ -375,9 +383,15 @@ class NsqBatchReader(DataSourceReader):
         self.opts = opts
 
     def partitions(self) -> Sequence[RangePartition]:
+        """One range per (nsqd, partition) with rows between the offsets; none at all
+        when every range is empty or no nsqd has the topic (Spark then reads one empty
+        partition: no rows, as Kafka's source gives for an empty range)."""
         opts = self.opts
         parts = []
-        for key, (lo, hi) in sorted(_bounds(opts).items()):
+        bounds = _bounds(opts)
+        if not bounds:
+            log.warning("nsq: no nsqd has a topic %r: the read has no rows", opts.topic)
+        for key, (lo, hi) in sorted(bounds.items()):
             start = _resolve(opts, opts.starting, key, lo, hi, ending=False)
             end = _resolve(opts, opts.ending, key, lo, hi, ending=True)
             if end > start:
@@ -386,8 +400,7 @@ class NsqBatchReader(DataSourceReader):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, RangePartition)
-        return read_range(self.opts, partition)
+        return _read_partition(self.opts, partition)
 
 
 class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -468,8 +481,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, RangePartition)
-        return read_range(self.opts, partition)
+        return _read_partition(self.opts, partition)
 
     def commit(self, end: dict[str, int]) -> None:
         """Spark finished everything below ``end``: advance the named channel, if any,
@@ -589,7 +601,16 @@ class NsqDataSource(DataSource):
         return NsqChannelStreamReader(self._opts())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """``df.write.format("nsq").mode("append").save()``: Spark asks Python sources
+        for "append" or "overwrite" only (its default, "errorifexists", is refused by
+        Spark itself); a topic is only ever appended to, so "overwrite" is refused."""
+        if overwrite:
+            raise NsqOptionError(
+                'nsq: a topic cannot be overwritten (messages are only appended): use .mode("append")'
+            )
         return NsqBatchWriter(self._opts(for_write=True))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """Every output mode publishes the rows of each micro-batch (Kafka's sink does
+        the same: "complete" publishes the whole result table each time)."""
         return NsqStreamWriter(self._opts(for_write=True))
