@@ -205,7 +205,7 @@ def test_batch_write_appends_and_refuses_other_modes(
         )
 
     writer().mode("append").save()
-    with pytest.raises(Exception, match="(?i)append"):
+    with pytest.raises(Exception, match=r"(?i)append"):
         writer().save()
     with pytest.raises(Exception, match="cannot be overwritten"):
         writer().mode("overwrite").save()
