@@ -122,14 +122,14 @@ class NsqOptions:
     max_offsets_per_trigger: int | None = None
     channel: str | None = None
     mode: str = "range"
-    max_batch_messages: int = 10_000
+    max_batch_messages: int | None = None
     topic_column: str | None = None
     body_column: str = "body"
     batch_size: int = 200
     read_messages: int = 10_000
     read_bytes: int = 8 * 1024 * 1024
     fail_on_data_loss: bool = True
-    msg_timeout_ms: int = 60_000
+    msg_timeout_ms: int = 30_000
 
     @classmethod
     def parse(cls, raw: Any, *, for_write: bool = False) -> NsqOptions:
@@ -178,13 +178,12 @@ class NsqOptions:
         o.max_offsets_per_trigger = _positive_int(
             opts.get("maxoffsetspertrigger"), "maxOffsetsPerTrigger", None
         )
-        o.max_batch_messages = (
-            _positive_int(opts.get("maxbatchmessages"), "maxBatchMessages", 10_000) or 10_000
-        )
+        # the older name of maxOffsetsPerTrigger in mode=channel
+        o.max_batch_messages = _positive_int(opts.get("maxbatchmessages"), "maxBatchMessages", None)
         o.body_column = opts.get("bodycolumn") or "body"
         o.batch_size = _positive_int(opts.get("batchsize"), "batchSize", 200) or 200
         o.read_messages = _positive_int(opts.get("readmessages"), "readMessages", 10_000) or 10_000
         o.read_bytes = _positive_int(opts.get("readbytes"), "readBytes", 8 << 20) or (8 << 20)
         o.fail_on_data_loss = _bool(opts.get("failondataloss"), "failOnDataLoss", True)
-        o.msg_timeout_ms = _positive_int(opts.get("msgtimeout"), "msgTimeout", 60_000) or 60_000
+        o.msg_timeout_ms = _positive_int(opts.get("msgtimeout"), "msgTimeout", 30_000) or 30_000
         return o
