@@ -309,6 +309,10 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
             self._taken_at[end] = time.monotonic()
         # the frames' data as nsqx.client keeps it: see nsqx.client.message.Message
         batch = messages_to_batch([m._data for m in msgs], self.opts.topic or "", taken)
+        if self.opts.include_headers:  # NSQ 1.3 deliveries carry no ext header: null
+            from nsqx.spark.source import with_headers
+
+            batch = with_headers(batch)
         return iter([batch]), {"taken": end}
 
     def readBetweenOffsets(self, start: dict[str, int], end: dict[str, int]) -> Iterator[Any]:

@@ -37,11 +37,64 @@ OPTION_NAMES = {
         "readBytes",
         "failOnDataLoss",
         "msgTimeout",
+        # Kafka's names for what Kafka's source does (docs/spark.md, the parity table)
+        "startingTimestamp",
+        "endingTimestamp",
+        "startingOffsetsByTimestamp",
+        "endingOffsetsByTimestamp",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "includeHeaders",
     )
 }
 
-#: an offset spec: "earliest", "latest", {partition: sequence}, or epoch milliseconds
+
+class ByTimestamp(dict[str, int]):
+    """``*OffsetsByTimestamp``: epoch milliseconds by ``host:httpport/partition``."""
+
+
+#: an offset spec: "earliest", "latest", {partition: sequence}, epoch milliseconds, or
+#: epoch milliseconds by partition (ByTimestamp)
 OffsetSpec = str | dict[str, int] | int
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def _duration(value: str | None, name: str, default: float) -> float:
+    """Seconds from a duration such as ``15m``, ``30s``, ``500ms`` (Kafka's
+    maxTriggerDelay); a bare number is milliseconds."""
+    if value is None or value.strip() == "":
+        return default
+    v = value.strip().lower()
+    num = v.rstrip("abcdefghijklmnopqrstuvwxyz ")
+    unit = v[len(num) :].strip() or "ms"
+    try:
+        seconds = float(num) * _DURATION_UNITS[unit]
+    except (ValueError, KeyError):
+        raise NsqOptionError(
+            f"option {name}: expected a duration such as 15m, 30s or 500ms, got {value!r}"
+        ) from None
+    if seconds < 0:
+        raise NsqOptionError(f"option {name}: a duration must be >= 0, got {value!r}")
+    return seconds
+
+
+def _by_timestamp(value: str | None, name: str) -> ByTimestamp | None:
+    if value is None or value.strip() == "":
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(k, str) and isinstance(t, int) and not isinstance(t, bool) and t >= 0
+        for k, t in parsed.items()
+    ):
+        raise NsqOptionError(
+            f'option {name}: JSON must map "host:httpport/partition" to epoch milliseconds, '
+            f"got {value!r}"
+        )
+    return ByTimestamp(parsed)
 
 
 def _addresses(value: str | None, name: str) -> list[str]:
@@ -130,6 +183,11 @@ class NsqOptions:
     read_bytes: int = 8 * 1024 * 1024
     fail_on_data_loss: bool = True
     msg_timeout_ms: int = 30_000
+    #: Kafka's minOffsetsPerTrigger / maxTriggerDelay (seconds; 15 minutes by default)
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay: float = 15 * 60.0
+    #: add the ``headers`` column (the JSON ext header as key/value pairs)
+    include_headers: bool = False
 
     @classmethod
     def parse(cls, raw: Any, *, for_write: bool = False) -> NsqOptions:
@@ -175,6 +233,25 @@ class NsqOptions:
             raise NsqOptionError("option nsqdHttpAddresses (or lookupdHttpAddresses) is required")
         o.starting = _offset_spec(opts.get("startingoffsets"), "startingOffsets", "earliest")
         o.ending = _offset_spec(opts.get("endingoffsets"), "endingOffsets", "latest")
+        # Kafka's precedence: by timestamp per partition, then one timestamp, then offsets
+        for side in ("starting", "ending"):
+            stamp = opts.get(f"{side}timestamp")
+            if stamp:
+                setattr(o, side, _offset_spec(stamp, f"{side}Timestamp", "latest"))
+                if not isinstance(getattr(o, side), int):
+                    raise NsqOptionError(
+                        f"option {side}Timestamp: expected epoch milliseconds, got {stamp!r}"
+                    )
+            by_time = _by_timestamp(
+                opts.get(f"{side}offsetsbytimestamp"), f"{side}OffsetsByTimestamp"
+            )
+            if by_time is not None:
+                setattr(o, side, by_time)
+        o.min_offsets_per_trigger = _positive_int(
+            opts.get("minoffsetspertrigger"), "minOffsetsPerTrigger", None
+        )
+        o.max_trigger_delay = _duration(opts.get("maxtriggerdelay"), "maxTriggerDelay", 15 * 60.0)
+        o.include_headers = _bool(opts.get("includeheaders"), "includeHeaders", False)
         o.max_offsets_per_trigger = _positive_int(
             opts.get("maxoffsetspertrigger"), "maxOffsetsPerTrigger", None
         )
