@@ -50,9 +50,11 @@ POLL = 0.005
 MAX_RDY_COUNT = 2500
 #: messages per micro-batch without maxOffsetsPerTrigger (big batches: Spark spends
 #: a fixed time on each)
-DEFAULT_BATCH = 100_000
+DEFAULT_BATCH = 50_000
+#: rows per Arrow batch handed to Spark
+CHUNK = 50_000
 #: connections to one nsqd at most (each holds MAX_RDY_COUNT messages in flight)
-MAX_CONNECTIONS = 128
+MAX_CONNECTIONS = 64
 
 
 def connections_for(batch: int, max_rdy: int = MAX_RDY_COUNT) -> int:
@@ -131,13 +133,21 @@ class _Subscription:
                 msg_timeout=self.msg_timeout,
                 # the query decides when a message is done; never given up on here
                 max_attempts=0,
+                # a handshake that gets no answer is retried after 15 s, not 60
+                heartbeat_interval=5.0,
+                read_timeout=15.0,
             )
             for _ in range(connections_for(batch))
         ]
         self.closed = False
+
+        async def start() -> None:
+            # a few at a time: nsqd need not answer a burst of handshakes at once
+            for i in range(0, len(self.consumers), 8):
+                await asyncio.gather(*(c.start() for c in self.consumers[i : i + 8]))
+
         try:
-            for c in self.consumers:
-                self.thread.run(c.start(), 60)
+            self.thread.run(start(), 120)
         except BaseException:
             self.thread.stop()
             raise
@@ -308,12 +318,18 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
             self._pending[end] = msgs
             self._taken_at[end] = time.monotonic()
         # the frames' data as nsqx.client keeps it: see nsqx.client.message.Message
-        batch = messages_to_batch([m._data for m in msgs], self.opts.topic or "", taken)
-        if self.opts.include_headers:  # NSQ 1.3 deliveries carry no ext header: null
-            from nsqx.spark.source import with_headers
+        # Arrow batches of at most CHUNK rows: the JVM takes them in as they come
+        batches = []
+        for i in range(0, len(msgs), CHUNK):
+            batch = messages_to_batch(
+                [m._data for m in msgs[i : i + CHUNK]], self.opts.topic or "", taken + i
+            )
+            if self.opts.include_headers:  # NSQ 1.3 deliveries carry no ext header
+                from nsqx.spark.source import with_headers
 
-            batch = with_headers(batch)
-        return iter([batch]), {"taken": end}
+                batch = with_headers(batch)
+            batches.append(batch)
+        return iter(batches), {"taken": end}
 
     def readBetweenOffsets(self, start: dict[str, int], end: dict[str, int]) -> Iterator[Any]:
         # A channel cannot replay: after a restart the unFINed messages are delivered

@@ -179,8 +179,8 @@ class NsqOptions:
     topic_column: str | None = None
     body_column: str = "body"
     batch_size: int = 200
-    read_messages: int = 10_000
-    read_bytes: int = 8 * 1024 * 1024
+    read_messages: int = 50_000
+    read_bytes: int = 16 * 1024 * 1024
     fail_on_data_loss: bool = True
     msg_timeout_ms: int = 30_000
     #: Kafka's minOffsetsPerTrigger / maxTriggerDelay (seconds; 15 minutes by default)
@@ -259,8 +259,8 @@ class NsqOptions:
         o.max_batch_messages = _positive_int(opts.get("maxbatchmessages"), "maxBatchMessages", None)
         o.body_column = opts.get("bodycolumn") or "body"
         o.batch_size = _positive_int(opts.get("batchsize"), "batchSize", 200) or 200
-        o.read_messages = _positive_int(opts.get("readmessages"), "readMessages", 10_000) or 10_000
-        o.read_bytes = _positive_int(opts.get("readbytes"), "readBytes", 8 << 20) or (8 << 20)
+        o.read_messages = _positive_int(opts.get("readmessages"), "readMessages", 50_000) or 50_000
+        o.read_bytes = _positive_int(opts.get("readbytes"), "readBytes", 16 << 20) or (16 << 20)
         o.fail_on_data_loss = _bool(opts.get("failondataloss"), "failOnDataLoss", True)
         o.msg_timeout_ms = _positive_int(opts.get("msgtimeout"), "msgTimeout", 30_000) or 30_000
         return o
