@@ -246,7 +246,7 @@ def plot(table: list[tuple[float, int, float]], restart_at: float, path: Path) -
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
         'font-family="sans-serif" font-size="11">',
         f'<rect width="{width}" height="{height}" fill="white"/>',
-        f'<text x="{left}" y="20" font-size="13">Events and amount per {WINDOW}-second '
+        f'<text x="{left}" y="18" font-size="13">Events and amount per {WINDOW}-second '
         "window (Spark on a standalone cluster, read from NSQ)</text>",
     ]
     for i, (w, c, _) in enumerate(table):
@@ -268,9 +268,9 @@ def plot(table: list[tuple[float, int, float]], restart_at: float, path: Path) -
     out.append(f'<polyline points="{points}" fill="none" stroke="#e15759" stroke-width="2"/>')
     rx = left + (restart_at - t0) / WINDOW * bar
     out += [
-        f'<line x1="{rx:.1f}" y1="{top}" x2="{rx:.1f}" y2="{top + inner_h}" '
+        f'<line x1="{rx:.1f}" y1="{top - 12}" x2="{rx:.1f}" y2="{top + inner_h}" '
         'stroke="#555" stroke-dasharray="4,3"/>',
-        f'<text x="{rx + 4:.1f}" y="{top + 12}" fill="#555">query restarted</text>',
+        f'<text x="{rx + 4:.1f}" y="{top - 4}" fill="#555">query restarted</text>',
         f'<line x1="{left}" y1="{top + inner_h}" x2="{left + inner_w}" y2="{top + inner_h}" '
         'stroke="black"/>',
         f'<text x="{left - 8}" y="{top + 4}" text-anchor="end">{most}</text>',
