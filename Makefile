@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install lint typecheck unit bench bench-client clean example-spark java
+.PHONY: up test install lint typecheck unit bench bench-client clean example-spark java screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -50,3 +50,7 @@ example-spark: $(STAMP) java
 java: $(STAMP)
 	@$(BIN)/python -m nsqx.spark.java >/dev/null 2>&1 || $(BIN)/pip install -q -e '.[dev,java]' || true
 	@$(BIN)/python -m nsqx.spark.java
+
+# The admin's screenshots in docs/images, taken by its browser tests (needs chromium)
+screenshots: $(STAMP)
+	NSQX_SCREENSHOT_DIR=docs/images $(BIN)/pytest -q tests/admin/test_admin_browser.py

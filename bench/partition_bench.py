@@ -1,8 +1,11 @@
 """Partitioned topics: ordered consumption by partition count, plain PUB/SUB by partitions.
 
-Two phases, both against our own nsqd (started here, as bench/server_bench.py starts it)
-or any server speaking Youzan's protocol (``--nsqd-tcp-address`` with
-``--nsqd-http-address``; its partitions must exist already, see ``--topic``):
+Two phases, against our own nsqd (started here, as bench/server_bench.py starts it), or
+another nsqd (``--nsqd-tcp-address`` with ``--nsqd-http-address``), or a cluster behind
+an nsqlookupd, ours or Youzan's (``--lookupd-http-address``: topics are created and
+placed through it, multipart, and each partition is used on its leader; give each
+nsqd's ``--server-pid`` for CPU figures). Every topic is created before anything is
+measured (a Youzan cluster's new partitions take writes only after a minute or two):
 
 ``ordered``
     For each count in ``--partitions`` (1,4,16), a topic created with that many
@@ -55,7 +58,9 @@ _U64 = struct.Struct(">Q")
 class Config:
     nsqd_tcp_address: str | None = None
     nsqd_http_address: str | None = None
-    server_pid: int | None = None
+    #: a cluster behind nsqlookupd (ours or Youzan's): topics are created through it
+    lookupd_http_address: str | None = None
+    server_pids: tuple[int, ...] = ()
     partitions: tuple[int, ...] = (1, 4, 16)
     plain_partitions: tuple[int, ...] = (1, 4)
     ordered_messages: int = 20_000
@@ -131,24 +136,81 @@ def http_post(base: str, path: str) -> None:
         resp.read()
 
 
-def create_topic(base: str, topic: str, partitions: int, ordered: bool) -> None:
-    for p in range(partitions):
-        extra = "&orderedmulti=true" if ordered else ""
-        http_post(
-            base,
-            f"/topic/create?topic={topic}&partition={p}&partition_num={partitions}{extra}",
-        )
-    for p in range(partitions):
+def http_json(url: str) -> Any:
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+#: where each partition of a topic is served (its leader): partition -> TCP address
+Layout = dict[int, tuple[str, int]]
+
+
+def create_on_node(addr: tuple[str, int], base: str, topic: str, n: int, ordered: bool) -> Layout:
+    """Every partition on one nsqd, made through its HTTP API."""
+    extra = "&orderedmulti=true" if ordered else ""
+    for p in range(n):
+        http_post(base, f"/topic/create?topic={topic}&partition={p}&partition_num={n}{extra}")
+    for p in range(n):
         http_post(base, f"/channel/create?topic={topic}&channel=bench&partition={p}")
+    return dict.fromkeys(range(n), addr)
 
 
-async def fill(addr: tuple[str, int], topic: str, partitions: int, total: int, cfg: Config) -> None:
-    """MPUB ``total`` messages spread evenly over the partitions (bodies carry a sequence)."""
-    pub = await connect(addr)
+def create_in_cluster(lookupd: str, topic: str, n: int, ordered: bool) -> None:
+    """Ask nsqlookupd to create and place the topic (several partitions per node)."""
+    extra = "&orderedmulti=true" if ordered else ""
+    http_post(
+        f"http://{lookupd}",
+        f"/topic/create?topic={topic}&partition_num={n}&replicator=1&multipart=true{extra}",
+    )
+
+
+def cluster_layout(lookupd: str, topic: str, n: int, timeout: float = 300) -> Layout:
+    """Wait until every partition has a leader that takes a channel (Youzan's nodes need
+    their leader sessions first: up to a couple of minutes), then the layout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            # access=r: Youzan's lookupd answers 404 to writers until a channel exists
+            data = http_json(f"http://{lookupd}/lookup?topic={topic}&access=r&metainfo=true")
+            parts = data.get("partitions") or {}
+            if len(parts) == n:
+                layout = {}
+                for p, info in parts.items():
+                    host = info["broadcast_address"]
+                    http_post(
+                        f"http://{host}:{info['http_port']}",
+                        f"/channel/create?topic={topic}&channel=bench&partition={p}",
+                    )
+                    layout[int(p)] = (host, int(info["tcp_port"]))
+                return layout
+        except (OSError, ValueError, KeyError):
+            pass  # not yet: refused while the partition has no leader session
+        if time.monotonic() > deadline:
+            raise BenchError(f"{topic}: partitions not writable after {timeout:.0f} s")
+        time.sleep(0.5)
+
+
+def cpu_seconds(pids: Sequence[int]) -> float | None:
+    """CPU seconds of all the servers (and their children) so far."""
+    total = 0.0
+    for pid in pids:
+        used = server_cpu_seconds(pid)
+        if used is None:
+            return None
+        total += used
+    return total if pids else None
+
+
+async def fill(layout: Layout, topic: str, total: int, cfg: Config) -> None:
+    """MPUB ``total`` messages spread evenly over the partitions (bodies carry a sequence),
+    each to its partition's node."""
+    conns = {addr: await connect(addr) for addr in set(layout.values())}
     pad = message_body(max(cfg.size - 8, 0))
-    per = total // partitions
+    per = total // len(layout)
     pending: list[asyncio.Future[bytes]] = []
-    for p in range(partitions):
+    for p, addr in sorted(layout.items()):
+        pub = conns[addr]
         for first in range(0, per, cfg.batch):
             n = min(cfg.batch, per - first)
             bodies = [_U64.pack(first + k) + pad for k in range(n)]
@@ -156,16 +218,14 @@ async def fill(addr: tuple[str, int], topic: str, partitions: int, total: int, c
             if len(pending) >= cfg.window:
                 await pending.pop(0)
     await asyncio.gather(*pending)
-    pub.close()
+    for conn in conns.values():
+        conn.close()
 
 
-async def ordered_run(
-    addr: tuple[str, int], base: str, partitions: int, cfg: Config
-) -> dict[str, Any]:
-    topic = f"ordered-{partitions}-{secrets.token_hex(3)}"
-    create_topic(base, topic, partitions, ordered=True)
+async def ordered_run(topic: str, layout: Layout, cfg: Config) -> dict[str, Any]:
+    partitions = len(layout)
     per = cfg.ordered_messages // partitions
-    await fill(addr, topic, partitions, per * partitions, cfg)
+    await fill(layout, topic, per * partitions, cfg)
     total = per * partitions
     done = asyncio.get_running_loop().create_future()
     expected = dict.fromkeys(range(partitions), 0)
@@ -191,38 +251,38 @@ async def ordered_run(
             if received == total and not done.done():
                 done.set_result(None)
 
-        conn = await connect(addr, handler)
+        conn = await connect(layout[p], handler)
         await conn.request(commands.identify({"feature_negotiation": True, "desired_tag": ""}))
         await conn.request(commands.sub_ordered(topic, "bench", p))
         conns.append(conn)
-    cpu0 = server_cpu_seconds(cfg.server_pid)
+    cpu0 = cpu_seconds(cfg.server_pids)
     t0 = time.perf_counter()
     for conn in conns:
         conn.write(commands.rdy(10))
     await asyncio.wait_for(done, 300)
     elapsed = time.perf_counter() - t0
-    cpu1 = server_cpu_seconds(cfg.server_pid)
+    cpu1 = cpu_seconds(cfg.server_pids)
     for conn in conns:
         conn.close()
     return _figures(total, elapsed, cpu0, cpu1)
 
 
-async def plain_run(
-    addr: tuple[str, int], base: str, partitions: int, cfg: Config
-) -> dict[str, Any]:
-    topic = f"plain-{partitions}-{secrets.token_hex(3)}"
-    create_topic(base, topic, partitions, ordered=False)
+async def plain_run(topic: str, layout: Layout, cfg: Config) -> dict[str, Any]:
+    partitions = len(layout)
     body = message_body(cfg.size)
-    pub = await connect(addr)
-    mpubs = [commands.mpub(topic, [body] * cfg.batch, p) for p in range(partitions)]
+    pubs = {addr: await connect(addr) for addr in set(layout.values())}
+    mpubs = [
+        (pubs[layout[p]], commands.mpub(topic, [body] * cfg.batch, p)) for p in range(partitions)
+    ]
     pending: list[asyncio.Future[bytes]] = []
     published = 0
-    cpu0 = server_cpu_seconds(cfg.server_pid)
+    cpu0 = cpu_seconds(cfg.server_pids)
     t0 = time.perf_counter()
     deadline = t0 + cfg.plain_seconds
     k = 0
     while time.perf_counter() < deadline:
-        pending.append(pub.request(mpubs[k % partitions]))
+        pub, mpub = mpubs[k % partitions]
+        pending.append(pub.request(mpub))
         k += 1
         if len(pending) >= cfg.window:
             await pending.pop(0)
@@ -230,8 +290,9 @@ async def plain_run(
     await asyncio.gather(*pending)
     published += len(pending) * cfg.batch
     pub_elapsed = time.perf_counter() - t0
-    cpu1 = server_cpu_seconds(cfg.server_pid)
-    pub.close()
+    cpu1 = cpu_seconds(cfg.server_pids)
+    for pub in pubs.values():
+        pub.close()
     got = 0
     done = asyncio.get_running_loop().create_future()
 
@@ -244,7 +305,7 @@ async def plain_run(
 
     conns = []
     for p in range(partitions):
-        conn = await connect(addr, handler)
+        conn = await connect(layout[p], handler)
         conn.fins = []  # type: ignore[attr-defined]
         await conn.request(commands.identify({"feature_negotiation": True, "desired_tag": ""}))
         await conn.request(commands.sub(topic, "bench", p))
@@ -260,14 +321,14 @@ async def plain_run(
                     conn.write(b"".join(commands.fin(i) for i in fins))
             await asyncio.sleep(0.001)
 
-    cpu2 = server_cpu_seconds(cfg.server_pid)
+    cpu2 = cpu_seconds(cfg.server_pids)
     t1 = time.perf_counter()
     for conn in conns:
         conn.write(commands.rdy(2500))
     flusher = asyncio.ensure_future(flush_fins())
     await asyncio.wait_for(done, 300)
     sub_elapsed = time.perf_counter() - t1
-    cpu3 = server_cpu_seconds(cfg.server_pid)
+    cpu3 = cpu_seconds(cfg.server_pids)
     flusher.cancel()
     for conn in conns:
         conn.close()
@@ -285,13 +346,37 @@ def _figures(n: int, seconds: float, cpu0: float | None, cpu1: float | None) -> 
     return out
 
 
-async def run(cfg: Config, addr: tuple[str, int], base: str) -> dict[str, Any]:
+def make_topics(cfg: Config, addr: tuple[str, int], base: str) -> dict[str, tuple[str, Layout]]:
+    """Every topic of the run, created before anything is measured (a cluster's new
+    partitions may need minutes to take writes): run key -> (topic, layout)."""
+    wanted = []
+    if "ordered" in cfg.phases:
+        wanted += [(f"ordered {p}", p, True) for p in cfg.partitions]
+    if "plain" in cfg.phases:
+        wanted += [(f"plain {p}", p, False) for p in cfg.plain_partitions]
+    tag = secrets.token_hex(3)
+    names = {key: f"bench_{key.replace(' ', '_')}_{tag}" for key, _, _ in wanted}
+    if cfg.lookupd_http_address is None:
+        return {
+            key: (names[key], create_on_node(addr, base, names[key], n, o)) for key, n, o in wanted
+        }
+    for key, n, o in wanted:
+        create_in_cluster(cfg.lookupd_http_address, names[key], n, o)
+    return {
+        key: (names[key], cluster_layout(cfg.lookupd_http_address, names[key], n))
+        for key, n, _ in wanted
+    }
+
+
+async def run(cfg: Config, topics: dict[str, tuple[str, Layout]]) -> dict[str, Any]:
     report: dict[str, Any] = {}
     if "ordered" in cfg.phases:
-        report["ordered"] = {str(p): await ordered_run(addr, base, p, cfg) for p in cfg.partitions}
+        report["ordered"] = {
+            str(p): await ordered_run(*topics[f"ordered {p}"], cfg) for p in cfg.partitions
+        }
     if "plain" in cfg.phases:
         report["plain"] = {
-            str(p): await plain_run(addr, base, p, cfg) for p in cfg.plain_partitions
+            str(p): await plain_run(*topics[f"plain {p}"], cfg) for p in cfg.plain_partitions
         }
     return report
 
@@ -320,7 +405,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nsqd-tcp-address", help="bench this server instead of our own nsqd")
     ap.add_argument("--nsqd-http-address", help="its HTTP API (to create the topics)")
-    ap.add_argument("--server-pid", type=int, help="its pid, for CPU figures")
+    ap.add_argument(
+        "--lookupd-http-address",
+        help="a cluster behind this nsqlookupd (ours or Youzan's): topics are created and "
+        "placed through it, each partition used on its leader",
+    )
+    ap.add_argument("--server-pid", type=int, action="append", help="a server's pid (repeat)")
     ap.add_argument("--partitions", default="1,4,16", help="ordered phase partition counts")
     ap.add_argument("--plain-partitions", default="1,4", help="plain phase partition counts")
     ap.add_argument("--ordered-messages", type=int, default=20_000)
@@ -334,7 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = Config(
         nsqd_tcp_address=a.nsqd_tcp_address,
         nsqd_http_address=a.nsqd_http_address,
-        server_pid=a.server_pid,
+        lookupd_http_address=a.lookupd_http_address,
+        server_pids=tuple(a.server_pid or ()),
         partitions=_ints(a.partitions),
         plain_partitions=_ints(a.plain_partitions),
         ordered_messages=a.ordered_messages,
@@ -346,7 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     server: OwnServer | None = None
     try:
-        if cfg.nsqd_tcp_address:
+        if cfg.lookupd_http_address:
+            addr, base = ("", 0), ""
+        elif cfg.nsqd_tcp_address:
             if not cfg.nsqd_http_address:
                 raise BenchError("--nsqd-tcp-address needs --nsqd-http-address")
             host, _, port = cfg.nsqd_tcp_address.rpartition(":")
@@ -357,8 +450,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             addr = server.start()
             assert server.http_address is not None
             base = f"http://{server.http_address[0]}:{server.http_address[1]}"
-            cfg.server_pid = server.pid
-        report = run_loop(run(cfg, addr, base))
+            cfg.server_pids = (server.pid,) if server.pid else ()
+        topics = make_topics(cfg, addr, base)
+        report = run_loop(run(cfg, topics))
     except BenchError as err:
         print(f"bench failed: {err}", file=sys.stderr)
         return 1

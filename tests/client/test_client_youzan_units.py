@@ -139,7 +139,7 @@ def test_youzan_lookup_answer() -> None:
     result = parse_lookup_result(YOUZAN_ANSWER)
     assert result.producers == {"10.9.52.215:4150", "10.9.52.216:4150"}
     assert dict(result.partitions) == {0: "10.9.52.215:4150", 1: "10.9.52.216:4150"}
-    assert result.meta == TopicMeta(2, 1, True, True, False, False)
+    assert result.meta == TopicMeta(2, 1, ext=True, ordered=True)
     assert result.channels == ("BaseConsumer",)
     assert result.partitioned and result.partition_num == 2
     # the old parser still reads the producers

@@ -292,11 +292,11 @@ def test_partitions_are_registered_with_a_partition_aware_lookupd(
     monkeypatch.setattr(lookup_mod, "PING_INTERVAL", 0.2)
 
     async def test(nsqd: NSQD, script: ScriptedLookupd) -> None:
-        from nsqx.nsqd.topic_settings import TopicSettings
+        from nsqx.wire.topic_meta import TopicMeta
 
         await wait_for(lambda: script.connections and b"PING\n" in script.connections[0])
         seen = script.connections[0]
-        meta = TopicSettings(partition_num=3)
+        meta = TopicMeta(partition_num=3)
         nsqd.create_partition("t", 0, meta)
         nsqd.create_partition("t", 2, meta).get_channel("c")
         nsqd.topics["t"].remove_partition(0)
@@ -308,7 +308,7 @@ def test_partitions_are_registered_with_a_partition_aware_lookupd(
             b"UNREGISTER t 2\nUNREGISTER t 2 c\n"
         )
         # a reconnect registers what is there, partition by partition
-        nsqd.create_partition("u", 1, TopicSettings(partition_num=2)).get_channel("c")
+        nsqd.create_partition("u", 1, TopicMeta(partition_num=2)).get_channel("c")
         nsqd.get_topic("plain")
         assert nsqd.lookup.registration_commands(True) == [
             b"REGISTER u 1\n",

@@ -1,7 +1,7 @@
 """``nsqx up``: a local cluster on loopback, data in ./data, stopped with Ctrl-C.
 
-nsqlookupd and one nsqd registered with it, in one process; the admin joins as it lands.
-Ports default to NSQ's standard ones (it is for humans); 0 picks free ports.
+nsqlookupd, one nsqd registered with it, and nsqadmin reading the lookupd, in one
+process. Ports default to NSQ's standard ones (it is for humans); 0 picks free ports.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 
+from nsqx.admin import AdminOptions, NSQAdmin
 from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
 from nsqx.lookupd.nsqlookupd import NSQLookupd
 from nsqx.lookupd.options import LookupdOptions
@@ -21,23 +22,21 @@ from nsqx.nsqd.options import NsqdOptions
 HOST = "127.0.0.1"
 
 
-def _examples(tcp: str, lookupd_http: str) -> str:
-    """One line to publish, one to tail (both plain python3, protocol V2 by hand)."""
-    host, port = tcp.rsplit(":", 1)
-    conn = f"s=socket.create_connection(('{host}',{port}))"
-    publish = (
-        f"python3 -c \"import socket,struct;{conn};b=b'hello';"
-        f"s.sendall(b'  V2PUB test\\n'+struct.pack('>i',len(b))+b);print(s.recv(64))\""
+def _examples(nsqd_tcp: str, nsqd_http: str, lookupd_http: str) -> str:
+    """What to try next, with the tools (each has --help)."""
+    return "\n".join(
+        [
+            "try:",
+            f"  publish:  echo hello | nsqx pub --topic=test --nsqd-tcp-address={nsqd_tcp}",
+            f"  tail:     nsqx tail --topic=test --lookupd-http-address={lookupd_http}",
+            f"  stats:    nsqx stat --topic=test --channel=tail"
+            f" --lookupd-http-address={lookupd_http}",
+            f"  archive:  nsqx to-file --topic=test --lookupd-http-address={lookupd_http}"
+            " --output-dir=./archive",
+            f"  http:     curl -d hello 'http://{nsqd_http}/pub?topic=test'",
+            f"  lookup:   curl 'http://{lookupd_http}/lookup?topic=test'",
+        ]
     )
-    tail = (
-        f'python3 -c "import socket,struct;{conn};'
-        f"s.sendall(b'  V2SUB test tail#ephemeral\\nRDY 100\\n');r=s.makefile('rb').read;"
-        f"[(print(d[26:].decode(errors='replace'),flush=True),s.sendall(b'FIN '+d[10:26]+b'\\n'))"
-        f" if k==2 else d==b'_heartbeat_' and s.sendall(b'NOP\\n')"
-        f" for n,k in iter(lambda:struct.unpack('>ii',r(8)),None) for d in [r(n-4)]]\""
-    )
-    lookup = f"curl 'http://{lookupd_http}/lookup?topic=test'"
-    return f"publish: {publish}\ntail:    {tail}\nlookup:  {lookup}"
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -71,21 +70,37 @@ async def _run(args: argparse.Namespace) -> None:
         raise
     assert nsqd.tcp_address is not None
     nsqd_tcp = f"{HOST}:{nsqd.tcp_address[1]}"
+    admin = NSQAdmin(
+        AdminOptions(
+            http_address=f"{HOST}:{args.admin_http_port}",
+            nsqlookupd_http_addresses=[lookupd_http],
+        )
+    )
+    try:
+        await admin.start()
+    except BaseException:
+        await nsqd.close()
+        await lookupd.close()
+        raise
     lines = [
         "nsqx local cluster is up (Ctrl-C stops it)",
+        f"  nsqadmin         http://{HOST}:{admin.http_port}/",
         f"  nsqlookupd TCP   {lookupd_tcp}",
         f"  nsqlookupd HTTP  http://{lookupd_http}",
         f"  nsqd TCP         {nsqd_tcp}",
     ]
     # nsqd's HTTP API is shown once nsqd serves it (it then records the bound address)
-    nsqd_http = getattr(nsqd, "http_address", None)
-    if isinstance(nsqd_http, tuple):
-        lines.append(f"  nsqd HTTP        http://{HOST}:{nsqd_http[1]}")
+    nsqd_http = f"{HOST}:{args.nsqd_http_port}"
+    bound = getattr(nsqd, "http_address", None)
+    if isinstance(bound, tuple):
+        nsqd_http = f"{HOST}:{bound[1]}"
+        lines.append(f"  nsqd HTTP        http://{nsqd_http}")
     lines.append(f"  data             {os.path.abspath(args.data_dir)}")
     print("\n".join(lines), flush=True)
-    print(_examples(nsqd_tcp, lookupd_http), flush=True)
+    print(_examples(nsqd_tcp, nsqd_http, lookupd_http), flush=True)
     await wait_for_termination()
     print("stopping...", file=sys.stderr, flush=True)
+    await admin.close()
     await nsqd.close()
     await lookupd.close()
     print("stopped", file=sys.stderr, flush=True)
@@ -98,6 +113,7 @@ def run_up(argv: list[str]) -> int:
     parser.add_argument("--nsqd-http-port", type=int, default=4151)
     parser.add_argument("--lookupd-tcp-port", type=int, default=4160)
     parser.add_argument("--lookupd-http-port", type=int, default=4161)
+    parser.add_argument("--admin-http-port", type=int, default=4171)
     args = parser.parse_args(argv)
     setup_logging("info", "[nsqx] ")
     logging.getLogger("nsqx").setLevel(logging.WARNING)

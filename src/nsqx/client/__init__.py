@@ -25,7 +25,7 @@ from nsqx.client.backoff import Backoff
 from nsqx.client.codec import StreamCodec, register_codec
 from nsqx.client.config import Config, parse_duration
 from nsqx.client.consumer import Consumer, ConsumerStats, Handler
-from nsqx.client.discovery import LookupResult, TopicMeta
+from nsqx.client.discovery import LookupResult
 from nsqx.client.errors import (
     AuthError,
     CodecUnavailableError,
@@ -54,6 +54,7 @@ from nsqx.client.youzan import (
     start_at_offset,
     start_at_time,
 )
+from nsqx.wire.topic_meta import TopicMeta
 
 __all__ = [
     "AuthError",

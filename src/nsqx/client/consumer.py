@@ -678,7 +678,7 @@ class Consumer:
         result = await poller.lookup()
         if result is None:
             return  # no lookupd answered: forget nothing
-        if result.meta is not None and result.meta.extend_support:
+        if result.meta is not None and result.meta.ext:
             self._ext = True  # as go-nsq: the topic's meta turns extend_support on
         found = self._targets(result)
         fixed = set(self._fixed_targets())

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from nsqx.wire.topic_meta import TopicMeta
+
 if TYPE_CHECKING:
     import aiohttp
 
@@ -73,33 +75,6 @@ def parse_lookup(body: Any) -> set[str]:
 
 
 @dataclass(frozen=True)
-class TopicMeta:
-    """A topic's settings, from a Youzan-style /lookup's ``meta``."""
-
-    partition_num: int = 1
-    replica: int = 1
-    extend_support: bool = False
-    ordered: bool = False
-    multi_part: bool = False
-    disable_channel_auto_create: bool = False
-
-    @classmethod
-    def from_json(cls, meta: Mapping[str, Any]) -> TopicMeta:
-        def num(name: str, default: int) -> int:
-            value = meta.get(name)
-            return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-        return cls(
-            partition_num=num("partition_num", 1),
-            replica=num("replica", 1),
-            extend_support=meta.get("extend_support") is True,
-            ordered=meta.get("ordered") is True,
-            multi_part=meta.get("multi_part") is True,
-            disable_channel_auto_create=meta.get("disable_channel_auto_create") is True,
-        )
-
-
-@dataclass(frozen=True)
 class LookupResult:
     """What nsqlookupd said of a topic.
 
@@ -120,7 +95,7 @@ class LookupResult:
         meta = self.meta
         if meta is None or not self.partitions:
             return False
-        return meta.partition_num > 1 or meta.ordered or meta.extend_support
+        return meta.partition_num > 1 or meta.ordered or meta.ext
 
     @property
     def partition_num(self) -> int:
@@ -163,7 +138,7 @@ def parse_lookup_result(body: Any) -> LookupResult:
             continue
         partitions[pid] = key
     raw_meta = body.get("meta")
-    meta = TopicMeta.from_json(raw_meta) if isinstance(raw_meta, dict) else None
+    meta = TopicMeta.from_lookup_json(raw_meta) if isinstance(raw_meta, dict) else None
     raw_channels = body.get("channels") or []
     channels = (
         tuple(c for c in raw_channels if isinstance(c, str))

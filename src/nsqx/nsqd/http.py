@@ -28,13 +28,13 @@ from nsqx import NSQ_VERSION
 from nsqx.nsqd import stats as st
 from nsqx.nsqd.guid import PARTITION_SHIFT, SEQ_MASK
 from nsqx.nsqd.metrics import Metrics
-from nsqx.nsqd.topic_settings import TopicSettings
 from nsqx.store.disklog import DiskLog, RangeFramesOut
 from nsqx.wire.commands import parse_consume_start, parse_mpub_body
 from nsqx.wire.errors import ProtocolError
 from nsqx.wire.frames import record_parts
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.range import encode_range_frames
+from nsqx.wire.topic_meta import TopicMeta
 
 if TYPE_CHECKING:
     import ssl
@@ -688,7 +688,7 @@ class HTTPServer:
             self.nsqd.get_topic(name)
             return ok_empty()
         topic = self.nsqd.topics.get(name)
-        base = topic.meta if topic is not None else TopicSettings()
+        base = topic.meta if topic is not None else TopicMeta()
         try:
             meta = replace(
                 base,
@@ -701,7 +701,7 @@ class HTTPServer:
                     params, "disable_channel_auto_create", base.disable_channel_auto_create
                 ),
                 retention_days=_int_param(params, "retention", base.retention_days),
-                sync_disk=_int_param(params, "syncdisk", base.sync_disk),
+                sync_every=_int_param(params, "syncdisk", base.sync_every),
             )
             self.nsqd.create_partition(name, _int_param(params, "partition", 0), meta)
         except ValueError as err:

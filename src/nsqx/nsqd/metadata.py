@@ -23,7 +23,7 @@ LOCK_FILE = "nsqd.lock"
 
 
 @dataclass
-class ChannelMeta:
+class ChannelMetadata:
     name: str
     paused: bool = False
     #: made ordered by SUB_ORDERED (sticky until /channel/setorder)
@@ -36,22 +36,22 @@ class ChannelMeta:
         return doc
 
     @classmethod
-    def from_json(cls, c: dict[str, Any]) -> ChannelMeta:
+    def from_json(cls, c: dict[str, Any]) -> ChannelMetadata:
         return cls(str(c["name"]), bool(c.get("paused", False)), bool(c.get("ordered", False)))
 
 
 @dataclass
-class TopicMeta:
+class TopicMetadata:
     name: str
     paused: bool = False
-    channels: list[ChannelMeta] = field(default_factory=list)
-    #: TopicSettings as JSON (None: an NSQ 1.3 topic)
+    channels: list[ChannelMetadata] = field(default_factory=list)
+    #: the topic's TopicMeta as JSON (None: an NSQ 1.3 topic)
     settings: dict[str, Any] | None = None
     #: local partition id -> its channels (None: partition 0 only, with ``channels``)
-    partitions: dict[int, list[ChannelMeta]] | None = None
+    partitions: dict[int, list[ChannelMetadata]] | None = None
 
 
-def write_metadata(data_path: str, topics: list[TopicMeta], version: str) -> None:
+def write_metadata(data_path: str, topics: list[TopicMetadata], version: str) -> None:
     """Atomically replace ``nsqd.dat`` with ``topics``."""
     docs = []
     for t in topics:
@@ -79,7 +79,7 @@ def write_metadata(data_path: str, topics: list[TopicMeta], version: str) -> Non
     fsync_dir(data_path)
 
 
-def read_metadata(data_path: str) -> list[TopicMeta]:
+def read_metadata(data_path: str) -> list[TopicMetadata]:
     """The topics of ``nsqd.dat``; none if the file does not exist."""
     path = os.path.join(data_path, METADATA_FILE)
     try:
@@ -91,16 +91,18 @@ def read_metadata(data_path: str) -> list[TopicMeta]:
         raise ValueError(f"{path} is not valid JSON: {err}") from None
     topics = []
     for t in doc.get("topics") or []:
-        channels = [ChannelMeta.from_json(c) for c in t.get("channels") or []]
+        channels = [ChannelMetadata.from_json(c) for c in t.get("channels") or []]
         partitions = None
         if isinstance(t.get("partitions"), list):
             partitions = {
-                int(p["id"]): [ChannelMeta.from_json(c) for c in p.get("channels") or []]
+                int(p["id"]): [ChannelMetadata.from_json(c) for c in p.get("channels") or []]
                 for p in t["partitions"]
             }
         settings = t.get("settings") if isinstance(t.get("settings"), dict) else None
         topics.append(
-            TopicMeta(str(t["name"]), bool(t.get("paused", False)), channels, settings, partitions)
+            TopicMetadata(
+                str(t["name"]), bool(t.get("paused", False)), channels, settings, partitions
+            )
         )
     return topics
 

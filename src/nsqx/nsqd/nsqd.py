@@ -16,17 +16,23 @@ from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.http import HTTPServer
 from nsqx.nsqd.lookup import LookupManager
-from nsqx.nsqd.metadata import ChannelMeta, DataDirLock, TopicMeta, read_metadata, write_metadata
+from nsqx.nsqd.metadata import (
+    ChannelMetadata,
+    DataDirLock,
+    TopicMetadata,
+    read_metadata,
+    write_metadata,
+)
 from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.stats import GcPauses
 from nsqx.nsqd.statsd import statsd_loop
 from nsqx.nsqd.syncer import Checkpointer, LogSyncer
 from nsqx.nsqd.tls import build_server_context
 from nsqx.nsqd.topic import Topic
-from nsqx.nsqd.topic_settings import DEFAULT_SETTINGS, TopicSettings
 from nsqx.nsqd.tracer import Tracer
 from nsqx.store.disklog import DiskLog
 from nsqx.wire.names import is_valid_name
+from nsqx.wire.topic_meta import DEFAULT_META, TopicMeta
 
 if TYPE_CHECKING:
     from nsqx.nsqd.partition import Partition
@@ -54,6 +60,16 @@ CHECKPOINT_INTERVAL = 0.1
 RECLAIM_INTERVAL = 1.0
 #: The file in the data directory that keeps this node's id for nsqlookupd.
 NODE_ID_FILE = "nsqd.node_id"
+
+
+def _saved_meta(name: str, saved: dict[str, Any] | None) -> TopicMeta:
+    """A topic's meta as nsqd.dat keeps it; the defaults (and an error logged) if that
+    cannot be read, so that one damaged entry does not stop nsqd."""
+    try:
+        return TopicMeta.from_json(saved)
+    except ValueError as err:
+        log.error("TOPIC(%s): unreadable settings in nsqd.dat (%s); using the defaults", name, err)
+        return DEFAULT_META
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -179,20 +195,20 @@ class NSQD:
         (0), default settings."""
         topic = self.topics.get(name)
         if topic is None:
-            topic = self._new_topic(name, DEFAULT_SETTINGS)
+            topic = self._new_topic(name, DEFAULT_META)
             topic.add_partition(0)
         elif not topic.partitions:
             topic.add_partition(0)
         return topic
 
-    def _new_topic(self, name: str, meta: TopicSettings) -> Topic:
+    def _new_topic(self, name: str, meta: TopicMeta) -> Topic:
         if not is_valid_name(name):
             raise ValueError(f"invalid topic name {name!r}")
         topic = self.topics[name] = Topic(self, name, meta)
         log.info("TOPIC(%s): created", name)
         return topic
 
-    def create_partition(self, name: str, pid: int, meta: TopicSettings) -> Partition:
+    def create_partition(self, name: str, pid: int, meta: TopicMeta) -> Partition:
         """Host partition ``pid`` of topic ``name`` with these settings (nsqlookupd's
         placement, or /topic/create on a single node): made if missing, and the topic's
         settings updated."""
@@ -215,7 +231,7 @@ class NSQD:
         return topic.partition(pid) if topic is not None else None
 
     def partition_added(self, part: Partition) -> None:
-        if isinstance(part.log, DiskLog):
+        if isinstance(part.log, DiskLog):  # only a file has something to fsync
             self.syncers[part.key] = LogSyncer(part.log)
 
     def partition_removed(self, part: Partition) -> None:
@@ -256,14 +272,14 @@ class NSQD:
             if t.ephemeral:
                 continue
 
-            def metas(channels: dict[str, Any]) -> list[ChannelMeta]:
+            def metas(channels: dict[str, Any]) -> list[ChannelMetadata]:
                 return [
-                    ChannelMeta(c.name, c.paused, c.ordered_flag)
+                    ChannelMetadata(c.name, c.paused, c.ordered_flag)
                     for c in channels.values()
                     if not c.ephemeral
                 ]
 
-            meta = TopicMeta(t.name, t.paused, metas(t.channels))
+            meta = TopicMetadata(t.name, t.paused, metas(t.channels))
             if t.meta.partitioned or list(t.partitions) != [0]:
                 meta.settings = t.meta.to_json()
                 meta.partitions = {pid: metas(p.channels) for pid, p in t.partitions.items()}
@@ -282,7 +298,7 @@ class NSQD:
                     topic = self.get_topic(tm.name)
                     partitions = {0: tm.channels}
                 else:
-                    meta = TopicSettings.from_json(tm.settings)
+                    meta = _saved_meta(tm.name, tm.settings)
                     topic = self._new_topic(tm.name, meta)
                     partitions = tm.partitions
                 for pid, channels in partitions.items():
@@ -376,7 +392,7 @@ class NSQD:
                 client.tick(now)
             for (name, _), syncer in self.syncers.items():
                 owner = self.topics.get(name)
-                every = owner.meta.sync_disk if owner is not None else 0
+                every = owner.meta.sync_every if owner is not None else 0
                 if syncer.due(every or opts.sync_every, opts.sync_timeout, now):
                     syncer.request()
             if now - last_checkpoint >= CHECKPOINT_INTERVAL:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from nsqx.nsqd.channel import Channel
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import PARTITION_SHIFT, make_ids
-from nsqx.store.disklog import BATCH_HEAD_SIZE, DiskLog
+from nsqx.store.disklog import DiskLog
 from nsqx.store.memlog import MemoryLog
 from nsqx.wire.commands import (
     OFFSET_MSGCOUNT,
@@ -119,7 +119,7 @@ class Partition:
     @property
     def sync_every(self) -> int:
         """--sync-every, or the topic's syncdisk."""
-        return self.topic.meta.sync_disk or self.nsqd.options.sync_every
+        return self.topic.meta.sync_every or self.nsqd.options.sync_every
 
     def _read_state(self) -> dict[str, int]:
         if self._state_path is None:
@@ -192,8 +192,7 @@ class Partition:
             if not self.extended:
                 self.extended = True
                 self.save_state()
-        # the first frame's virtual offset: a DiskLog's batch header comes before it
-        offset = log_.end_offset + (BATCH_HEAD_SIZE if isinstance(log_, DiskLog) else 0)
+        offset = log_.next_offset
         try:
             log_.append(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride)
         except OSError as err:
@@ -306,10 +305,7 @@ class Partition:
         if not self.channels:
             self.hold_from = self.visible_end = end
             self.save_state()
-            if isinstance(self.log, DiskLog):
-                self.log.drop_before(end)
-            else:
-                self.log.trim_to(end)
+            self.log.drop_before(end)
             return
         if self.paused:
             for ch in self.channels.values():
@@ -327,23 +323,21 @@ class Partition:
         return min(ch.low_water() for ch in self.channels.values())
 
     def trim(self) -> None:
-        """Release memory of records that every channel is done with (a DiskLog's
-        memory is bounded by its cache size instead)."""
-        if isinstance(self.log, MemoryLog) and len(self.log):
-            self.log.trim(self.low_water())
+        """Release memory of records that every channel is done with."""
+        self.log.release(self.low_water())
 
     def reclaim(self) -> int:
         """Delete log segments every channel is done with (after the retention time:
         the topic's retention days, else --retention). Never past a channel's position."""
         log_ = self.log
-        if not isinstance(log_, DiskLog) or len(log_.segments) < 2:
+        floor = log_.reclaim_floor
+        if floor is None:
             return 0
-        first_end = log_.segments[0].end_seq
         # cheap bound first: the low water is below every cursor and hold point
         bound = (
             self.hold_from if not self.channels else min(c.cursor for c in self.channels.values())
         )
-        if bound < first_end:
+        if bound < floor:
             return 0
         days = self.topic.meta.retention_days
         retention = days * 86400.0 if days else self.nsqd.options.retention
@@ -378,8 +372,7 @@ class Partition:
         self.checkpoint()
         for ch in self.channels.values():
             ch.detach()
-        if isinstance(self.log, DiskLog):
-            self.log.close()
+        self.log.close()
 
     def delete(self) -> None:
         """Deleted: close channels and remove the files."""
@@ -387,8 +380,7 @@ class Partition:
         for name in list(self.channels):
             ch = self.channels.pop(name)
             ch.close()
-        if isinstance(self.log, DiskLog):
-            self.log.destroy()
+        self.log.destroy()
         if self.topic.directory is not None:
             shutil.rmtree(self.channel_dir, ignore_errors=True)
             if self._state_path is not None:

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from nsqx.nsqd.channel import Channel
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.partition import Partition
-from nsqx.nsqd.topic_settings import DEFAULT_SETTINGS, TopicSettings
 from nsqx.wire.names import is_ephemeral
+from nsqx.wire.topic_meta import DEFAULT_META, TopicMeta
 
 if TYPE_CHECKING:
     from nsqx.nsqd.nsqd import NSQD
@@ -28,7 +28,7 @@ class Topic:
     a node that leads one partition of the topic).
     """
 
-    def __init__(self, nsqd: NSQD, name: str, meta: TopicSettings = DEFAULT_SETTINGS) -> None:
+    def __init__(self, nsqd: NSQD, name: str, meta: TopicMeta = DEFAULT_META) -> None:
         self.nsqd = nsqd
         self.name = name
         self.ephemeral = is_ephemeral(name)
@@ -112,7 +112,7 @@ class Topic:
         for part in list(self.partitions.values()):
             part.delete_channel(name)
 
-    def set_meta(self, meta: TopicSettings) -> None:
+    def set_meta(self, meta: TopicMeta) -> None:
         """New settings (nsqlookupd or the API changed them); persisted by the caller."""
         if meta != self.meta:
             log.info("TOPIC(%s): settings %s", self.name, meta)

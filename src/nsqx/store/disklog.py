@@ -195,6 +195,9 @@ class DiskLog:
     are fsynced by the next :meth:`sync` (a 100 MB segment's fsync takes tens of ms).
     """
 
+    #: records are in files and survive a restart
+    durable = True
+
     def __init__(
         self,
         directory: str,
@@ -378,6 +381,11 @@ class DiskLog:
         """Virtual offset just past the last record."""
         seg = self.segments[-1]
         return seg.base_offset + seg.size - SEG_HEAD_SIZE
+
+    @property
+    def next_offset(self) -> int:
+        """The next append's first frame comes after its batch header."""
+        return self.end_offset + BATCH_HEAD_SIZE
 
     @property
     def disk_bytes(self) -> int:
@@ -784,6 +792,16 @@ class DiskLog:
     def trim(self, before: int) -> None:
         """Consumers are done below ``before``: release memory (files: :meth:`reclaim`)."""
         self.cache.trim(min(before, self.cache.end))
+
+    def release(self, before: int) -> None:
+        """Nothing: the memory cache is bounded by ``cache_size``."""
+
+    @property
+    def reclaim_floor(self) -> int | None:
+        """The end of the oldest segment, if a newer one exists (else nothing to
+        delete)."""
+        segs = self.segments
+        return segs[0].end_seq if len(segs) > 1 else None
 
     def reclaim(self, before: int, retention: float = 0.0) -> int:
         """Delete sealed segments wholly below ``before`` and idle for ``retention``

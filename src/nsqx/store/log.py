@@ -121,3 +121,39 @@ class MessageLog(Protocol):
     def trim(self, before: int) -> None:
         """Forget records below ``before`` (every channel is done with them)."""
         ...
+
+    #: whether the records survive a restart (a DiskLog) or live in memory only
+    durable: bool
+
+    @property
+    def next_offset(self) -> int:
+        """The virtual offset the next append's first record will have."""
+        ...
+
+    def release(self, before: int) -> None:
+        """Free the memory of records below ``before`` that every reader is done with
+        (a MemoryLog's records; a DiskLog's memory is bounded by its cache instead)."""
+        ...
+
+    def drop_before(self, seq: int) -> None:
+        """Forget every record below ``seq`` now (a topic emptied)."""
+        ...
+
+    @property
+    def reclaim_floor(self) -> int | None:
+        """The sequence every reader must have passed for :meth:`reclaim` to free
+        something (None: there is nothing to reclaim)."""
+        ...
+
+    def reclaim(self, before: int, retention: float = 0.0) -> int:
+        """Delete what is below ``before`` and idle for ``retention`` seconds; the bytes
+        freed."""
+        ...
+
+    def close(self, *, sync: bool = True) -> None:
+        """Shut down (fsync first unless ``sync`` is false)."""
+        ...
+
+    def destroy(self) -> None:
+        """Close and delete everything (the topic was deleted)."""
+        ...

@@ -22,6 +22,9 @@ class MemoryLog:
 
     __slots__ = ("_base", "_deferred", "_end_offset", "_frames", "_ids", "_offsets")
 
+    #: records live in memory only (``#ephemeral`` topics)
+    durable = False
+
     def __init__(self, start: int = 0) -> None:
         self._base = start
         self._frames: list[bytes] = []
@@ -73,6 +76,30 @@ class MemoryLog:
     @property
     def end_offset(self) -> int:
         return self._end_offset
+
+    @property
+    def next_offset(self) -> int:
+        return self._end_offset
+
+    def release(self, before: int) -> None:
+        if self._frames:
+            self.trim(before)
+
+    def drop_before(self, seq: int) -> None:
+        self.trim_to(seq)
+
+    @property
+    def reclaim_floor(self) -> int | None:
+        return None  # memory is released as channels finish, not reclaimed
+
+    def reclaim(self, before: int, retention: float = 0.0) -> int:
+        return 0
+
+    def close(self, *, sync: bool = True) -> None:
+        pass
+
+    def destroy(self) -> None:
+        self.drop_all()
 
     def offset_of(self, seq: int) -> int | None:
         i = seq - self._base

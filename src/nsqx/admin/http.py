@@ -1,0 +1,711 @@
+"""nsqadmin's HTTP server: the page, its JSON API under ``/api``, ``/config``, ``/ping``.
+
+The API is NSQ 1.3 nsqadmin's (same paths, bodies and answers, ``{"message": ...}``
+on every answer, ``WARNING: ...`` when some servers did not answer, 502
+``UPSTREAM_ERROR: ...`` when none did), plus what nsqx adds: ``?stats=true`` on
+``/api/topics`` (every topic's counts and rate at once), ``/api/history`` (rates over
+the last minutes), ``/api/lookupds``, partitions in topic and channel answers, the
+``setoffset`` channel action (Youzan's replay), and ``partition_num`` when creating a
+topic through nsqlookupd.
+
+Every request body is checked: anything that is not the JSON object an endpoint wants
+gets a 400 and harms nothing. Actions need an admin (``--admin-user``, identified by
+``--acl-http-header``) when admins are configured: others get 403 ``FORBIDDEN``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import ipaddress
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from nsqx import NSQ_VERSION
+from nsqx.admin import aggregate
+from nsqx.admin.cluster import (
+    Partial,
+    Producer,
+    UpstreamError,
+    http_base,
+    supports_setoffset,
+)
+from nsqx.admin.notify import admin_action, basic_auth_user
+from nsqx.wire.names import is_valid_name
+
+if TYPE_CHECKING:
+    from nsqx.admin.nsqadmin import NSQAdmin
+
+__all__ = ["make_app"]
+
+log = logging.getLogger("nsqx.admin")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_JSON_HEADERS = {"X-NSQ-Content-Type": "nsq; version=1.0"}
+_POSITION_RE = re.compile(r"(?:(timestamp|virtual_queue|msgcount):(\d{1,19})|special:-1)\Z")
+_NODE_RE = re.compile(r"(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}\Z")
+#: the largest request body an endpoint reads (nsqadmin's /config limit)
+MAX_BODY = 1024 * 1024
+
+
+class ApiError(Exception):
+    """An answer other than 200: the status and nsqadmin's message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        text=json.dumps(data, separators=(",", ":")),
+        status=status,
+        content_type="application/json",
+        headers=_JSON_HEADERS,
+    )
+
+
+def _answer(partial: Partial | None = None, **data: Any) -> web.Response:
+    data["message"] = partial.message() if partial is not None else ""
+    return _json(data)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure as nsqadmin's JSON ``{"message": ...}``, never a traceback."""
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return _json({"message": err.message}, err.status)
+    except UpstreamError as err:
+        log.error("%s %s: %s", request.method, request.path, err)
+        return _json({"message": f"UPSTREAM_ERROR: {err}"}, 502)
+    except web.HTTPRequestEntityTooLarge:
+        return _json({"message": "BODY_TOO_BIG"}, 413)
+    except web.HTTPMethodNotAllowed as err:
+        resp = _json({"message": "METHOD_NOT_ALLOWED"}, 405)
+        resp.headers["Allow"] = ", ".join(sorted(err.allowed_methods))
+        return resp
+    except web.HTTPNotFound:
+        return _json({"message": "NOT_FOUND"}, 404)
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        return _json({"message": "INTERNAL_ERROR"}, 500)
+
+
+def _topic_arg(request: web.Request) -> str:
+    topic = request.match_info["topic"]
+    if not is_valid_name(topic):
+        raise ApiError(400, "INVALID_TOPIC")
+    return topic
+
+
+def _channel_arg(request: web.Request) -> str:
+    channel = request.match_info["channel"]
+    if not is_valid_name(channel):
+        raise ApiError(400, "INVALID_CHANNEL")
+    return channel
+
+
+def _node_arg(request: web.Request) -> str:
+    node = request.match_info["node"]
+    if not _NODE_RE.match(node):
+        raise ApiError(400, "INVALID_NODE")
+    return node
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object, or 400 INVALID_BODY."""
+    raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "INVALID_BODY") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "INVALID_BODY")
+    return body
+
+
+def _str_field(body: dict[str, Any], key: str) -> str:
+    value = body.get(key, "")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ApiError(400, f"INVALID_{key.upper()}")
+    return value
+
+
+class _Handlers:
+    """The routes' handlers, sharing the admin's cluster view and settings."""
+
+    def __init__(self, admin: NSQAdmin) -> None:
+        self.admin = admin
+        self.static_dir = Path(str(resources.files("nsqx.admin") / "static"))
+
+    @property
+    def ci(self) -> Any:
+        return self.admin.cluster
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def is_admin(self, request: web.Request) -> bool:
+        """nsqadmin's rule: everyone without --admin-user, else the listed users."""
+        users = self.admin.options.admin_users
+        if not users:
+            return True
+        return request.headers.get(self.admin.options.acl_http_header, "") in users
+
+    def require_admin(self, request: web.Request) -> None:
+        if not self.is_admin(request):
+            raise ApiError(403, "FORBIDDEN")
+
+    def notify(
+        self, request: web.Request, action: str, topic: str, channel: str = "", node: str = ""
+    ) -> None:
+        log.info("ACTION: %s topic=%s channel=%s node=%s", action, topic, channel, node)
+        if self.admin.notifier is None:
+            return
+        user = basic_auth_user(request.headers.get("Authorization", "")) or request.headers.get(
+            self.admin.options.acl_http_header, ""
+        )
+        scheme = "https" if request.headers.get("X-Scheme") == "https" else request.scheme
+        self.admin.notifier.send(
+            admin_action(
+                action,
+                topic,
+                channel,
+                node,
+                user=user,
+                remote_ip=str(request.remote or ""),
+                user_agent=request.headers.get("User-Agent", ""),
+                url=f"{scheme}://{request.host}{request.path_qs}",
+            )
+        )
+
+    @staticmethod
+    def _all_failed(partial: Partial, attempted: int) -> None:
+        """Raise when every node asked failed (some failing is a warning)."""
+        if attempted and len(partial.errors) >= attempted:
+            raise UpstreamError("; ".join(partial.errors))
+
+    async def _node_action(
+        self,
+        topic: str,
+        path: str,
+        query: dict[str, str],
+        data: bytes | None = None,
+        nodes: list[str] | None = None,
+    ) -> Partial:
+        partial = Partial()
+        if nodes is None:
+            producers, partial = await self.ci.topic_producers(topic)
+            nodes = [p.http_address for p in producers]
+        result: Partial = await self.ci.post_nodes(nodes, path, query, data)
+        self._all_failed(result, len(nodes))
+        partial.extend(result)
+        return partial
+
+    # -- pages ---------------------------------------------------------------------------
+
+    async def index(self, request: web.Request) -> web.Response:
+        opts = self.admin.options
+        base = opts.base_path.rstrip("/") + "/"
+        config = {
+            "version": NSQ_VERSION,
+            "base_path": base,
+            "is_admin": self.is_admin(request),
+            "nsqlookupd": opts.nsqlookupd_http_addresses,
+            "nsqd": opts.nsqd_http_addresses,
+            "refresh_ms": round(opts.refresh_interval * 1000),
+            "history_interval": opts.history_interval,
+            "history_length": opts.history_length,
+        }
+        # JSON inside <script>: "<", ">" and "&" escaped so no data can close the tag
+        blob = (
+            json.dumps(config)
+            .replace("<", "\\u003c")
+            .replace(">", "\\u003e")
+            .replace("&", "\\u0026")
+        )
+        page = self._static_text("index.html")
+        page = page.replace("{{BASE}}", html.escape(base)).replace("{{CONFIG}}", blob)
+        return web.Response(
+            text=page,
+            content_type="text/html",
+            headers={
+                "Cache-Control": "no-store",
+                # the page loads only its own scripts: an injected one would not run
+                "Content-Security-Policy": "default-src 'self'; style-src 'self' "
+                "'unsafe-inline'; img-src 'self' data:; script-src 'self'",
+            },
+        )
+
+    def _static_text(self, name: str) -> str:
+        base = Path(self.admin.options.dev_static_dir or self.static_dir)
+        return (base / name).read_text(encoding="utf-8")
+
+    async def ping(self, request: web.Request) -> web.Response:
+        return web.Response(text="OK", content_type="text/plain")
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def topics(self, request: web.Request) -> web.Response:
+        topics, partial = await self.ci.topics()
+        if request.query.get("inactive") == "true":
+            inactive: dict[str, list[str]] = {}
+            if self.ci.lookupd:
+                for topic in topics:
+                    producers, _ = await self.ci.topic_producers(topic)
+                    if not producers:
+                        channels, _ = await self.ci.lookupd_topic_channels(topic)
+                        inactive[topic] = channels
+            return _answer(partial, topics=inactive)
+        if request.query.get("stats") != "true":
+            return _answer(partial, topics=topics)
+        producers, more = await self.ci.producers()
+        partial.extend(more)
+        rows, more = await self.ci.node_stats(producers, include_clients=False)
+        partial.extend(more)
+        rates = self.admin.history.rates()
+        names = sorted(set(topics) | {r["topic_name"] for r in rows})
+        stats = []
+        for name in names:
+            t = aggregate.aggregate_topic(name, rows)
+            stats.append(
+                {
+                    "topic_name": name,
+                    "depth": t["depth"],
+                    "message_count": t["message_count"],
+                    "paused": t["paused"],
+                    "channel_count": len(t["channels"]),
+                    "node_count": len(t["nodes"]),
+                    "partition_num": t["partition_num"],
+                    "rate": rates.get(name),
+                }
+            )
+        return _answer(partial, topics=names, stats=stats)
+
+    async def topic(self, request: web.Request) -> web.Response:
+        topic = _topic_arg(request)
+        producers, partial = await self.ci.topic_producers(topic)
+        rows, more = await self.ci.node_stats(producers, topic, include_clients=False)
+        partial.extend(more)
+        data = aggregate.aggregate_topic(topic, rows)
+        rates = self.admin.history.rates()
+        data["rate"] = rates.get(topic)
+        for ch in data["channels"]:
+            ch["rate"] = rates.get(f"{topic}/{ch['channel_name']}")
+        data["setoffset_supported"] = any(supports_setoffset(p.version) for p in producers)
+        return _answer(partial, **data)
+
+    async def channel(self, request: web.Request) -> web.Response:
+        topic, channel = _topic_arg(request), _channel_arg(request)
+        producers, partial = await self.ci.topic_producers(topic)
+        rows, more = await self.ci.node_stats(producers, topic, channel, include_clients=True)
+        partial.extend(more)
+        channels = aggregate.aggregate_channels(rows)
+        data = channels.get(channel)
+        if data is None:
+            raise ApiError(404, "CHANNEL_NOT_FOUND")
+        data["rate"] = self.admin.history.rates().get(f"{topic}/{channel}")
+        data["partition_num"] = max((r.get("partition_num", 0) for r in rows), default=0)
+        data["setoffset_supported"] = any(supports_setoffset(p.version) for p in producers)
+        return _answer(partial, **data)
+
+    async def nodes(self, request: web.Request) -> web.Response:
+        producers, partial = await self.ci.producers()
+        nodes = [p.to_json() for p in producers]
+        for node, health in zip(nodes, await self._health(producers), strict=True):
+            node["health"] = health
+        return _answer(partial, nodes=nodes)
+
+    async def _health(self, producers: list[Producer]) -> list[str]:
+        async def one(p: Producer) -> str:
+            try:
+                status, text = await self.ci.get_text(f"http://{p.http_address}/ping")
+            except UpstreamError as err:
+                return f"UNREACHABLE: {err}"
+            return text.strip() if status == 200 else f"{status} {text.strip()}"[:200]
+
+        return list(await asyncio.gather(*(one(p) for p in producers)))
+
+    async def node(self, request: web.Request) -> web.Response:
+        node = _node_arg(request)
+        producers, partial = await self.ci.producers()
+        producer = next((p for p in producers if p.http_address == node), None)
+        if producer is None:
+            raise ApiError(404, "NODE_NOT_FOUND")
+        rows, more = await self.ci.node_stats([producer], include_clients=True)
+        if more.errors:
+            raise UpstreamError("; ".join(more.errors))
+        total_clients = sum(len(c["clients"]) for r in rows for c in r["channels"])
+        total_messages = sum(r["message_count"] for r in rows)
+        return _answer(
+            partial,
+            node=node,
+            hostname=producer.hostname,
+            version=producer.version,
+            topics=rows,
+            total_messages=total_messages,
+            total_clients=total_clients,
+        )
+
+    async def lookupds(self, request: web.Request) -> web.Response:
+        async def one(addr: str) -> dict[str, Any]:
+            out: dict[str, Any] = {"address": addr, "version": "", "health": ""}
+            try:
+                info = await self.ci.get_json(f"{http_base(addr)}/info")
+                out["version"] = str(info.get("version", "")) if isinstance(info, dict) else ""
+                status, text = await self.ci.get_text(f"{http_base(addr)}/ping")
+                out["health"] = text.strip() if status == 200 else f"{status} {text.strip()}"
+            except UpstreamError as err:
+                out["health"] = f"UNREACHABLE: {err}"
+            return out
+
+        found = await asyncio.gather(*(one(a) for a in self.ci.lookupd))
+        return _answer(lookupds=list(found))
+
+    async def counter(self, request: web.Request) -> web.Response:
+        producers, partial = await self.ci.producers()
+        rows, more = await self.ci.node_stats(producers, include_clients=False)
+        partial.extend(more)
+        stats: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            for ch in row["channels"]:
+                key = f"{row['topic_name']}:{ch['channel_name']}:{row['node']}"
+                entry = stats.setdefault(
+                    key,
+                    {
+                        "node": row["node"],
+                        "topic_name": row["topic_name"],
+                        "channel_name": ch["channel_name"],
+                        "message_count": 0,
+                    },
+                )
+                entry["message_count"] += ch["message_count"]
+        return _answer(partial, stats=stats)
+
+    async def history(self, request: web.Request) -> web.Response:
+        topic = request.query.get("topic", "")
+        channel = request.query.get("channel", "")
+        if not is_valid_name(topic):
+            raise ApiError(400, "INVALID_TOPIC")
+        if channel and not is_valid_name(channel):
+            raise ApiError(400, "INVALID_CHANNEL")
+        return _answer(**self.admin.history.series(topic, channel))
+
+    # -- actions -------------------------------------------------------------------------
+
+    async def create(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        body = await _body(request)
+        topic, channel = _str_field(body, "topic"), _str_field(body, "channel")
+        if not is_valid_name(topic):
+            raise ApiError(400, "INVALID_TOPIC")
+        if channel and not is_valid_name(channel):
+            raise ApiError(400, "INVALID_CHANNEL")
+        partition_num = body.get("partition_num", 0) or 0
+        if isinstance(partition_num, str) and partition_num.isdigit():
+            partition_num = int(partition_num)
+        if (
+            isinstance(partition_num, bool)
+            or not isinstance(partition_num, int)
+            or not 0 <= partition_num <= 255
+        ):
+            raise ApiError(400, "INVALID_PARTITION_NUM")
+        partial = Partial()
+        if self.ci.lookupd:
+            query = {"topic": topic}
+            if partition_num:
+                # nsqlookupd places the partitions on its nodes (Youzan's extension);
+                # multipart lets it put several on one node when nodes are few
+                query |= {
+                    "partition_num": str(partition_num),
+                    "replicator": "1",
+                    "multipart": "true",
+                }
+            result = await self.ci.post_lookupds("topic/create", query)
+            self._all_failed(result, len(self.ci.lookupd))
+            partial.extend(result)
+            if channel:
+                q = {"topic": topic, "channel": channel}
+                result = await self.ci.post_lookupds("channel/create", q)
+                partial.extend(result)
+                producers, more = await self.ci.topic_producers(topic)
+                partial.extend(more)
+                nodes = [p.http_address for p in producers]
+                partial.extend(await self.ci.post_nodes(nodes, "channel/create", q))
+        else:
+            # nsqadmin without lookupd creates nothing; nsqx creates it on every nsqd
+            if partition_num:
+                raise ApiError(400, "PARTITIONS_NEED_LOOKUPD")
+            producers, partial = await self.ci.producers()
+            nodes = [p.http_address for p in producers]
+            partial.extend(
+                await self._node_action(topic, "topic/create", {"topic": topic}, nodes=nodes)
+            )
+            if channel:
+                q = {"topic": topic, "channel": channel}
+                partial.extend(await self._node_action(topic, "channel/create", q, nodes=nodes))
+        self.notify(request, "create_topic", topic)
+        if channel:
+            self.notify(request, "create_channel", topic, channel)
+        return _answer(partial)
+
+    async def topic_action(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        topic = _topic_arg(request)
+        body = await _body(request)
+        action = _str_field(body, "action")
+        if action not in ("pause", "unpause", "empty"):
+            raise ApiError(400, "INVALID_ACTION")
+        partial = await self._node_action(topic, f"topic/{action}", {"topic": topic})
+        self.notify(request, f"{action}_topic", topic)
+        return _answer(partial)
+
+    async def channel_action(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        topic, channel = _topic_arg(request), _channel_arg(request)
+        body = await _body(request)
+        action = _str_field(body, "action")
+        if action == "setoffset":
+            return await self._setoffset(request, topic, channel, body)
+        if action not in ("pause", "unpause", "empty"):
+            raise ApiError(400, "INVALID_ACTION")
+        query = {"topic": topic, "channel": channel}
+        partial = await self._node_action(topic, f"channel/{action}", query)
+        self.notify(request, f"{action}_channel", topic, channel)
+        return _answer(partial)
+
+    async def _setoffset(
+        self, request: web.Request, topic: str, channel: str, body: dict[str, Any]
+    ) -> web.Response:
+        """Move a channel to a time, an offset, a count or the end (Youzan's setoffset)."""
+        position = _str_field(body, "position")
+        if not _POSITION_RE.match(position):
+            raise ApiError(400, "INVALID_POSITION")
+        wanted = body.get("partition")
+        if wanted in (None, ""):
+            wanted = None
+        elif isinstance(wanted, str) and wanted.isdigit():
+            wanted = int(wanted)
+        if wanted is not None and (
+            isinstance(wanted, bool) or not isinstance(wanted, int) or not 0 <= wanted <= 1023
+        ):
+            raise ApiError(400, "INVALID_PARTITION")
+        producers, partial = await self.ci.topic_producers(topic)
+        rows, more = await self.ci.node_stats(producers, topic, include_clients=False)
+        partial.extend(more)
+        calls: list[tuple[str, int]] = []
+        for row in rows:
+            parts = [p["partition"] for p in row["partitions"]] or [0]
+            for part in parts:
+                if wanted is None or part == wanted:
+                    calls.append((row["node"], part))
+        if not calls:
+            raise ApiError(404, "PARTITION_NOT_FOUND")
+        result = Partial()
+        for node, part in calls:
+            query = {"topic": topic, "channel": channel, "partition": str(part)}
+            one = await self.ci.post_nodes([node], "channel/setoffset", query, position.encode())
+            result.extend([_explain_setoffset(e) for e in one.errors])
+        self._all_failed(result, len(calls))
+        partial.extend(result)
+        self.notify(request, "setoffset_channel", topic, channel)
+        return _answer(partial)
+
+    async def delete_topic(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        topic = _topic_arg(request)
+        # the producers first: lookupd forgets them once the topic is deleted there
+        producers, partial = await self.ci.topic_producers(topic)
+        if self.ci.lookupd:
+            partial.extend(await self.ci.post_lookupds("topic/delete", {"topic": topic}))
+        nodes = [p.http_address for p in producers]
+        partial.extend(
+            await self._node_action(topic, "topic/delete", {"topic": topic}, nodes=nodes)
+        )
+        self.notify(request, "delete_topic", topic)
+        return _answer(partial)
+
+    async def delete_channel(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        topic, channel = _topic_arg(request), _channel_arg(request)
+        producers, partial = await self.ci.topic_producers(topic)
+        query = {"topic": topic, "channel": channel}
+        if self.ci.lookupd:
+            partial.extend(await self.ci.post_lookupds("channel/delete", query))
+        nodes = [p.http_address for p in producers]
+        partial.extend(await self._node_action(topic, "channel/delete", query, nodes=nodes))
+        self.notify(request, "delete_channel", topic, channel)
+        return _answer(partial)
+
+    async def tombstone(self, request: web.Request) -> web.Response:
+        self.require_admin(request)
+        node = _node_arg(request)
+        body = await _body(request)
+        topic = _str_field(body, "topic")
+        if not is_valid_name(topic):
+            raise ApiError(400, "INVALID_TOPIC")
+        partial = Partial()
+        if self.ci.lookupd:
+            result = await self.ci.post_lookupds("topic/tombstone", {"topic": topic, "node": node})
+            self._all_failed(result, len(self.ci.lookupd))
+            partial.extend(result)
+        # then the topic goes from that node, as nsqadmin does
+        partial.extend(await self.ci.post_nodes([node], "topic/delete", {"topic": topic}))
+        self.notify(request, "tombstone_topic_producer", topic, node=node)
+        return _answer(partial)
+
+    # -- /config -------------------------------------------------------------------------
+
+    async def config(self, request: web.Request) -> web.Response:
+        opts = self.admin.options
+        if opts.allow_config_from_cidr:
+            net = ipaddress.ip_network(opts.allow_config_from_cidr, strict=False)
+            try:
+                remote = ipaddress.ip_address(request.remote or "")
+            except ValueError:
+                raise ApiError(400, "INVALID_REMOTE_ADDR") from None
+            if remote not in net:
+                raise ApiError(403, "FORBIDDEN")
+        opt = request.match_info["opt"]
+        if request.method == "PUT":
+            raw = await request.read()
+            if not raw:
+                raise ApiError(413, "INVALID_VALUE")
+            if opt == "nsqlookupd_http_addresses":
+                try:
+                    value = json.loads(raw)
+                except (ValueError, UnicodeDecodeError):
+                    raise ApiError(400, "INVALID_VALUE") from None
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ApiError(400, "INVALID_VALUE")
+                opts.nsqlookupd_http_addresses = value
+                self.ci.lookupd = list(value)
+            elif opt == "log_level":
+                level = raw.decode("utf-8", "replace").strip().lower()
+                if level not in _LOG_LEVELS:
+                    raise ApiError(400, "INVALID_VALUE")
+                opts.log_level = level
+                logging.getLogger("nsqx").setLevel(_LOG_LEVELS[level])
+            else:
+                raise ApiError(400, "INVALID_OPTION")
+        if opt not in _CONFIG_OPTS:
+            raise ApiError(400, "INVALID_OPTION")
+        value = getattr(opts, _CONFIG_OPTS[opt])
+        if isinstance(value, float) and opt in _DURATION_OPTS:
+            value = round(value * 1e9)  # Go's time.Duration: nanoseconds
+        return _json(value)
+
+
+_LOG_LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warn": logging.WARNING,
+    "error": logging.ERROR,
+    "fatal": logging.CRITICAL,
+}
+#: /config names -> AdminOptions fields (NSQ's config-file names)
+_CONFIG_OPTS = {
+    name: name
+    for name in (
+        "log_level",
+        "log_prefix",
+        "http_address",
+        "base_path",
+        "graphite_url",
+        "proxy_graphite",
+        "statsd_prefix",
+        "statsd_counter_format",
+        "statsd_gauge_format",
+        "statsd_interval",
+        "nsqlookupd_http_addresses",
+        "nsqd_http_addresses",
+        "http_client_connect_timeout",
+        "http_client_request_timeout",
+        "http_client_tls_insecure_skip_verify",
+        "http_client_tls_root_ca_file",
+        "http_client_tls_cert",
+        "http_client_tls_key",
+        "allow_config_from_cidr",
+        "notification_http_endpoint",
+        "acl_http_header",
+        "admin_users",
+        "history_interval",
+        "history_length",
+        "refresh_interval",
+    )
+}
+_DURATION_OPTS = {
+    "statsd_interval",
+    "http_client_connect_timeout",
+    "http_client_request_timeout",
+    "history_interval",
+    "history_length",
+    "refresh_interval",
+}
+
+
+def _explain_setoffset(error: str) -> str:
+    if ": 404 NOT_FOUND" in error:
+        return f"{error} (this nsqd has no /channel/setoffset: NSQ 1.3 cannot reset a channel)"
+    return error
+
+
+def make_app(admin: NSQAdmin) -> web.Application:
+    """The admin's aiohttp application, every route under ``--base-path``."""
+    h = _Handlers(admin)
+    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
+    base = admin.options.base_path.rstrip("/")
+
+    def bp(path: str) -> str:
+        return base + path
+
+    r = app.router
+    for page in (
+        "/",
+        "/topics",
+        "/topics/{topic}",
+        "/topics/{topic}/{channel}",
+        "/nodes",
+        "/nodes/{node}",
+        "/counter",
+        "/lookup",
+    ):
+        r.add_get(bp(page) if page != "/" or not base else base + "/", h.index)
+    if base:
+        r.add_get(base, h.index)
+    r.add_get(bp("/ping"), h.ping)
+    r.add_get(bp("/api/topics"), h.topics)
+    r.add_post(bp("/api/topics"), h.create)
+    r.add_get(bp("/api/topics/{topic}"), h.topic)
+    r.add_post(bp("/api/topics/{topic}"), h.topic_action)
+    r.add_delete(bp("/api/topics/{topic}"), h.delete_topic)
+    r.add_get(bp("/api/topics/{topic}/{channel}"), h.channel)
+    r.add_post(bp("/api/topics/{topic}/{channel}"), h.channel_action)
+    r.add_delete(bp("/api/topics/{topic}/{channel}"), h.delete_channel)
+    r.add_get(bp("/api/nodes"), h.nodes)
+    r.add_get(bp("/api/nodes/{node}"), h.node)
+    r.add_delete(bp("/api/nodes/{node}"), h.tombstone)
+    r.add_get(bp("/api/counter"), h.counter)
+    r.add_get(bp("/api/history"), h.history)
+    r.add_get(bp("/api/lookupds"), h.lookupds)
+    r.add_get(bp("/config/{opt}"), h.config)
+    r.add_put(bp("/config/{opt}"), h.config)
+    static = Path(admin.options.dev_static_dir) if admin.options.dev_static_dir else h.static_dir
+    r.add_static(bp("/static"), static)
+    app["started"] = time.time()
+    return app

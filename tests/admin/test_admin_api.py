@@ -1,0 +1,371 @@
+"""nsqadmin's JSON API against a real cluster (nsqlookupd, two nsqd, the admin: all real
+processes on free loopback ports): its numbers match the nodes' /stats, its actions
+change the nodes, admins and notifications work as NSQ's, and garbage harms nothing."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from adminproc import Cluster, start_admin, start_cluster
+from lookupdproc import http_request, wait_until
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = start_cluster(tmp_path_factory.mktemp("cluster"), "--history-interval=100ms")
+    yield c
+    c.stop()
+
+
+def tail(c: Cluster, node: int, topic: str, channel: str, n: int) -> bytes:
+    """Consume and finish ``n`` messages with `nsqx tail` (a real consumer)."""
+    addr = f"127.0.0.1:{c.nsqds[node].tcp_port}"
+    r = subprocess.run(
+        [sys.executable, "-m", "nsqx", "tail", f"--topic={topic}", f"--channel={channel}",
+         f"--nsqd-tcp-address={addr}", f"--n={n}"],
+        capture_output=True, timeout=60, check=True,
+    )  # fmt: skip
+    return r.stdout
+
+
+def channel_of(c: Cluster, node: int, topic: str, channel: str) -> dict[str, Any]:
+    for t in c.stats(c.nsqds[node], topic):
+        for ch in t["channels"]:
+            if ch["channel_name"] == channel:
+                return ch  # type: ignore[no-any-return]
+    return {}
+
+
+def test_counts_match_every_nodes_stats(cluster: Cluster) -> None:
+    a, b = cluster.nsqds
+    for n in (a, b):
+        assert cluster.post_nsqd(n, "/topic/create?topic=sums") == 200
+        assert cluster.post_nsqd(n, "/channel/create?topic=sums&channel=work") == 200
+    cluster.pub(a, "sums", *[b"a%d" % i for i in range(7)])
+    cluster.pub(b, "sums", *[b"b%d" % i for i in range(5)])
+    tail(cluster, 0, "sums", "work", 3)
+    wait_until(lambda: len(cluster.lookupd.json("/lookup?topic=sums")["producers"]) == 2)
+    topic = cluster.admin.get("/api/topics/sums")
+    per_node = [cluster.stats(n, "sums")[0] for n in (a, b)]
+    assert topic["message"] == ""
+    assert topic["message_count"] == sum(t["message_count"] for t in per_node) == 12
+    assert topic["depth"] == sum(t["depth"] for t in per_node)
+    assert sorted(n["node"] for n in topic["nodes"]) == sorted(
+        f"127.0.0.1:{n.http_port}" for n in (a, b)
+    )
+    (ch,) = topic["channels"]
+    want = [channel_of(cluster, i, "sums", "work") for i in (0, 1)]
+    for key in ("depth", "in_flight_count", "deferred_count", "requeue_count", "message_count"):
+        assert ch[key] == sum(w[key] for w in want), key
+    assert ch["depth"] == 9  # 3 of 12 finished
+    # the channel page's answer, with clients and latency
+    detail = cluster.admin.get("/api/topics/sums/work")
+    assert detail["depth"] == 9 and len(detail["nodes"]) == 2 and detail["clients"] == []
+    pcts = detail["e2e_processing_latency"]["percentiles"]
+    assert {p["quantile"] for p in pcts} == {1.0, 0.5}
+    assert detail["e2e_processing_latency"]["count"] == 3
+    # every topic at once, as the topics page asks
+    listing = cluster.admin.get("/api/topics?stats=true")
+    row = next(s for s in listing["stats"] if s["topic_name"] == "sums")
+    assert (row["message_count"], row["channel_count"], row["node_count"]) == (12, 1, 2)
+    counter = cluster.admin.get("/api/counter")["stats"]
+    assert sum(s["message_count"] for s in counter.values() if s["topic_name"] == "sums") == sum(
+        w["message_count"] for w in want
+    )
+
+
+def test_nodes_lookupds_and_one_node(cluster: Cluster) -> None:
+    nodes = cluster.admin.get("/api/nodes")["nodes"]
+    assert len(nodes) == 2
+    assert all(n["health"] == "OK" and n["version"] == "1.3.0-nsqx" for n in nodes)
+    (lk,) = cluster.admin.get("/api/lookupds")["lookupds"]
+    assert lk["health"] == "OK" and lk["address"] == cluster.lookupd.http_address
+    a = cluster.nsqds[0]
+    cluster.pub(a, "onenode", b"x")
+    node = cluster.admin.get(f"/api/nodes/127.0.0.1:{a.http_port}")
+    assert "onenode" in [t["topic_name"] for t in node["topics"]]
+    status, data = cluster.admin.request("GET", "/api/nodes/127.0.0.1:1")
+    assert (status, data["message"]) == (404, "NODE_NOT_FOUND")
+
+
+def test_topic_and_channel_actions(cluster: Cluster) -> None:
+    a = cluster.nsqds[0]
+    cluster.pub(a, "acts", b"1", b"2", b"3")
+    assert cluster.post_nsqd(a, "/channel/create?topic=acts&channel=c") == 200
+    wait_until(lambda: cluster.lookupd.get("/lookup?topic=acts")[0] == 200)
+    adm = cluster.admin
+
+    def topic_entry() -> dict[str, Any]:
+        return cluster.stats(a, "acts")[0]
+
+    assert adm.request("POST", "/api/topics/acts", {"action": "pause"}) == (200, {"message": ""})
+    assert topic_entry()["paused"] is True
+    adm.request("POST", "/api/topics/acts", {"action": "unpause"})
+    assert topic_entry()["paused"] is False
+    adm.request("POST", "/api/topics/acts/c", {"action": "pause"})
+    assert channel_of(cluster, 0, "acts", "c")["paused"] is True
+    adm.request("POST", "/api/topics/acts/c", {"action": "unpause"})
+    assert channel_of(cluster, 0, "acts", "c")["paused"] is False
+    assert channel_of(cluster, 0, "acts", "c")["depth"] == 3
+    assert adm.request("POST", "/api/topics/acts/c", {"action": "empty"})[0] == 200
+    assert channel_of(cluster, 0, "acts", "c")["depth"] == 0
+    # replay from the start of time, then skip to the end (Youzan's setoffset)
+    status, _ = adm.request(
+        "POST", "/api/topics/acts/c", {"action": "setoffset", "position": "timestamp:0"}
+    )
+    assert status == 200 and channel_of(cluster, 0, "acts", "c")["depth"] == 3
+    adm.request("POST", "/api/topics/acts/c", {"action": "setoffset", "position": "special:-1"})
+    assert channel_of(cluster, 0, "acts", "c")["depth"] == 0
+    adm.request(
+        "POST",
+        "/api/topics/acts/c",
+        {"action": "setoffset", "position": "msgcount:2", "partition": 0},
+    )
+    assert channel_of(cluster, 0, "acts", "c")["depth"] == 2
+    status, data = adm.request(
+        "POST",
+        "/api/topics/acts/c",
+        {"action": "setoffset", "position": "msgcount:1", "partition": 7},
+    )
+    assert (status, data["message"]) == (404, "PARTITION_NOT_FOUND")
+    # create a channel through the lookupd and on the producers, then delete it
+    assert adm.request("POST", "/api/topics", {"topic": "acts", "channel": "new"})[0] == 200
+    assert channel_of(cluster, 0, "acts", "new") != {}
+    assert adm.request("DELETE", "/api/topics/acts/new")[0] == 200
+    assert channel_of(cluster, 0, "acts", "new") == {}
+    assert adm.request("POST", "/api/topics/acts", {"action": "empty"})[0] == 200
+    assert adm.request("DELETE", "/api/topics/acts")[0] == 200
+    assert cluster.stats(a, "acts") == []
+    assert "acts" not in cluster.lookupd.json("/topics")["topics"]
+
+
+def test_create_partitioned_topic_and_see_its_partitions(cluster: Cluster) -> None:
+    adm = cluster.admin
+    assert adm.request("POST", "/api/topics", {"topic": "parts", "partition_num": 4})[0] == 200
+    wait_until(
+        lambda: len(adm.get("/api/topics/parts")["partitions"]) == 4,
+        what="4 partitions placed on the nodes",
+    )
+    topic = adm.get("/api/topics/parts")
+    assert topic["partition_num"] == 4
+    assert sorted(p["partition"] for p in topic["partitions"]) == [0, 1, 2, 3]
+    assert {p["node"] for p in topic["partitions"]} == {n["node"] for n in topic["nodes"]}
+
+
+def test_tombstone_a_node(cluster: Cluster) -> None:
+    a, b = cluster.nsqds
+    cluster.pub(a, "tomb", b"x")
+    cluster.pub(b, "tomb", b"y")
+    wait_until(lambda: len(cluster.lookupd.json("/lookup?topic=tomb")["producers"]) == 2)
+    node = f"127.0.0.1:{a.http_port}"
+    assert cluster.admin.request("DELETE", f"/api/nodes/{node}", {"topic": "tomb"})[0] == 200
+    assert cluster.stats(a, "tomb") == []
+    producers = cluster.lookupd.json("/lookup?topic=tomb")["producers"]
+    assert [p["http_port"] for p in producers] == [b.http_port]
+
+
+def test_garbage_gets_400s_and_harms_nothing(cluster: Cluster) -> None:
+    adm = cluster.admin
+    cases: list[tuple[str, str, bytes | None, int, str]] = [
+        ("POST", "/api/topics", b"{not json", 400, "INVALID_BODY"),
+        ("POST", "/api/topics", b"[1,2]", 400, "INVALID_BODY"),
+        ("POST", "/api/topics", b'{"topic": 5}', 400, "INVALID_TOPIC"),
+        ("POST", "/api/topics", b'{"topic": "<script>x</script>"}', 400, "INVALID_TOPIC"),
+        ("POST", "/api/topics", b'{"topic": "ok", "channel": "a b"}', 400, "INVALID_CHANNEL"),
+        ("POST", "/api/topics", b'{"topic": "ok", "partition_num": 999}', 400, "INVALID_PARTITION_NUM"),
+        ("POST", "/api/topics/sums", b'{"action": "explode"}', 400, "INVALID_ACTION"),
+        ("POST", "/api/topics/sums", b"\xff\xfe", 400, "INVALID_BODY"),
+        ("POST", "/api/topics/sums/work", b'{"action": "setoffset", "position": "soon"}', 400, "INVALID_POSITION"),
+        ("POST", "/api/topics/sums/work", b'{"action": "setoffset", "position": "special:-1", "partition": "x"}', 400, "INVALID_PARTITION"),
+        ("GET", "/api/topics/bad%20name", None, 400, "INVALID_TOPIC"),
+        ("GET", "/api/topics/sums/%3Cb%3E", None, 400, "INVALID_CHANNEL"),
+        ("DELETE", "/api/nodes/not-a-node", b'{"topic": "sums"}', 400, "INVALID_NODE"),
+        ("DELETE", "/api/nodes/127.0.0.1:1", b"null", 400, "INVALID_BODY"),
+        ("GET", "/api/history?topic=", None, 400, "INVALID_TOPIC"),
+        ("GET", "/api/nope", None, 404, "NOT_FOUND"),
+        ("PUT", "/api/topics", b"{}", 405, "METHOD_NOT_ALLOWED"),
+        ("POST", "/api/topics", b"x" * (2 * 1024 * 1024), 413, "BODY_TOO_BIG"),
+        ("PUT", "/config/log_level", b"loud", 400, "INVALID_VALUE"),
+        ("PUT", "/config/nope", b"1", 400, "INVALID_OPTION"),
+        ("GET", "/api/topics/sums/nochannel", None, 404, "CHANNEL_NOT_FOUND"),
+    ]  # fmt: skip
+    for method, path, raw, status, message in cases:
+        got, data = adm.request(method, path, raw=raw)
+        assert (got, data["message"]) == (status, message), (method, path)
+    # nothing was created, and everything still answers
+    assert "ok" not in adm.get("/api/topics")["topics"]
+    assert adm.request("GET", "/ping") == (200, "OK")
+    assert adm.get("/api/topics/sums")["message_count"] == 12
+
+
+def test_history_gives_rates_over_time(cluster: Cluster) -> None:
+    a = cluster.nsqds[0]
+    cluster.pub(a, "hist", b"x")
+    wait_until(lambda: len(cluster.admin.get("/api/history?topic=hist")["points"]) >= 2)
+    cluster.pub(a, "hist", *[b"y"] * 10)
+
+    def grown() -> bool:
+        points = cluster.admin.get("/api/history?topic=hist")["points"]
+        return points[-1]["message_count"] == 11 and any(
+            (p["message_rate"] or 0) > 0 for p in points
+        )
+
+    wait_until(grown, what="the 10 new messages in the history, as a rate")
+    data = cluster.admin.get("/api/history?topic=hist")
+    assert data["interval"] == 0.1 and data["points"][0]["message_rate"] is None
+
+
+def test_config_endpoint(cluster: Cluster) -> None:
+    adm = cluster.admin
+    assert adm.get("/config/nsqlookupd_http_addresses") == [cluster.lookupd.http_address]
+    assert adm.get("/config/http_client_connect_timeout") == 2_000_000_000
+    assert adm.request("PUT", "/config/log_level", raw=b"debug") == (200, "debug")
+    adm.request("PUT", "/config/log_level", raw=b"info")
+
+
+class Receiver:
+    """A real HTTP endpoint that records the JSON POSTed to it."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        bodies = self.bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                bodies.append(json.loads(self.rfile.read(n)))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/notify"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_admin_users_and_notifications(cluster: Cluster, tmp_path: Path) -> None:
+    receiver = Receiver()
+    admin = start_admin(
+        f"--lookupd-http-address={cluster.lookupd.http_address}",
+        "--admin-user=alice",
+        "--acl-http-header=X-User",
+        f"--notification-http-endpoint={receiver.url}",
+    )
+    try:
+        a = cluster.nsqds[0]
+        cluster.pub(a, "guarded", b"x")
+        wait_until(lambda: cluster.lookupd.get("/lookup?topic=guarded")[0] == 200)
+        for method, path, body in [
+            ("POST", "/api/topics/guarded", {"action": "pause"}),
+            ("POST", "/api/topics", {"topic": "guarded2"}),
+            ("DELETE", "/api/topics/guarded", None),
+            ("DELETE", f"/api/nodes/127.0.0.1:{a.http_port}", {"topic": "guarded"}),
+            ("POST", "/api/topics/guarded/c", {"action": "empty"}),
+        ]:
+            for headers in ({}, {"X-User": "bob"}):
+                status, data = admin.request(method, path, body, headers=headers)
+                assert (status, data["message"]) == (403, "FORBIDDEN"), (method, path, headers)
+        assert cluster.stats(a, "guarded")[0]["paused"] is False
+        # reading needs no admin; the page says who may act
+        assert admin.get("/api/topics/guarded")["message_count"] == 1
+        page = http_request(admin.url + "/topics/guarded", headers={"X-User": "bob"})[2].decode()
+        assert '"is_admin": false' in page
+        page = http_request(admin.url + "/topics/guarded", headers={"X-User": "alice"})[2].decode()
+        assert '"is_admin": true' in page
+        status, _ = admin.request(
+            "POST", "/api/topics/guarded", {"action": "pause"},
+            headers={"X-User": "alice", "Authorization": "Basic YWxpY2U6cHc="},
+        )  # fmt: skip
+        assert status == 200 and cluster.stats(a, "guarded")[0]["paused"] is True
+        wait_until(lambda: receiver.bodies, what="the notification")
+        (note,) = receiver.bodies
+        assert note["action"] == "pause_topic" and note["topic"] == "guarded"
+        assert note["user"] == "alice" and note["url"].endswith("/api/topics/guarded")
+        assert isinstance(note["timestamp"], int) and note["via"]
+    finally:
+        admin.stop()
+        receiver.close()
+
+
+def test_nsqd_addresses_instead_of_lookupd(cluster: Cluster) -> None:
+    a = cluster.nsqds[0]
+    admin = start_admin(f"--nsqd-http-address=127.0.0.1:{a.http_port}")
+    try:
+        # without lookupd, creating a topic creates it on every listed nsqd
+        assert admin.request("POST", "/api/topics", {"topic": "direct", "channel": "c"})[0] == 200
+        assert channel_of(cluster, 0, "direct", "c") != {}
+        assert "direct" in admin.get("/api/topics")["topics"]
+        assert admin.get("/api/lookupds")["lookupds"] == []
+        (node,) = admin.get("/api/nodes")["nodes"]
+        assert node["http_port"] == a.http_port and node["health"] == "OK"
+    finally:
+        admin.stop()
+
+
+def test_bad_command_lines_are_one_line() -> None:
+    for args, text in [
+        ([], "--nsqd-http-address or --lookupd-http-address required"),
+        (["--lookupd-http-address=a:1", "--nsqd-http-address=b:2"], "not both"),
+        (["--lookupd-http-address=nonsense"], "is not host:port"),
+        (["--lookupd-http-address=a:1", "--allow-config-from-cidr=x"], "allow-config-from-cidr"),
+    ]:
+        r = subprocess.run(
+            [sys.executable, "-m", "nsqx", "nsqadmin", *args], capture_output=True, timeout=30
+        )
+        assert r.returncode == 2
+        err = r.stderr.decode()
+        assert text in err and "Traceback" not in err, err
+
+
+def test_an_unreachable_cluster_is_a_502_with_reasons() -> None:
+    admin = start_admin(
+        "--lookupd-http-address=127.0.0.1:1", "--history-interval=1h", "--history-length=1h"
+    )
+    try:
+        status, data = admin.request("GET", "/api/topics")
+        assert status == 502 and data["message"].startswith("UPSTREAM_ERROR: failed to query any")
+        assert "127.0.0.1:1" in data["message"]
+        assert admin.request("GET", "/ping") == (200, "OK")
+    finally:
+        admin.stop()
+
+
+def test_every_endpoint_survives_garbage(cluster: Cluster) -> None:
+    adm = cluster.admin
+    cluster.pub(cluster.nsqds[0], "junk", b"x")
+    bodies = [
+        b"", b"null", b"{}", b"[]", b'"x"', b"\x00\xff" * 8, b'{"action": null}',
+        b'{"topic": ["x"], "channel": {}}', b'{"action": "setoffset", "position": 7}',
+        b'{"action": "setoffset", "position": "timestamp:9999999999999999999"}',
+        b'{"topic": "' + b"a" * 100 + b'"}', b"{" * 5000,
+    ]  # fmt: skip
+    paths = [
+        "/api/topics", "/api/topics/junk", "/api/topics/junk/ch", "/api/nodes/127.0.0.1:1",
+        "/api/counter", "/api/history?topic=junk&channel=%ZZ", "/api/lookupds",
+        "/config/log_level", "/api/topics/%ZZ", "/topics/%00", "/api/topics/junk/ch/extra",
+    ]  # fmt: skip
+    for path in paths:
+        for method in ("GET", "POST", "PUT", "DELETE"):
+            for body in bodies if method != "GET" else [None]:
+                status, data = adm.request(method, path, raw=body)
+                assert status != 500, (method, path, body, data)
+                if path.startswith("/api"):
+                    assert isinstance(data, dict) and "message" in data, (method, path, data)
+    assert adm.request("GET", "/ping") == (200, "OK")
+    assert adm.get("/api/topics/sums")["message_count"] == 12
