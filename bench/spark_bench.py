@@ -2,33 +2,37 @@
 
 Starts PARTITIONS nsqd processes (one topic partition each, or --topic-partitions each
 of a partitioned topic), publishes MESSAGES messages of SIZE bytes spread over them, then
-measures, on the same data:
+reads the same data again and again, in rounds. Each round measures, one after the other:
 
-- raw:    consuming every message with FINs over plain asyncio connections (one per topic
-          partition, RDY 2500, FINs of one read in one write): what a fast client does;
-- batch:  ``spark.read.format("nsq")...write.format("noop")`` (one Spark partition per
-          topic partition);
-- stream: ``spark.readStream.format("nsq")`` with ``trigger(availableNow=True)`` into a
-          noop sink (or --sink parquet).
+- raw:     consuming every message with FINs over plain asyncio connections (one per
+           topic partition, RDY 2500, FINs of one read in one write): what a fast client
+           does (a fresh channel each round);
+- client:  nsqx.client's Consumer on the same data;
+- batch:   ``spark.read.format("nsq")...write.format("noop")`` (one Spark partition per
+           topic partition), wall clock;
+- ceiling: the same read of a source that yields ready Arrow batches of the same rows
+           (built once, no I/O): what Spark itself costs, the most any Python source
+           can give here;
+- stream:  ``spark.readStream.format("nsq")`` with ``trigger(availableNow=True)`` into a
+           noop sink (or --sink parquet), and the ceiling's stream; a stream's rate is
+           Spark's own (rows over the time its micro-batches ran, as in
+           ``processedRowsPerSecond``), the wall time with the query's start beside it.
 
-Batch and stream each read the whole data ``--rounds`` times (3). The first read of each
-runs on a colder JVM, whose JIT compiles the Arrow-to-row conversion while it reads: it
-is reported but left out of the median, which is the rate of a job that has been running.
-A stream's rate is Spark's own (rows over the time its micro-batches ran, as in
-``processedRowsPerSecond``); the wall time with the query's start-up is printed beside it.
+Each ratio is taken within its round (the machine is shared: its speed changes from
+minute to minute) and the summary gives the median and range over the warm rounds;
+round 0 runs on a cold JVM and is reported apart. Then:
 
-- ceiling: the same reads of a source that yields ready Arrow batches of the same rows
-          (built once, no I/O): what Spark itself costs, the most any Python source can
-          give here; each nsq rate is printed as a ratio to raw and to this;
 - channel: ``mode=channel`` against Go's nsqd 1.3 (``--go-nsqd``, found in
-          ../shared/reference when there), beside nsqx.client's Consumer on the same
-          nsqd and data;
-- latency: a live consumer's end-to-end latency (p50 / p99 / max) on one nsqd, idle
-          and while Spark batch reads of that nsqd run (``--latency``).
+           ../shared/reference when there), beside nsqx.client's Consumer on the same
+           nsqd and data, in --channel-rounds rounds;
+- latency: a live consumer's end-to-end latency (p50 / p99 / max) on one nsqd, idle,
+           during Spark reads of the ceiling source (Spark's CPU load alone) and during
+           batch reads of that nsqd (``--latency``).
 
-    python bench/spark_bench.py --messages 1000000 --partitions 2
+    python bench/spark_bench.py --messages 1000000 --partitions 2 --rounds 4
     python bench/spark_bench.py --messages 1000000 --partitions 2 --topic-partitions 2
-    python bench/spark_bench.py --messages 1000000 --latency --go-nsqd path/to/nsqd
+    python bench/spark_bench.py --messages 1000000 --latency --channel-rounds 3
+    python bench/spark_bench.py --cluster        # a standalone cluster, not local[2]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -78,8 +83,16 @@ def start_nsqd(data: str) -> tuple[subprocess.Popen[str], int, int]:
             else:
                 http = int(m.group(2))
         if tcp and http:
+            _drain(proc)
             return proc, tcp, http
     raise RuntimeError("nsqd did not start")
+
+
+def _drain(proc: subprocess.Popen[str]) -> None:
+    """Read the rest of a server's log, so that it never blocks on a full pipe (a Go
+    nsqd that cannot write its log stops answering)."""
+    assert proc.stderr is not None
+    threading.Thread(target=proc.stderr.read, daemon=True).start()
 
 
 def publish(http: int, topic: str, n: int, size: int, partition: int | None = None) -> None:
@@ -178,6 +191,31 @@ async def raw_consume(
     return time.perf_counter() - t0
 
 
+def ready_batch(n: int, index: int, size: int) -> Any:
+    """``n`` rows of the nsq source's schema, built with Arrow's kernels."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from nsqx.spark.source import SCHEMA_NAMES
+
+    ones = pa.repeat(pa.scalar(1, pa.int64()), n)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar("bench", pa.string()), n),
+            pa.repeat(pa.scalar("127.0.0.1:4151", pa.string()), n),
+            pa.repeat(pa.scalar(index, pa.int32()), n),
+            pc.cumulative_sum(ones),
+            pa.repeat(pa.scalar("0123456789abcdef", pa.string()), n).cast(pa.string()),
+            pa.repeat(pa.scalar(0, pa.int64()), n),
+            pa.repeat(pa.scalar(1_700_000_000_000_000, pa.timestamp("us", tz="UTC")), n),
+            pa.repeat(pa.scalar(1, pa.int32()), n),
+            pa.repeat(pa.scalar(b"x" * size, pa.binary()), n),
+            pa.nulls(n, pa.string()),
+        ],
+        names=SCHEMA_NAMES,
+    )
+
+
 def make_ceiling_source(rows: int, parts: int, batch_rows: int, size: int) -> Any:
     """A data source of ``parts`` partitions of ``rows`` rows each, the nsq source's
     schema, yielding one ready Arrow batch of ``batch_rows`` rows again and again
@@ -190,36 +228,15 @@ def make_ceiling_source(rows: int, parts: int, batch_rows: int, size: int) -> An
         InputPartition,
     )
 
-    from nsqx.spark.source import SCHEMA, SCHEMA_NAMES
+    from nsqx.spark.source import SCHEMA
 
     class Part(InputPartition):
         def __init__(self, index: int, start: int, end: int) -> None:
             self.index, self.start, self.end = index, start, end
 
-    def batch_of(n: int, index: int) -> Any:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        ones = pa.repeat(pa.scalar(1, pa.int64()), n)
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.repeat(pa.scalar("bench", pa.string()), n),
-                pa.repeat(pa.scalar("127.0.0.1:4151", pa.string()), n),
-                pa.repeat(pa.scalar(index, pa.int32()), n),
-                pc.cumulative_sum(ones),
-                pa.repeat(pa.scalar("0123456789abcdef", pa.string()), n).cast(pa.string()),
-                pa.repeat(pa.scalar(0, pa.int64()), n),
-                pa.repeat(pa.scalar(1_700_000_000_000_000, pa.timestamp("us", tz="UTC")), n),
-                pa.repeat(pa.scalar(1, pa.int32()), n),
-                pa.repeat(pa.scalar(b"x" * size, pa.binary()), n),
-                pa.nulls(n, pa.string()),
-            ],
-            names=SCHEMA_NAMES,
-        )
-
     def read(part: Any) -> Any:
         n = part.end - part.start
-        full = batch_of(min(batch_rows, n), part.index)
+        full = ready_batch(min(batch_rows, n), part.index, size)
         while n > 0:
             yield full if n >= full.num_rows else full.slice(0, n)
             n -= full.num_rows
@@ -261,6 +278,45 @@ def make_ceiling_source(rows: int, parts: int, batch_rows: int, size: int) -> An
     return Ceiling
 
 
+def make_simple_ceiling_source(total: int, batch: int, size: int) -> Any:
+    """The ceiling of mode=channel: a simple stream reader (Spark's kind for a source
+    that reads on the driver, as mode=channel does) whose micro-batches are ``batch``
+    ready Arrow rows, ``total`` in all: what Spark costs for such a source."""
+    from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
+    from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+    from nsqx.spark.source import SCHEMA
+
+    class SimpleReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
+        def prepareForTriggerAvailableNow(self) -> None:
+            """As mode=channel: a run ends when a read finds nothing more."""
+
+        def initialOffset(self) -> dict[str, int]:
+            return {"taken": 0}
+
+        def read(self, start: dict[str, int]) -> tuple[Any, dict[str, int]]:
+            n = min(batch, total - start["taken"])
+            if n <= 0:
+                return iter(()), start
+            return iter([ready_batch(n, 0, size)]), {"taken": start["taken"] + n}
+
+        def readBetweenOffsets(self, start: dict[str, int], end: dict[str, int]) -> Any:
+            return iter(())
+
+    class SimpleCeiling(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "ceiling_simple"
+
+        def schema(self) -> str:
+            return SCHEMA
+
+        def simpleStreamReader(self, schema: Any) -> Any:
+            return SimpleReader()
+
+    return SimpleCeiling
+
+
 def find_go_nsqd() -> str | None:
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.path.join(here, "..", "..", "shared", "reference", "go-nsq-1.3.0", "nsqd")
@@ -281,6 +337,7 @@ def start_go_nsqd(binary: str, data: str) -> tuple[subprocess.Popen[str], int, i
         if m:
             ports[m.group(1)] = int(m.group(2))
         if len(ports) == 2:
+            _drain(proc)
             return proc, ports["TCP"], ports["HTTP"]
     raise RuntimeError("Go's nsqd did not start")
 
@@ -347,83 +404,131 @@ def fmt_latency(r: dict[str, float]) -> str:
     )
 
 
-def channel_phase(spark: Any, args: Any, tmp: str) -> None:
-    """mode=channel on Go's nsqd beside nsqx.client's Consumer, on the same messages."""
-    proc, tcp, http = start_go_nsqd(args.go_nsqd, os.path.join(tmp, "go"))
-    try:
-        n = args.channel_messages or args.messages
-        for path in (
-            "/topic/create?topic=bench",
-            "/channel/create?topic=bench&channel=client",
-            "/channel/create?topic=bench&channel=spark",
-        ):
-            urllib.request.urlopen(
-                urllib.request.Request(f"http://127.0.0.1:{http}{path}", method="POST")
-            ).close()
-        publish(http, "bench", n, args.size)
-        client_s = asyncio.run(client_consume([tcp], "bench", n, "client"))
-        client = n / client_s
-        print(f"channel: nsqx.client Consumer on Go's nsqd {client:>11,.0f} msgs/s")
-        t0 = time.perf_counter()
-        q = (
+def channel_stream(
+    spark: Any, args: Any, tmp: str, name: str, topic: str | None, tcp: int, n: int
+) -> tuple[float, float, int]:
+    """One availableNow stream of mode=channel (or, without a topic, of the simple
+    ceiling source) into noop: rows/s in micro-batches, rows/s with the query's start,
+    and how many micro-batches."""
+    t0 = time.perf_counter()
+    if topic is None:
+        reader = spark.readStream.format("ceiling_simple")
+    else:
+        reader = (
             spark.readStream.format("nsq")
             .option("mode", "channel")
-            .option("topic", "bench")
+            .option("topic", topic)
             .option("channel", "spark")
             .option("nsqdTcpAddresses", f"127.0.0.1:{tcp}")
             .option("maxOffsetsPerTrigger", str(args.channel_batch))
-            .load()
-            .writeStream.format("noop")
-            .option("checkpointLocation", os.path.join(tmp, "ckpt-channel"))
-            .trigger(availableNow=True)
-            .start()
         )
-        q.awaitTermination()
-        wall = time.perf_counter() - t0
-        rows = sum(p["numInputRows"] for p in q.recentProgress)
-        busy = sum(p["durationMs"]["triggerExecution"] for p in q.recentProgress) / 1000
-        if os.environ.get("NSQX_BENCH_DEBUG"):
-            print([(p["batchId"], p["numInputRows"], p["durationMs"]) for p in q.recentProgress])
-        if rows < n:
-            raise RuntimeError(f"mode=channel read {rows:,} rows, not {n:,}")
-        rate = rows / busy
+    q = (
+        reader.load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", os.path.join(tmp, f"ckpt-channel-{name}"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    q.awaitTermination()
+    wall = time.perf_counter() - t0
+    progress = q.recentProgress
+    rows = sum(p["numInputRows"] for p in progress)
+    busy = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+    if os.environ.get("NSQX_BENCH_DEBUG"):
+        print([(p["batchId"], p["numInputRows"], p["durationMs"]) for p in progress])
+    if rows < n:
+        raise RuntimeError(f"{name} read {rows:,} rows, not {n:,}")
+    return rows / busy, rows / wall, len([p for p in progress if p["numInputRows"]])
+
+
+def channel_phase(spark: Any, args: Any, tmp: str) -> None:
+    """mode=channel on Go's nsqd beside nsqx.client's Consumer on the same messages, in
+    rounds: each round publishes to a fresh topic with both channels, then the client
+    and Spark each read all of it through their own channel."""
+    proc, tcp, http = start_go_nsqd(args.go_nsqd, os.path.join(tmp, "go"))
+    n = args.channel_messages or args.messages
+    spark.dataSource.register(make_simple_ceiling_source(n, args.channel_batch, args.size))
+    ratios: list[float] = []
+    of_ceiling: list[float] = []
+    try:
+        for r in range(1, args.channel_rounds + 1):
+            topic = f"bench{r}"
+            for path in (
+                f"/topic/create?topic={topic}",
+                f"/channel/create?topic={topic}&channel=client",
+                f"/channel/create?topic={topic}&channel=spark",
+            ):
+                urllib.request.urlopen(
+                    urllib.request.Request(f"http://127.0.0.1:{http}{path}", method="POST")
+                ).close()
+            publish(http, topic, n, args.size)
+            client = n / asyncio.run(client_consume([tcp], topic, n, "client"))
+            rate, wall_rate, batches = channel_stream(spark, args, tmp, f"nsq{r}", topic, tcp, n)
+            ceiling, _, _ = channel_stream(spark, args, tmp, f"ceiling{r}", None, tcp, n)
+            ratios.append(rate / client)
+            of_ceiling.append(rate / ceiling)
+            print(
+                f"channel {r}: nsqx.client on Go's nsqd {client:,.0f} msgs/s; Spark mode=channel "
+                f"{rate:,.0f} rows/s in micro-batches ({batches} of up to "
+                f"{args.channel_batch:,}) = {rate / client:.2f} of the client, "
+                f"{rate / ceiling:.2f} of the ceiling ({ceiling:,.0f} = {ceiling / client:.2f} "
+                f"of the client); {wall_rate:,.0f} rows/s with the query's start"
+            )
         print(
-            f"channel: Spark mode=channel on Go's nsqd {rate:>11,.0f} rows/s in micro-batches "
-            f"({len(q.recentProgress)} of up to {args.channel_batch:,}), {rows / wall:,.0f} "
-            f"with the query's start"
+            f"SUMMARY channel mode: {_spread(ratios)} of nsqx.client on Go's nsqd; "
+            f"{_spread(of_ceiling)} of the ceiling (a simple reader of ready Arrow batches)"
         )
-        print(f"SUMMARY channel: {rate / client:.2f} of nsqx.client on Go's nsqd")
     finally:
         proc.terminate()
         proc.wait()
 
 
 def latency_phase(spark: Any, args: Any, nodes: list[Any], addrs: str) -> None:
-    """A live consumer's latency on the first nsqd: idle, then while Spark batch reads
-    of both nsqd run back to back (default request sizes, then the largest nsqd
-    allows: 100,000 messages or 64 MiB per request)."""
+    """A live consumer's latency on the first nsqd, in rounds: idle; while Spark batch
+    reads of the ceiling source run back to back (Spark's load on the machine, no
+    request to nsqd); while batch reads of both nsqd run (default request sizes); and
+    while reads with the largest requests nsqd allows run (100,000 messages or 64 MiB)."""
     tcp = nodes[0][1]
     secs, rate = args.latency_seconds, args.latency_rate
-    idle = probe_result(latency_probe(tcp, secs, rate))
-    print(f"latency idle             : {fmt_latency(idle)}")
-    for label, opts in (
-        ("during batch reads      ", {}),
-        ("during 64 MiB range reads", {"readMessages": "100000", "readBytes": str(64 << 20)}),
-    ):
-        probe = latency_probe(tcp, secs, rate)
-        reads = 0
-        while probe.poll() is None:
-            reader = spark.read.format("nsq").option("topic", "bench")
-            reader = reader.option("nsqdHttpAddresses", addrs)
-            for k, v in opts.items():
-                reader = reader.option(k, v)
-            reader.load().write.format("noop").mode("overwrite").save()
-            reads += 1
-        busy = probe_result(probe)
-        print(f"latency {label}: {fmt_latency(busy)} ({reads} reads)")
+    cases: list[tuple[str, str | None, dict[str, str]]] = [
+        ("idle", None, {}),
+        ("during ceiling reads", "ceiling", {}),
+        ("during nsq batch reads", "nsq", {}),
+        (
+            "during 64 MiB range reads",
+            "nsq",
+            {"readMessages": "100000", "readBytes": str(64 << 20)},
+        ),
+    ]
+    p99: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+    for r in range(1, args.latency_rounds + 1):
+        for label, fmt, opts in cases:
+            probe = latency_probe(tcp, secs, rate)
+            reads = 0
+            while fmt is not None and probe.poll() is None:
+                reader = spark.read.format(fmt)
+                if fmt == "nsq":
+                    reader = reader.option("topic", "bench").option("nsqdHttpAddresses", addrs)
+                for k, v in opts.items():
+                    reader = reader.option(k, v)
+                reader.load().write.format("noop").mode("overwrite").save()
+                reads += 1
+            result = probe_result(probe)
+            p99[label].append(result["p99"])
+            print(
+                f"latency {r} {label:<26}: {fmt_latency(result)}"
+                + (f" ({reads} reads)" if fmt else "")
+            )
+    for label, values in p99.items():
         print(
-            f"SUMMARY latency p99 {label.strip()}: {busy['p99']:.2f} ms (idle {idle['p99']:.2f} ms)"
+            f"SUMMARY latency p99 {label}: {statistics.median(values):.2f} ms "
+            f"({min(values):.2f}-{max(values):.2f})"
         )
+
+
+def _spread(values: list[float]) -> str:
+    """``median (min-max)`` of per-round ratios."""
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def main() -> int:
@@ -443,18 +548,31 @@ def main() -> int:
         "--rounds",
         type=int,
         default=3,
-        help="reads of the same data by each of batch and stream (the first batch one on "
-        "a cold JVM)",
+        help="warm rounds, each: raw, client, batch and stream reads (nsq and ceiling), "
+        "after one round on a cold JVM that is reported apart",
+    )
+    ap.add_argument(
+        "--cluster",
+        action="store_true",
+        help="run Spark on a standalone cluster on loopback (a master, two workers of one "
+        "core each) instead of local[2]",
     )
     ap.add_argument(
         "--go-nsqd",
         default=find_go_nsqd(),
         help="Go nsqd 1.3 binary for mode=channel (default: ../shared/reference's, if there)",
     )
+    ap.add_argument("--no-channel", action="store_true", help="skip the mode=channel phase")
+    ap.add_argument(
+        "--skip-reads",
+        action="store_true",
+        help="skip the rounds of range reads (channel, latency only)",
+    )
     ap.add_argument("--channel-messages", type=int, default=0, help="default: --messages")
     ap.add_argument(
         "--channel-batch", type=int, default=50_000, help="maxOffsetsPerTrigger in mode=channel"
     )
+    ap.add_argument("--channel-rounds", type=int, default=1, help="mode=channel rounds")
     ap.add_argument(
         "--latency",
         action="store_true",
@@ -462,6 +580,7 @@ def main() -> int:
     )
     ap.add_argument("--latency-seconds", type=float, default=8.0)
     ap.add_argument("--latency-rate", type=int, default=2000, help="messages/s of the probe")
+    ap.add_argument("--latency-rounds", type=int, default=2)
     if len(sys.argv) == 5 and sys.argv[1] == "--latency-probe":
         tcp, seconds, rate = int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
         print(json.dumps(asyncio.run(live_latency(tcp, seconds, rate))))
@@ -471,6 +590,7 @@ def main() -> int:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     tmp = tempfile.mkdtemp(prefix="nsqx-sparkbench-")
     procs = []
+    cluster = None
     try:
         nodes = [start_nsqd(os.path.join(tmp, f"n{i}")) for i in range(args.partitions)]
         procs = [p for p, _, _ in nodes]
@@ -479,10 +599,12 @@ def main() -> int:
         # partitioned one has its own partitions on each, as lookupd would place them
         layout = [(i, i * k + j if k else None) for i in range(len(nodes)) for j in range(k or 1)]
         per = args.messages // len(layout)
+        rounds = args.rounds
         t0 = time.perf_counter()
         for i, (_, _, http) in enumerate(nodes):
-            # the consumers' channels exist before publishing: a later channel starts at
-            # the end of the topic and would see none of it
+            # the consumers' channels exist before publishing (a later channel starts at
+            # the end of the topic and would see none of it): one per round, round 0 the
+            # cold one
             paths = [
                 f"/topic/create?topic=bench&partition={p}&partition_num={k * len(nodes)}"
                 for n, p in layout
@@ -490,7 +612,7 @@ def main() -> int:
             ] or ["/topic/create?topic=bench"]
             paths += [
                 f"/channel/create?topic=bench&channel={name}{r}"
-                for r in range(1, args.rounds + 1)
+                for r in range(rounds + 1)
                 for name in ("raw", "client")
             ]
             for path in paths:
@@ -511,35 +633,29 @@ def main() -> int:
             uvloop.install()
         except ImportError:
             pass
-        rounds = args.rounds
         subs = [(nodes[i][1], p) for i, p in layout]
-        raw_rates, client_rates = [], []
-        for r in range(1, rounds + 1):
-            # each round consumes the same data again: a fresh channel starts at the end,
-            # so the channels were made before publishing, one per round
-            raw_s = asyncio.run(raw_consume(subs, "bench", per, channel=f"raw{r}"))
-            raw_rates.append(total / raw_s)
-            print(f"raw {r}   : {total / raw_s:>11,.0f} msgs/s  ({raw_s:.2f}s, bare asyncio)")
-            if not k:  # nsqx.client's Consumer reads one partition per nsqd here
-                client_s = asyncio.run(
-                    client_consume([t for _, t, _ in nodes], "bench", total, f"client{r}")
-                )
-                client_rates.append(total / client_s)
-                print(f"client {r}: {total / client_s:>11,.0f} msgs/s  (nsqx.client Consumer)")
-        raw = statistics.median(raw_rates)
-        print(f"raw (median of {rounds}): {raw:,.0f} msgs/s")
 
-        from pyspark.sql import SparkSession
+        if args.cluster:
+            from nsqx.spark.cluster import StandaloneCluster
 
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
-        )
+            cluster = StandaloneCluster(workers=2, cores=1, work_dir=os.path.join(tmp, "spark"))
+            cluster.start()
+            spark = cluster.session("nsqx-bench", {"spark.sql.shuffle.partitions": "2"})
+            where = f"a standalone cluster ({cluster.master_url}, two workers of one core)"
+        else:
+            from pyspark.sql import SparkSession
+
+            spark = (
+                SparkSession.builder.master("local[2]")
+                .config("spark.driver.host", "127.0.0.1")
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.sql.shuffle.partitions", "2")
+                .getOrCreate()
+            )
+            where = "local[2]"
         spark.sparkContext.setLogLevel("ERROR")
+        print(f"Spark {spark.version} on {where}")
         from nsqx.spark.options import NsqOptions
 
         batch_rows = NsqOptions.read_messages  # the nsq source's rows per Arrow batch
@@ -594,52 +710,76 @@ def main() -> int:
             busy = sum(p["durationMs"]["triggerExecution"] for p in q.recentProgress) / 1000
             return rows / busy, rows / wall
 
-        # Round 1 runs on a cold JVM (its JIT compiles the row conversion as it goes);
-        # later rounds read the same data again: the steady state of a long-running job.
-        # nsq and ceiling alternate, so that both see the same JVM and machine.
-        rates: dict[str, list[float]] = {"nsq": [], "ceiling": []}
-        for r in range(1, rounds + 1):
-            for fmt in ("nsq", "ceiling"):
-                rate = batch_round(fmt, r)
-                rates[fmt].append(rate)
-                print(
-                    f"batch {r} {fmt:<8}: {rate:>11,.0f} rows/s = {rate / raw:.2f} of raw"
-                    + (" (cold JVM)" if r == 1 else "")
+        # Every round measures each reader on the same data, one after the other (raw,
+        # the client, then Spark's reads, nsq and ceiling alternating), and each ratio is
+        # taken within its round: the machine is shared, its speed changes from minute to
+        # minute. Round 0 runs on a cold JVM (its JIT compiles the row conversion as it
+        # goes) and is reported apart; rounds 1.. are the steady state of a running job.
+        ratio: dict[str, list[float]] = {
+            k: [] for k in ("batch", "stream", "stream_wall", "batch_c", "stream_c", "client")
+        }
+        ceiling: dict[str, list[float]] = {"batch": [], "stream": []}
+        for r in range(0 if args.skip_reads else rounds + 1):
+            tag = " (cold JVM)" if r == 0 else ""
+            raw = total / asyncio.run(raw_consume(subs, "bench", per, channel=f"raw{r}"))
+            line = f"round {r}{tag}: raw {raw:,.0f} msgs/s"
+            client = 0.0
+            if not k:  # nsqx.client's Consumer reads one partition per nsqd here
+                secs = asyncio.run(
+                    client_consume([t for _, t, _ in nodes], "bench", total, f"client{r}")
                 )
-        srates: dict[str, list[float]] = {"nsq": [], "ceiling": []}
-        for r in range(1, rounds + 1):
-            for fmt in ("nsq", "ceiling"):
-                rate, wall_rate = stream_round(fmt, r)
-                srates[fmt].append(rate)
-                print(
-                    f"stream {r} {fmt:<7}: {rate:>11,.0f} rows/s in micro-batches = "
-                    f"{rate / raw:.2f} of raw; {wall_rate:,.0f} rows/s with the query's start"
-                )
-        if rounds > 1:
-            med = {f: statistics.median(v[1:]) for f, v in rates.items()}
-            smed = {f: statistics.median(v[1:]) for f, v in srates.items()}
+                client = total / secs
+                line += f", nsqx.client {client:,.0f} ({client / raw:.2f})"
+            print(line)
+            b_nsq, b_ceil = batch_round("nsq", r), batch_round("ceiling", r)
+            (s_nsq, s_nsq_wall), (s_ceil, _) = stream_round("nsq", r), stream_round("ceiling", r)
             print(
-                f"SUMMARY warm batch: nsq {med['nsq']:,.0f} rows/s = {med['nsq'] / raw:.2f} of "
-                f"raw, {med['nsq'] / med['ceiling']:.2f} of the ceiling "
-                f"({med['ceiling']:,.0f} = {med['ceiling'] / raw:.2f} of raw)"
+                f"  batch  nsq {b_nsq:>10,.0f} rows/s = {b_nsq / raw:.2f} of raw, "
+                f"{b_nsq / b_ceil:.2f} of the ceiling ({b_ceil:,.0f} = {b_ceil / raw:.2f} of raw)"
             )
             print(
-                f"SUMMARY warm stream: nsq {smed['nsq']:,.0f} rows/s = {smed['nsq'] / raw:.2f} "
-                f"of raw, {smed['nsq'] / smed['ceiling']:.2f} of the ceiling "
-                f"({smed['ceiling']:,.0f} = {smed['ceiling'] / raw:.2f} of raw)"
+                f"  stream nsq {s_nsq:>10,.0f} rows/s = {s_nsq / raw:.2f} of raw, "
+                f"{s_nsq / s_ceil:.2f} of the ceiling ({s_ceil:,.0f} = {s_ceil / raw:.2f} of raw)"
+                f"; {s_nsq_wall:,.0f} rows/s with the query's start"
             )
-            if client_rates:
-                print(f"SUMMARY client: {statistics.median(client_rates) / raw:.2f} of raw")
+            if r == 0:
+                continue
+            ratio["batch"].append(b_nsq / raw)
+            ratio["batch_c"].append(b_nsq / b_ceil)
+            ratio["stream"].append(s_nsq / raw)
+            ratio["stream_c"].append(s_nsq / s_ceil)
+            ratio["stream_wall"].append(s_nsq_wall / raw)
+            ceiling["batch"].append(b_ceil / raw)
+            ceiling["stream"].append(s_ceil / raw)
+            if client:
+                ratio["client"].append(client / raw)
+        if rounds and not args.skip_reads:
+            print(f"SUMMARY over {rounds} warm rounds, median (min-max) of each round's ratio:")
+            print(
+                f"SUMMARY batch read : {_spread(ratio['batch'])} of raw; "
+                f"{_spread(ratio['batch_c'])} of the ceiling, which is "
+                f"{_spread(ceiling['batch'])} of raw"
+            )
+            print(
+                f"SUMMARY stream read: {_spread(ratio['stream'])} of raw in micro-batches "
+                f"({_spread(ratio['stream_wall'])} with the query's start); "
+                f"{_spread(ratio['stream_c'])} of the ceiling, which is "
+                f"{_spread(ceiling['stream'])} of raw"
+            )
+            if ratio["client"]:
+                print(f"SUMMARY nsqx.client: {_spread(ratio['client'])} of raw")
 
-        if args.go_nsqd:
+        if args.go_nsqd and not args.no_channel:
             channel_phase(spark, args, tmp)
-        else:
+        elif not args.no_channel:
             print("channel: no Go nsqd (--go-nsqd): skipped")
         if args.latency:
             latency_phase(spark, args, nodes, addrs)
         spark.stop()
         return 0
     finally:
+        if cluster is not None:
+            cluster.stop()
         for p in procs:
             p.terminate()
         shutil.rmtree(tmp, ignore_errors=True)

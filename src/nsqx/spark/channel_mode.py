@@ -31,11 +31,13 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Iterator
+from itertools import accumulate
 from typing import Any
 
 from pyspark.sql.datasource import SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
+from nsqx.client.message import finish_all
 from nsqx.spark.options import NsqOptions
 
 log = logging.getLogger("nsqx.spark")
@@ -53,8 +55,9 @@ MAX_RDY_COUNT = 2500
 DEFAULT_BATCH = 50_000
 #: rows per Arrow batch handed to Spark
 CHUNK = 50_000
-#: connections to one nsqd at most (each holds MAX_RDY_COUNT messages in flight)
-MAX_CONNECTIONS = 64
+#: connections to one nsqd at most (each holds MAX_RDY_COUNT messages in flight): two
+#: batches of 320,000
+MAX_CONNECTIONS = 256
 
 
 def connections_for(batch: int, max_rdy: int = MAX_RDY_COUNT) -> int:
@@ -72,7 +75,13 @@ def messages_to_batch(payloads: list[bytes], topic: str, first_offset: int) -> A
     from nsqx.spark.source import SCHEMA_NAMES
 
     n = len(payloads)
-    frames = pa.array(payloads, pa.binary())
+    # one join and the running sum of the lengths: the frames as an Arrow binary array
+    # without converting each message on its own
+    ends = array("i", [0])
+    ends.extend(accumulate(map(len, payloads)))
+    frames = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(ends), pa.py_buffer(b"".join(payloads))]
+    )
     if n and pc.min(pc.binary_length(frames)).as_py() < 26:
         raise RuntimeError("nsq: a message frame shorter than its header")
     longest = pc.max(pc.binary_length(frames)).as_py() or 26
@@ -142,9 +151,7 @@ class _Subscription:
         self.closed = False
 
         async def start() -> None:
-            # a few at a time: nsqd need not answer a burst of handshakes at once
-            for i in range(0, len(self.consumers), 8):
-                await asyncio.gather(*(c.start() for c in self.consumers[i : i + 8]))
+            await asyncio.gather(*(c.start() for c in self.consumers))
 
         try:
             self.thread.run(start(), 120)
@@ -167,12 +174,13 @@ class _Subscription:
             return
 
         def run() -> None:
+            if how == "finish":
+                finish_all(msgs)  # one FIN list and one bookkeeping step per connection
+                return
             for m in msgs:
                 if m.has_responded:
                     continue
-                if how == "finish":
-                    m.finish()
-                elif how == "requeue":
+                if how == "requeue":
                     m.requeue(0, backoff=False)
                 else:
                     m.touch()
