@@ -11,16 +11,19 @@ Parquet + a summary topic, restarted mid-way without loss or duplicates.
    "amount", "ts"}) for --seconds, --rate per second, each to the partition of its user
    (the same user, the same partition), with event times up to 3 s late; it keeps its
    own tally of every window's events, the ground truth.
-4. Runs a streaming query on the cluster: events by 5-second window of event time, with
-   a 10-second watermark (a window is written once, when the watermark passes it),
-   count and sum of amounts; each micro-batch writes its closed windows to Parquet
-   (a folder per micro-batch, replaced if Spark replays the batch: exactly-once) and
-   publishes one summary message per window to the topic "events_per_window".
-5. Stops the query half-way while the producer goes on, and starts it again from its
-   checkpoint: it resumes at the offsets of its last micro-batch.
-6. Once the producer is done, checks every closed window against the producer's tally
-   (no event lost, none counted twice), prints the table and saves a picture of it:
-   docs/images/spark_pipeline.svg (and .state/per_window.svg).
+4. Runs two streaming queries on the cluster over the same events, each with its own
+   checkpoint: events by 5-second window of event time, with a 10-second watermark (a
+   window is written once, when the watermark passes it), count and sum of amounts;
+   one writes the windows to Parquet (Spark's file sink: exactly-once), the other
+   publishes one summary message per window to the topic "events_per_window" (the
+   "nsq" sink: at-least-once).
+5. Stops both half-way while the producer goes on (a micro-batch may be cut short),
+   and starts them again from their checkpoints: they resume at the offsets of their
+   last micro-batch.
+6. Once the producer is done, checks every window against the producer's tally: once
+   in the Parquet table with its count and sum (no event lost, none counted twice),
+   and at least once in the summary topic with the same figures; prints the table and
+   saves a picture of it: docs/images/spark_pipeline.svg (and .state/per_window.svg).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import tempfile
 import time
 import urllib.request
 import zlib
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -124,96 +128,140 @@ async def produce(tcp: str, partitions: int, seconds: float, rate: int, tally: P
 # -- the streaming job ----------------------------------------------------------------
 
 
-def start_query(spark: Any, http: str, tcp: str, out: Path, starting: str) -> Any:
+def per_window(spark: Any, http: str, starting: str, channel: str | None) -> Any:
+    """Events by window of event time, with the watermark: (window, events, amount)."""
     from pyspark.sql import functions as F
 
-    events = (
+    reader = (
         spark.readStream.format("nsq")
         .option("topic", "events")
         .option("nsqdHttpAddresses", http)
-        .option("channel", "pipeline")  # its lag shows in nsqd's /stats
         .option("maxOffsetsPerTrigger", "20000")
         .option("startingOffsets", starting)  # a restart goes on from its checkpoint
-        .load()
-        .select(
-            F.from_json(
-                F.col("body").cast("string"), "id LONG, user STRING, amount DOUBLE, ts DOUBLE"
-            ).alias("e")
-        )
-        .select("e.id", "e.amount", F.col("e.ts").cast("timestamp").alias("at"))
     )
-    per_window = (
-        events.withWatermark("at", WATERMARK)
+    if channel:
+        reader = reader.option("channel", channel)  # its lag shows in nsqd's /stats
+    events = reader.load().select(
+        F.from_json(
+            F.col("body").cast("string"), "id LONG, user STRING, amount DOUBLE, ts DOUBLE"
+        ).alias("e")
+    )
+    return (
+        events.select("e.amount", F.col("e.ts").cast("timestamp").alias("at"))
+        .withWatermark("at", WATERMARK)
         .groupBy(F.window("at", f"{WINDOW} seconds").alias("w"))
         .agg(F.count("*").alias("events"), F.sum("amount").alias("amount"))
         .select(F.col("w.start").alias("window"), "events", "amount")
     )
 
-    def each_batch(df: Any, batch_id: int) -> None:
-        if df.isEmpty():
-            return
-        df = df.cache()
-        # a folder per micro-batch, replaced if Spark runs the batch again after a
-        # restart: the Parquet table has each window once (exactly-once)
-        df.write.mode("overwrite").parquet(str(out / f"batch={batch_id}"))
-        # the summary topic: at-least-once (a replayed batch publishes again; readers
-        # keep the last message of each window)
-        (
-            df.select(F.to_json(F.struct("window", "events", "amount")).alias("body"))
-            .write.format("nsq")
-            .option("topic", "events_per_window")
-            .option("nsqdTcpAddresses", tcp)
-            .mode("append")
-            .save()
-        )
-        df.unpersist()
 
-    return (
-        per_window.writeStream.outputMode("append")
-        .foreachBatch(each_batch)
-        .option("checkpointLocation", str(STATE / "checkpoint"))
+def start_queries(spark: Any, http: str, tcp: str, out: Path, starting: str) -> list[Any]:
+    """Two streaming queries on the same events, each with its own checkpoint:
+    windows to Parquet (Spark's file sink: exactly-once, its log in
+    ``_spark_metadata`` says which files count) and one summary message per window to
+    the topic ``events_per_window`` (the nsq sink: at-least-once)."""
+    from pyspark.sql import functions as F
+
+    to_parquet = (
+        per_window(spark, http, starting, "pipeline")
+        .writeStream.outputMode("append")  # a window is written once its watermark passed
+        .format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(STATE / "checkpoint-parquet"))
         .trigger(processingTime="2 seconds")
         .start()
     )
+    to_topic = (
+        per_window(spark, http, starting, None)
+        .select(F.to_json(F.struct("window", "events", "amount")).alias("body"))
+        .writeStream.outputMode("append")
+        .format("nsq")
+        .option("topic", "events_per_window")
+        .option("nsqdTcpAddresses", tcp)
+        .option("checkpointLocation", str(STATE / "checkpoint-topic"))
+        .trigger(processingTime="2 seconds")
+        .start()
+    )
+    return [to_parquet, to_topic]
 
 
-def wait_rows(query: Any, producer: subprocess.Popen[bytes], until: float) -> None:
-    """Let the query run until ``until`` (monotonic) or the producer ends."""
-    while time.monotonic() < until and producer.poll() is None:
-        if query.exception() is not None:
-            raise SystemExit(f"the query failed: {query.exception()}")
+def failed(queries: list[Any]) -> None:
+    for q in queries:
+        if q.exception() is not None:
+            raise SystemExit(f"the query failed: {q.exception()}")
+
+
+def batches_done(query: Any) -> int:
+    """Micro-batches of ``query`` that read rows and completed."""
+    return sum(1 for p in query.recentProgress if p["numInputRows"])
+
+
+def wait_mid_way(
+    queries: list[Any], producer: subprocess.Popen[bytes], until: float, least: int = 2
+) -> None:
+    """Let the queries run until ``until`` (monotonic) and until each has completed
+    ``least`` micro-batches with rows, while the producer goes on."""
+    while producer.poll() is None and (
+        time.monotonic() < until or min(batches_done(q) for q in queries) < least
+    ):
+        failed(queries)
         time.sleep(0.2)
 
 
-def drain(query: Any, tally: Path, out: Path, timeout: float = 120) -> None:
-    """After the producer: wait until every window it tallied is in the table."""
+def drain(
+    spark: Any, queries: list[Any], tally: Path, out: Path, summaries: Any, timeout: float = 180
+) -> None:
+    """After the producer: wait until every window it tallied is in the table and in
+    the summary topic (``summaries()`` reads the topic)."""
     want = set(json.loads(tally.read_text())["windows"])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if query.exception() is not None:
-            raise SystemExit(f"the query failed: {query.exception()}")
-        if want <= {str(int(w)) for w, _, _ in read_table(out)}:
+        failed(queries)
+        if want <= {str(int(w)) for w, _, _ in read_table(spark, out)} and want <= {
+            str(window_start(m)) for m in summaries()
+        }:
             return
-        time.sleep(0.5)
-    raise SystemExit("the table did not get every window in time")
+        time.sleep(1)
+    raise SystemExit("the table or the summary topic did not get every window in time")
 
 
-def read_table(out: Path) -> list[tuple[float, int, float]]:
-    """(window start in epoch seconds, events, amount) of every window written."""
-    import pyarrow.parquet as pq
-
-    rows = []
-    for part in out.glob("batch=*/*.parquet"):
-        t = pq.read_table(part)
-        for w, n, a in zip(*(t.column(c).to_pylist() for c in t.column_names), strict=True):
-            rows.append((w.timestamp(), int(n), float(a)))
-    return sorted(rows)
+def window_start(summary: dict[str, Any]) -> int:
+    """A summary message's window start, in epoch seconds (Spark writes a timestamp as
+    ISO 8601 text with its zone)."""
+    return int(datetime.fromisoformat(summary["window"]).timestamp())
 
 
-def check(out: Path, tally: Path) -> list[tuple[float, int, float]]:
-    """Every window of the producer's tally, once, with its count and sum."""
+def read_table(spark: Any, out: Path) -> list[tuple[float, int, float]]:
+    """(window start in epoch seconds, events, amount) of every window in the Parquet
+    table, as Spark reads it (the files its sink committed, no others)."""
+    if not (out / "_spark_metadata").exists():
+        return []
+    rows = spark.read.parquet(str(out)).collect()
+    return sorted((r.window.timestamp(), int(r.events), float(r.amount)) for r in rows)
+
+
+def read_summaries(spark: Any, http: str, starting: str) -> list[dict[str, Any]]:
+    """The summary messages this run published (from the topic's end when it began)."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        spark.read.format("nsq")
+        .option("topic", "events_per_window")
+        .option("nsqdHttpAddresses", http)
+        .option("startingOffsets", starting)
+        .load()
+        .select(F.col("body").cast("string").alias("json"))
+        .collect()
+    )
+    return [json.loads(r.json) for r in rows]
+
+
+def check(
+    table: list[tuple[float, int, float]], summaries: list[dict[str, Any]], tally: Path
+) -> list[tuple[float, int, float]]:
+    """Every window of the producer's tally once in the table, with its count and sum;
+    and at least once in the summary topic, with the same figures."""
     truth = json.loads(tally.read_text())
-    table = read_table(out)
     starts = [w for w, _, _ in table]
     dup = len(starts) - len(set(starts))
     got = {str(int(w)): (n, a) for w, n, a in table}
@@ -228,6 +276,25 @@ def check(out: Path, tally: Path) -> list[tuple[float, int, float]]:
     print(
         f"checked: {len(truth['windows'])} windows, {total} events = the {truth['sent']} "
         "the producer sent, each counted once (no loss, no duplicates across the restart)"
+    )
+    published: dict[str, list[tuple[int, float]]] = {}
+    for m in summaries:
+        published.setdefault(str(window_start(m)), []).append(
+            (int(m["events"]), float(m["amount"]))
+        )
+    missing = [w for w in truth["windows"] if w not in published]
+    wrong = [
+        w
+        for w, (n, a) in truth["windows"].items()
+        if w in published and any(pn != n or abs(pa - a) > 0.01 for pn, pa in published[w])
+    ]
+    if missing or wrong:
+        raise SystemExit(f"summary topic: windows missing {missing[:5]}, differing {wrong[:5]}")
+    again = sum(len(v) - 1 for v in published.values())
+    print(
+        f"summary topic: every window published with the same figures ({len(summaries)} "
+        f"messages; {again} published again by a micro-batch replayed after the restart: "
+        "at-least-once)"
     )
     return [r for r in table if str(int(r[0])) in truth["windows"]]
 
@@ -270,7 +337,7 @@ def plot(table: list[tuple[float, int, float]], restart_at: float, path: Path) -
     out += [
         f'<line x1="{rx:.1f}" y1="{top - 12}" x2="{rx:.1f}" y2="{top + inner_h}" '
         'stroke="#555" stroke-dasharray="4,3"/>',
-        f'<text x="{rx + 4:.1f}" y="{top - 4}" fill="#555">query restarted</text>',
+        f'<text x="{rx + 4:.1f}" y="{top - 4}" fill="#555">queries stopped and restarted</text>',
         f'<line x1="{left}" y1="{top + inner_h}" x2="{left + inner_w}" y2="{top + inner_h}" '
         'stroke="black"/>',
         f'<text x="{left - 8}" y="{top + 4}" text-anchor="end">{most}</text>',
@@ -337,6 +404,10 @@ def main() -> int:
                 for p in rangeclient.local_partitions(args.nsqd_http, "events")
             }
         )
+        post(args.nsqd_http, "/topic/create?topic=events_per_window")
+        summary_start = json.dumps(
+            {f"{args.nsqd_http}/0": rangeclient.bounds(args.nsqd_http, "events_per_window", 0)[1]}
+        )
         if args.master:
             from pyspark.sql import SparkSession
 
@@ -366,28 +437,28 @@ def main() -> int:
             ]
         )
         t0 = time.monotonic()
-        query = start_query(spark, args.nsqd_http, args.nsqd_tcp, out, starting)
-        wait_rows(query, producer, t0 + args.seconds / 2)
-        print(f"stopping the query after {len(query.recentProgress)} micro-batches ...")
-        query.stop()
+        queries = start_queries(spark, args.nsqd_http, args.nsqd_tcp, out, starting)
+        wait_mid_way(queries, producer, t0 + args.seconds / 2)
+        done = ", ".join(str(batches_done(q)) for q in queries)
+        print(f"stopping the queries after {done} micro-batches (the producer goes on);")
+        print("Spark logs a micro-batch that the stop cuts short as aborted: it runs again")
+        for q in queries:
+            q.stop()
         restart_at = time.time()
-        query = start_query(spark, args.nsqd_http, args.nsqd_tcp, out, starting)
-        print("... and starting it again from its checkpoint")
+        queries = start_queries(spark, args.nsqd_http, args.nsqd_tcp, out, starting)
+        print("... and starting them again from their checkpoints")
         producer.wait()
-        drain(query, tally, out)
-        query.stop()
-        table = check(out, tally)
+
+        def summaries() -> list[dict[str, Any]]:
+            return read_summaries(spark, args.nsqd_http, summary_start)
+
+        drain(spark, queries, tally, out, summaries)
+        for q in queries:
+            q.stop()
+        table = check(read_table(spark, out), summaries(), tally)
         print(f"{'window':<22}{'events':>8}{'amount':>12}")
         for w, n, a in table:
             print(f"{time.strftime('%H:%M:%S', time.localtime(w)):<22}{n:>8}{a:>12.2f}")
-        summaries = (
-            spark.read.format("nsq")
-            .option("topic", "events_per_window")
-            .option("nsqdHttpAddresses", args.nsqd_http)
-            .load()
-            .count()
-        )
-        print(f"{summaries} summary messages in the topic 'events_per_window'")
         for path in {Path(args.picture), STATE / "per_window.svg"}:
             plot(table, restart_at, path)
         print(f"picture: {args.picture}")

@@ -218,3 +218,45 @@ def test_batch_write_appends_and_refuses_other_modes(
     assert sorted(r.body for r in got.select("body").collect()) == sorted(
         b"w-%d" % i for i in range(50)
     )
+
+
+def test_stream_write_publishes_each_micro_batch(
+    spark: Any, two_nsqd: list[NsqdProcess], tmp_path: Path
+) -> None:
+    """``writeStream.format("nsq")`` with its own checkpointLocation option (Spark passes
+    it to the sink with the others): every row of every micro-batch is published, by
+    tasks on the executors; a restarted query goes on from its checkpoint."""
+    a, b = two_nsqd
+    src = f"127.0.0.1:{a.http_port}"
+
+    def run() -> None:
+        q = (
+            spark.readStream.format("nsq")
+            .option("topic", "in")
+            .option("nsqdHttpAddresses", src)
+            .option("maxOffsetsPerTrigger", "40")
+            .load()
+            .selectExpr("concat(body, '!') AS body")
+            .writeStream.format("nsq")
+            .option("topic", "out")
+            .option("nsqdTcpAddresses", f"127.0.0.1:{b.tcp_port}")
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert q.awaitTermination(120)
+        assert q.exception() is None
+
+    publish(a, "in", [b"s-%d" % i for i in range(100)])
+    run()
+    publish(a, "in", [b"t-%d" % i for i in range(30)])
+    run()
+    got = (
+        spark.read.format("nsq")
+        .option("topic", "out")
+        .option("nsqdHttpAddresses", f"127.0.0.1:{b.http_port}")
+        .load()
+    )
+    assert sorted(r.body for r in got.select("body").collect()) == sorted(
+        [b"s-%d!" % i for i in range(100)] + [b"t-%d!" % i for i in range(30)]
+    )

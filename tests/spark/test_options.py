@@ -89,3 +89,13 @@ def test_kafka_named_options() -> None:
             parse(topic="t", nsqdHttpAddresses="a:1", **bad)
     with pytest.raises(NsqOptionError, match="startingOffsetsByTimestamp"):
         parse(topic="t", nsqdHttpAddresses="a:1", startingOffsetsByTimestamp='{"a:1/0": "x"}')
+
+
+def test_the_options_spark_passes_itself_are_accepted() -> None:
+    """A writeStream's checkpointLocation (and a load path) reach the source with the
+    user's options: they are Spark's, not unknown ones."""
+    o = NsqOptions.parse(
+        {"topic": "t", "nsqdtcpaddresses": "a:1", "checkpointLocation": "/tmp/c", "path": "x"},
+        for_write=True,
+    )
+    assert o.topic == "t"

@@ -17,6 +17,10 @@ class NsqOptionError(ValueError):
 
 
 #: user-facing spelling of each option, by its lower-cased key
+#: options Spark itself passes to a source or sink along with the user's
+#: (``.option("checkpointLocation", ...)`` of a writeStream, ``load(path)``)
+SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
+
 OPTION_NAMES = {
     n.lower(): n
     for n in (
@@ -193,7 +197,7 @@ class NsqOptions:
     def parse(cls, raw: Any, *, for_write: bool = False) -> NsqOptions:
         """Check ``raw`` (Spark's options); raise NsqOptionError naming the bad one."""
         opts = {str(k).lower(): (None if v is None else str(v)) for k, v in dict(raw).items()}
-        unknown = [k for k in opts if k not in OPTION_NAMES and k != "path"]
+        unknown = [k for k in opts if k not in OPTION_NAMES and k not in SPARK_OPTIONS]
         if unknown:
             raise NsqOptionError(
                 f"unknown option(s) {', '.join(sorted(unknown))}; "
