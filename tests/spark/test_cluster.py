@@ -195,11 +195,13 @@ def test_batch_write_appends_and_refuses_other_modes(
     default mode (errorifexists) for Python sources before the source is asked, and the
     source refuses "overwrite" (a topic is only appended to)."""
     a, _ = two_nsqd
-    df = spark.createDataFrame([(b"w-%d" % i,) for i in range(50)], "body BINARY")
+    df = spark.createDataFrame([("w-%d" % i,) for i in range(50)], "value STRING")
 
     def writer() -> Any:
+        # docs/spark.md's batch write, as it is there
         return (
-            df.write.format("nsq")
+            df.selectExpr("CAST(value AS BINARY) AS body")
+            .write.format("nsq")
             .option("topic", "written")
             .option("nsqdTcpAddresses", f"127.0.0.1:{a.tcp_port}")
         )
@@ -218,6 +220,30 @@ def test_batch_write_appends_and_refuses_other_modes(
     assert sorted(r.body for r in got.select("body").collect()) == sorted(
         b"w-%d" % i for i in range(50)
     )
+    # the topic per row, from topicColumn (the body a string column)
+    (
+        spark.createDataFrame(
+            [(f"t{i % 2}", f"r-{i}") for i in range(10)], "dest STRING, text STRING"
+        )
+        .write.format("nsq")
+        .option("topicColumn", "dest")
+        .option("bodyColumn", "text")
+        .option("nsqdTcpAddresses", f"127.0.0.1:{a.tcp_port}")
+        .mode("append")
+        .save()
+    )
+    for t in ("t0", "t1"):
+        rows = (
+            spark.read.format("nsq")
+            .option("topic", t)
+            .option("nsqdHttpAddresses", f"127.0.0.1:{a.http_port}")
+            .load()
+            .select("body")
+            .collect()
+        )
+        assert sorted(r.body for r in rows) == sorted(
+            b"r-%d" % i for i in range(10) if f"t{i % 2}" == t
+        )
 
 
 def test_stream_write_publishes_each_micro_batch(
