@@ -113,8 +113,8 @@ def test_channel_mode_batches_up_to_max_offsets_and_gives_back_on_stop(
     """12,000 messages with maxOffsetsPerTrigger=5000 make micro-batches of up to 5,000
     (nsqd lets one connection hold 2,500 in flight: the source holds more over several
     connections). When the query stops (here its sink fails on the last batch), what it
-    took but did not commit is given back at once (REQ), not left in flight for
-    msgTimeout (60 s here); the next run reads it again, so nothing is lost
+    took but did not commit is given back (REQ, deferred a second), not left in flight
+    for msgTimeout (60 s here); the next run reads it again, so nothing is lost
     (at-least-once: given-back messages come again with attempts > 1)."""
     published = [b"c-%d" % i for i in range(12_000)]
     for i in range(0, len(published), 2000):
@@ -149,11 +149,14 @@ def test_channel_mode_batches_up_to_max_offsets_and_gives_back_on_stop(
     assert sizes[:2] == [5000, 5000] and sum(sizes) == len(published), sizes
     assert sorted(body for b in batches for body, _ in b) == sorted(published)
     last = sorted(body for body, _ in batches[-1])
-    # given back at once (REQ), long before the 60 s msgTimeout would requeue them
+    # given back (REQ, deferred by a second), long before the 60 s msgTimeout would
+    # requeue them
     wait_until(
         lambda: channel_stats(node, "chan", "spark")["in_flight_count"] == 0, 20, "give-back"
     )
-    assert channel_stats(node, "chan", "spark")["depth"] == len(last)
+    wait_until(
+        lambda: channel_stats(node, "chan", "spark")["depth"] == len(last), 20, "deferred ones due"
+    )
     batches.clear()
     q = query({"availableNow": True})
     assert q.awaitTermination(120)
@@ -163,3 +166,47 @@ def test_channel_mode_batches_up_to_max_offsets_and_gives_back_on_stop(
     # delivered again (a message given back may reach another of the query's connections
     # before nsqd took that one's CLS: it is given back once more, attempts 3)
     assert min(attempts for _, attempts in again) >= 2
+
+
+def test_held_messages_are_touched_not_timed_out(tmp_path: Path) -> None:
+    """The reader (on its own, as Spark's source process runs it) holds a taken batch
+    and the messages waiting for the next one for longer than msgTimeout: it TOUCHes
+    them, so nsqd times none out; commit FINs the batch, stop gives back the rest."""
+    from nsqx.spark.channel_mode import NsqChannelStreamReader
+    from nsqx.spark.options import NsqOptions
+
+    ours = start_nsqd(tmp_path / "n", "--http-address=127.0.0.1:0")
+    node = Node(ours.proc, ours.tcp_port, ours.http_port)
+    try:
+        publish(node, "held", [b"h-%d" % i for i in range(300)])  # type: ignore[arg-type]
+        reader = NsqChannelStreamReader(
+            NsqOptions.parse(
+                {
+                    "topic": "held",
+                    "channel": "spark",
+                    "mode": "channel",
+                    "nsqdTcpAddresses": f"127.0.0.1:{node.tcp_port}",
+                    "maxOffsetsPerTrigger": "200",
+                    "msgTimeout": "1500",  # TOUCH every 0.5 s
+                }
+            )
+        )
+        batches, end = reader.read({"taken": 0})
+        assert end == {"taken": 200} and sum(b.num_rows for b in batches) == 200
+        wait_until(
+            lambda: channel_stats(node, "held", "spark")["in_flight_count"] == 300, 20, "300 held"
+        )
+        # three times msgTimeout: each message would have timed out twice by now
+        wait_until(lambda: reader.touch_rounds >= 9, 30, "4.5 s of touching")
+        stats = channel_stats(node, "held", "spark")
+        assert stats["timeout_count"] == 0 and stats["in_flight_count"] == 300, stats
+        reader.commit(end)
+        wait_until(
+            lambda: channel_stats(node, "held", "spark")["in_flight_count"] == 100, 20, "FINs"
+        )
+        reader.stop()
+        wait_until(lambda: channel_stats(node, "held", "spark")["depth"] == 100, 20, "give-back")
+        stats = channel_stats(node, "held", "spark")
+        assert stats["in_flight_count"] == 0 and stats["timeout_count"] == 0, stats
+    finally:
+        ours.stop(signal.SIGKILL)

@@ -195,7 +195,7 @@ def test_batch_write_appends_and_refuses_other_modes(
     default mode (errorifexists) for Python sources before the source is asked, and the
     source refuses "overwrite" (a topic is only appended to)."""
     a, _ = two_nsqd
-    df = spark.createDataFrame([("w-%d" % i,) for i in range(50)], "value STRING")
+    df = spark.createDataFrame([(f"w-{i}",) for i in range(50)], "value STRING")
 
     def writer() -> Any:
         # docs/spark.md's batch write, as it is there

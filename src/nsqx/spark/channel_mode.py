@@ -15,7 +15,7 @@ Arrow's kernels, with no Python work per row beyond receiving the message.
 
 Messages are held in flight with a short ``msgTimeout`` (30 s) and touched while they
 wait, so that a driver that dies gives them back within that time; a query that stops
-gives back at once (REQ) every message it has not committed.
+gives back (REQ, deferred by GIVE_BACK_DELAY) every message it has not committed.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Iterator
-from itertools import accumulate
+from itertools import accumulate, islice
 from typing import Any
 
 from pyspark.sql.datasource import SimpleDataSourceStreamReader
@@ -46,6 +46,12 @@ log = logging.getLogger("nsqx.spark")
 FIRST_WAIT = 1.0
 #: a batch is complete when nothing more arrived for this long (or it is full)
 IDLE_WAIT = 0.1
+#: how long nsqd may hold messages for a connection before it writes them (below
+#: IDLE_WAIT)
+OUTPUT_BUFFER_TIMEOUT = 0.05
+#: what a stopping query gives back is delivered again after this long (s): by then
+#: every connection of the query is closed
+GIVE_BACK_DELAY = 1.0
 #: how often a read looks at what arrived
 POLL = 0.005
 #: nsqd's default --max-rdy-count: messages one connection may hold in flight
@@ -126,6 +132,9 @@ class _Subscription:
 
         assert opts.topic is not None and opts.channel is not None
         self.inbox: deque[Any] = deque()
+        #: messages put in the inbox and taken out of it, ever (to tell its old ones)
+        self.arrived = 0
+        self.taken = 0
         #: (arrival time, messages) not yet answered, oldest first, for TOUCH
         self.thread = LoopThread("nsqx-spark-channel")
         self.msg_timeout = opts.msg_timeout_ms / 1000
@@ -145,6 +154,10 @@ class _Subscription:
                 # a handshake that gets no answer is retried after 15 s, not 60
                 heartbeat_interval=5.0,
                 read_timeout=15.0,
+                # nsqd sends what it buffered within 50 ms (its default, 250 ms, is
+                # longer than a read waits for more: a batch's tail would wait for
+                # the next one); a busy stream fills the buffer sooner anyway
+                output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
             )
             for _ in range(connections_for(batch))
         ]
@@ -162,10 +175,11 @@ class _Subscription:
     def _on_message(self, msg: Any) -> None:
         # on the loop thread, inline: the message is answered later, by the query
         if self.closed:
-            msg.requeue(0, backoff=False)  # came after CLS: nobody will take it
+            msg.requeue(GIVE_BACK_DELAY, backoff=False)  # came after CLS: give it back
             return
         msg.enable_async()
         self.inbox.append(msg)
+        self.arrived += 1
 
     def answer(self, msgs: list[Any], how: str) -> None:
         """FIN ("finish"), REQ at once ("requeue") or TOUCH ("touch") ``msgs`` on the
@@ -190,9 +204,11 @@ class _Subscription:
     def close(self, give_back: list[Any]) -> None:
         """Give ``give_back`` (and whatever else arrived) back to nsqd, then close.
 
-        CLS first, on every connection: nsqd then sends nothing more, so what is given
-        back (REQ) is not delivered again to a connection that is about to close (and
-        left in flight there until msg_timeout, as Go's nsqd does on a disconnect)."""
+        CLS first, on every connection: nsqd then sends nothing more. What is given back
+        is deferred by GIVE_BACK_DELAY: given back at once, a message could reach
+        another of these connections before nsqd took its CLS (Go's nsqd may send a
+        message it had already picked), after that connection's close, and stay in
+        flight there until msg_timeout."""
         if self.closed:
             return
         self.closed = True  # from now on, a message that arrives goes straight back
@@ -202,7 +218,7 @@ class _Subscription:
             await asyncio.sleep(0)  # the CLS commands are written
             for m in [*give_back, *self.inbox]:
                 if not m.has_responded:
-                    m.requeue(0, backoff=False)
+                    m.requeue(GIVE_BACK_DELAY, backoff=False)
             self.inbox.clear()
             await asyncio.gather(*closing, return_exceptions=True)
 
@@ -227,6 +243,8 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         self._taken_at: dict[int, float] = {}
         self._toucher: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: how often the toucher has looked (for tests)
+        self.touch_rounds = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader for its planner: the subscription stays here
@@ -268,8 +286,10 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         sub = self._sub
         assert sub is not None
         every = sub.msg_timeout / 3
+        arrived_before = 0  # messages that had arrived at the last look
         while not sub.closed:
             time.sleep(every)
+            self.touch_rounds += 1
             now = time.monotonic()
             with self._lock:
                 old = [
@@ -278,7 +298,11 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
                     if now - self._taken_at.get(end, now) >= every
                     for m in msgs
                 ]
-            old += list(sub.inbox)
+            # the inbox's oldest messages (it is taken from the left) that were there at
+            # the last look: waiting for at least ``every``; the others are fresh
+            waiting = max(0, arrived_before - sub.taken)
+            arrived_before = sub.arrived
+            old += list(islice(sub.inbox, waiting))
             sub.answer(old, "touch")
 
     def initialOffset(self) -> dict[str, int]:
@@ -310,6 +334,7 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
                 break
             time.sleep(POLL)
         n = min(self.batch, len(inbox))
+        sub.taken += n
         return [inbox.popleft() for _ in range(n)]
 
     def read(self, start: dict[str, int]) -> tuple[Iterator[Any], dict[str, int]]:
