@@ -32,8 +32,10 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Standalo
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (src, os.environ.get("PYTHONPATH", "")) if p
     )
+    # each worker offers two cores: one for the session's executor, one for another
+    # application (test_spark_submit_as_the_docs_show)
     cluster = StandaloneCluster(
-        workers=2, cores=1, memory="1g", work_dir=str(tmp_path_factory.mktemp("spark-cluster"))
+        workers=2, cores=2, memory="2g", work_dir=str(tmp_path_factory.mktemp("spark-cluster"))
     )
     cluster.start()
     yield cluster
@@ -49,6 +51,9 @@ def spark(
     session = spark_cluster.session(
         "nsqx-tests",
         {
+            # one executor of one core on each worker
+            "spark.executor.cores": "1",
+            "spark.cores.max": "2",
             "spark.sql.shuffle.partitions": "2",
             "spark.default.parallelism": "2",
             "spark.sql.streaming.checkpointLocation": str(ckpt),

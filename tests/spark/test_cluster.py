@@ -286,3 +286,55 @@ def test_stream_write_publishes_each_micro_batch(
     assert sorted(r.body for r in got.select("body").collect()) == sorted(
         [b"s-%d!" % i for i in range(100)] + [b"t-%d!" % i for i in range(30)]
     )
+
+
+def test_spark_submit_as_the_docs_show(
+    spark_cluster: Any, two_nsqd: list[NsqdProcess], tmp_path: Path
+) -> None:
+    """docs/spark.md's ``PYSPARK_PYTHON=... spark-submit --master URL my_job.py`` on the
+    tests' cluster: a driver of its own finds the "nsq" format registered by itself (the
+    pyspark_nsq module) and its executors read the topic."""
+    import os
+    import subprocess
+    import sys
+
+    a, _ = two_nsqd
+    publish(a, "submitted", [b"j-%d" % i for i in range(700)])
+    job = tmp_path / "my_job.py"
+    job.write_text(
+        "import sys\n"
+        "from pyspark.sql import SparkSession\n"
+        "spark = SparkSession.builder.appName('my-job').getOrCreate()\n"
+        "df = (spark.read.format('nsq').option('topic', 'submitted')\n"
+        "      .option('nsqdHttpAddresses', sys.argv[1]).load())\n"
+        "print('ROWS', df.count())\n"
+        "spark.stop()\n"
+    )
+    bin_dir = os.path.dirname(sys.executable)
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        # spark-submit finds Spark with the python on the PATH (an activated venv)
+        "PATH": bin_dir + os.pathsep + os.environ["PATH"],
+    }
+    env.pop("PYSPARK_DRIVER_PYTHON", None)
+    env.pop("PYTHONPATH", None)  # nsqx as installed, not the tests' source tree
+    out = subprocess.run(
+        [
+            os.path.join(bin_dir, "spark-submit"),
+            "--master",
+            spark_cluster.master_url,
+            "--conf",
+            "spark.driver.host=127.0.0.1",
+            "--conf",
+            "spark.executor.memory=512m",
+            str(job),
+            f"127.0.0.1:{a.http_port}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ROWS 700" in out.stdout.splitlines()
