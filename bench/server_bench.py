@@ -386,10 +386,15 @@ def client_ssl_context(cfg: BenchConfig) -> ssl.SSLContext:
 
 
 async def connect(
-    factory: Callable[[], C], host: str, port: int, client_id: str, cfg: BenchConfig
+    factory: Callable[[], C],
+    host: str,
+    port: int,
+    client_id: str,
+    cfg: BenchConfig,
+    identify: dict[str, Any] | None = None,
 ) -> C:
-    """Open a connection, send the magic and IDENTIFY (with feature negotiation), and do
-    the upgrades ``cfg`` asks for."""
+    """Open a connection, send the magic and IDENTIFY (with feature negotiation and the
+    ``identify`` fields, e.g. output buffering), and do the upgrades ``cfg`` asks for."""
     loop = asyncio.get_running_loop()
     try:
         _, conn = await asyncio.wait_for(
@@ -406,6 +411,7 @@ async def connect(
         "tls_v1": cfg.tls,
         "snappy": cfg.snappy,
         "deflate": cfg.deflate,
+        **(identify or {}),
     }
     conn.one_frame = cfg.tls or cfg.snappy or cfg.deflate
     resp = await until(

@@ -49,7 +49,6 @@ class NsqdProcess:
 
 def start_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
     """Start ``nsqx nsqd`` on port 0 and wait until it says where it listens."""
-    data_path.mkdir(parents=True, exist_ok=True)
     cmd = [
         sys.executable,
         "-m",
@@ -61,6 +60,33 @@ def start_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
         f"--data-path={data_path}",
         *args,
     ]
+    return start_process(cmd, data_path, args, timeout)
+
+
+#: Go's nsqd 1.3.0, for side-by-side tests (absent from a user's clone: skip then)
+GO_NSQD = (
+    Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "go-nsq-1.3.0" / "nsqd"
+)
+
+
+def start_go_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
+    """Start Go's nsqd 1.3.0 on port 0 (the caller skips when GO_NSQD is missing)."""
+    cmd = [
+        str(GO_NSQD),
+        "--tcp-address=127.0.0.1:0",
+        "--http-address=",
+        "--https-address=",
+        f"--data-path={data_path}",
+        *args,
+    ]
+    return start_process(cmd, data_path, args, timeout)
+
+
+def start_process(
+    cmd: list[str], data_path: Path, args: tuple[str, ...], timeout: float
+) -> NsqdProcess:
+    """Run an nsqd command line and wait for its "listening on" lines."""
+    data_path.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env

@@ -137,6 +137,9 @@ NSQ13_FLAG_NAMES = {
 NSQX_EXTRA_FLAGS = {
     "sync-before-ack",
     "retention",
+    "replication-lag-timeout",
+    "http-admin-allow",
+    "replication-address",
     # Youzan's nsqd options
     "allow-ext-compatible",
     "allow-sub-ext-compatible",
@@ -637,6 +640,8 @@ def test_every_option_is_settable_from_flags_and_config(tmp_path: Path) -> None:
             toml = f'"{text}"'
         else:
             text, value, toml = samples[spec.kind]
+        if spec.name == "http-admin-allow":
+            text, value, toml = "10.0.0.0/8", ["10.0.0.0/8"], '["10.0.0.0/8"]'
         if spec.name in ("msg-timeout", "max-msg-timeout"):
             text, value, toml = "30s", 30.0, '"30s"'
         argv.append(f"--{spec.name}={text}")

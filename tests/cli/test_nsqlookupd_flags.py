@@ -35,6 +35,10 @@ def test_defaults_are_nsq_13s() -> None:
         "data_path": "",
         "http_client_connect_timeout": 2.0,
         "http_client_request_timeout": 5.0,
+        # nsqx's, for several nsqlookupd over etcd
+        "etcd_endpoints": "",
+        "cluster_id": "nsqx",
+        "etcd_lease_ttl": 5.0,
     }
     # the table's defaults are the options' defaults
     defaults = LookupdOptions()
@@ -74,6 +78,22 @@ def test_partition_flags(tmp_path: Path) -> None:
     assert (opts.http_client_connect_timeout, opts.http_client_request_timeout) == (0.5, 3.0)
 
 
+def test_etcd_flags(tmp_path: Path) -> None:
+    opts = parse_nsqlookupd_args(
+        [
+            "--etcd-endpoints=http://10.0.0.1:2379, https://10.0.0.2:2379,",
+            "--cluster-id=prod-1",
+            "--etcd-lease-ttl=10s",
+        ]
+    )
+    assert opts.etcd_endpoint_list() == ["http://10.0.0.1:2379", "https://10.0.0.2:2379"]
+    assert (opts.cluster_id, opts.etcd_lease_ttl) == ("prod-1", 10.0)
+    cfg = tmp_path / "lookupd.toml"
+    cfg.write_text('etcd_endpoints = "http://127.0.0.1:2379"\ncluster_id = "c"\n')
+    opts = parse_nsqlookupd_args([f"--config={cfg}"])
+    assert (opts.etcd_endpoints, opts.cluster_id) == ("http://127.0.0.1:2379", "c")
+
+
 def test_config_file_and_precedence(tmp_path: Path) -> None:
     cfg = tmp_path / "lookupd.toml"
     cfg.write_text(
@@ -99,6 +119,11 @@ def test_config_file_and_precedence(tmp_path: Path) -> None:
         ["--inactive-producer-timeout=-1s"],
         ["--http-client-request-timeout=0s"],
         ["--http-client-connect-timeout=-1s"],
+        ["--etcd-endpoints=127.0.0.1:2379"],
+        ["--etcd-endpoints=http://127.0.0.1:2379", "--cluster-id="],
+        ["--etcd-endpoints=http://127.0.0.1:2379", "--cluster-id=a/b"],
+        ["--etcd-lease-ttl=1s"],
+        ["--etcd-lease-ttl=2500ms"],
         ["positional"],
     ],
 )

@@ -21,7 +21,7 @@ from lookupdproc import http_request, wait_until
 from nsqdproc import NsqdProcess
 from toolproc import nsqx, start
 
-TOOLS = ["tail", "pub", "to-file", "to-http", "to-nsq", "stat", "bench"]
+TOOLS = ["tail", "pub", "to-file", "to-http", "to-nsq", "stat", "bench", "replicas"]
 
 
 def free_port() -> int:
@@ -103,6 +103,7 @@ UNREACHABLE = {
                "--destination-nsqd-tcp-address=127.0.0.1:{port}"],
     "stat": ["--topic=t", "--channel=c", "--nsqd-http-address=127.0.0.1:{port}"],
     "bench": ["--nsqd-tcp-address=127.0.0.1:{port}", "--runfor=1s"],
+    "replicas": ["--topic=t", "--lookupd-http-address=127.0.0.1:{port}"],
 }  # fmt: skip
 
 

@@ -62,7 +62,16 @@ class Feeder:
                 for key, nsqd in self.nodes.items():
                     if nsqd is None:
                         continue
-                    p = producers.setdefault(key, Producer(key, reconnect_delay=0.01))
+                    # A bounded handshake: a connection that CPython's asyncio accepts
+                    # just as the nsqd's server closes is never attached to a protocol
+                    # (Server._attach asserts) and never closed; unbounded, the
+                    # producer would wait on its IDENTIFY for the default read_timeout (60 s).
+                    p = producers.setdefault(
+                        key,
+                        Producer(
+                            key, reconnect_delay=0.01, read_timeout=2.0, heartbeat_interval=1.0
+                        ),
+                    )
                     with contextlib.suppress(Exception):
                         await p.publish(self.topic, b"x%d" % self.sent)
                         self.sent += 1

@@ -184,3 +184,40 @@ def test_second_upgrade_is_refused() -> None:
         await nsqd.close()
 
     run(body())
+
+
+def _nops_then(tail: bytes, finish: bool) -> bytes:
+    z = zlib.compressobj(6, zlib.DEFLATED, -15)
+    end = zlib.Z_FINISH if finish else zlib.Z_SYNC_FLUSH
+    nops = 30000 if not finish else 32768  # 128 KiB: the end falls on nsqd's 64 KiB step
+    return z.compress(c.nop() * nops) + z.flush(end) + tail
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        # zlib keeps bytes it cannot use until more input arrives
+        _nops_then(bytes.fromhex("032483bc0e"), finish=False),
+        # the stream ends exactly at a 64 KiB step, bytes after the end held back
+        _nops_then(b"junkjunk", finish=True),
+    ],
+    ids=["unusable-tail", "bytes-after-the-end"],
+)
+def test_a_deflate_stream_zlib_cannot_progress_on_does_not_hang_nsqd(stream: bytes) -> None:
+    """Found by fuzzing: nsqd decompresses 64 KiB at a time and takes the input zlib
+    held back for pending output; zlib may hold back bytes it cannot use (until more
+    input arrives, or ever: after the end of the stream). nsqd looped on them for ever,
+    its event loop stuck, every client frozen."""
+
+    async def body() -> None:
+        nsqd = await start_nsqd()
+        raw = await UpgradedRaw.connect(nsqd)
+        await raw.negotiate(deflate=True)
+        raw.writer.write(stream)
+        other = await Raw.connect(nsqd)
+        await other.publish("t", b"nsqd still answers")
+        await other.close()
+        await raw.close()
+        await nsqd.close()
+
+    run(body(), timeout=20)

@@ -80,6 +80,45 @@ def test_req_and_timeout_redeliver_with_attempts() -> None:
     run(body())
 
 
+def test_late_fin_keeps_the_attempts_of_a_message_in_flight_elsewhere() -> None:
+    """A consumer whose message timed out and went to another consumer FINs it late: it
+    gets E_FIN_FAILED, and the message, in flight elsewhere, keeps its attempt count (a
+    reset would let a poison message escape max_attempts for ever)."""
+
+    async def body() -> None:
+        nsqd = await start_nsqd()
+        slow = await Raw.connect(nsqd)
+        await slow.subscribe("t", "ch", rdy=1, msg_timeout=1000)
+        pub = await Raw.connect(nsqd)
+        await pub.publish("t", b"poison")
+        m1 = await slow.message()
+        slow.send(c.rdy(0))  # the redelivery must go to the other consumer
+        other = await Raw.connect(nsqd)
+        await other.subscribe("t", "ch", rdy=1)
+        m2 = await other.message(timeout=5)  # after slow's 1 s timeout
+        assert (m2.id, m2.attempts) == (m1.id, 2)
+        slow.send(c.fin(m1.id))  # late
+        assert await slow.error() == b"E_FIN_FAILED FIN %s failed client does not own message" % (
+            m1.id
+        )
+        other.send(c.req(m2.id, 0))
+        m3 = await other.message()
+        assert (m3.id, m3.attempts) == (m1.id, 3)
+        # and a FIN of an id that was never delivered changes nothing either
+        slow.send(c.fin(b"f" * 16))
+        assert (await slow.error()).startswith(b"E_FIN_FAILED")
+        other.send(c.req(m3.id, 0))
+        m4 = await other.message()
+        assert (m4.id, m4.attempts) == (m1.id, 4)
+        other.send(c.fin(m4.id))
+        ch = nsqd.topics["t"].channels["ch"]
+        await wait_for(lambda: ch.in_flight_count == 0)
+        assert not ch.attempts  # a FIN of a message in flight does forget its attempts
+        await nsqd.close()
+
+    run(body())
+
+
 def test_touch_extends_timeout() -> None:
     async def body() -> None:
         nsqd = await start_nsqd()

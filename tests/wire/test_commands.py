@@ -41,10 +41,13 @@ command = st.one_of(
 
 
 def merge_fins(events: list[object]) -> list[object]:
-    """Consecutive FINs may arrive as one Fin event; compare id sequences."""
+    """Consecutive FINs may arrive as one Fin event, consecutive PUBs of one topic as one
+    Pubs event: compare them as single commands."""
     out: list[object] = []
     for ev in events:
-        if isinstance(ev, c.Fin) and out and isinstance(out[-1], c.Fin):
+        if isinstance(ev, c.Pubs):
+            out.extend(c.Pub(ev.topic, b, ev.partition) for b in ev.bodies)
+        elif isinstance(ev, c.Fin) and out and isinstance(out[-1], c.Fin):
             out[-1] = c.Fin(out[-1].ids + ev.ids)
         else:
             out.append(ev)
@@ -146,10 +149,6 @@ def test_events_before_an_error_are_kept() -> None:
         (b"FIN abc\n", "E_INVALID Invalid Message ID"),
         (b"REQ 0123456789abcdef\n", "E_INVALID REQ insufficient number of params"),
         (b"REQ 0123456789abcdef x\n", "E_INVALID REQ could not parse timeout x"),
-        (
-            b"REQ 0123456789abcdef 3600001\n",
-            "E_INVALID REQ timeout 3600001000000 out of range 0-3600000000000",
-        ),
         (b"TOUCH\n", "E_INVALID TOUCH insufficient number of params"),
         (b"PUB\n", "E_INVALID PUB insufficient number of parameters"),
         (b"PUB a+b\n", 'E_BAD_TOPIC PUB topic name "a+b" is not valid'),
@@ -280,3 +279,72 @@ def test_tls_required_parser_accepts_identify_then_refuses() -> None:
     assert [type(e) for e in events] == [c.Identify]
     events = parser.feed(b"")
     assert [str(e) for e in events] == ["E_INVALID cannot NOP in current state (TLS required)"]
+
+
+def test_wire_req_clamp_keeps_what_was_asked() -> None:
+    """The parser (sans-IO) clamps and says what was asked, for the server's log line."""
+    p = c.CommandParser(c.ParserLimits(max_req_timeout_ms=1000))
+    mid = b"0123456789abcdef"
+    evs = p.feed(
+        MAGIC_V2
+        + b"REQ %s 999\nREQ %s 1000\nREQ %s 1001\nREQ %s 10000000000000\nREQ %s 18446744073709551616\n"
+        % (mid, mid, mid, mid, mid)
+    )
+    assert evs == [
+        c.Req(mid, 999),
+        c.Req(mid, 1000),
+        c.Req(mid, 1000, 1_001_000_000),
+        c.Req(mid, 0, -8446744073709551616),
+        c.Req(mid, 0),  # wraps to exactly 0 in Go's uint64: in range, nothing to log
+    ]
+
+
+def test_found_by_fuzzing_answers_do_not_depend_on_how_tcp_cut_the_input() -> None:
+    """Two differences between a stream parsed whole and the same stream in pieces,
+    found by tests/fuzz (the 'commands' target)."""
+    # a FIN whose "id" has spaces: Go splits the line at spaces, so it is a bad id
+    # whether or not a second FIN line follows in the same read
+    bad = b"FIN 01234UB c ef 100\n"
+    for data in (bad, bad + b"FIN 0123456789abcdef\n"):
+        (err,) = c.CommandParser().feed(MAGIC_V2 + data)[:1]
+        assert isinstance(err, ProtocolError) and str(err) == "E_INVALID Invalid Message ID"
+    # --tls-required: a line too long is refused as too long, complete or not
+    limits = ParserLimits(max_line=64)
+    long_line = b"X" * 100
+    for data in (long_line, long_line + b"\n"):
+        (err,) = TLSRequiredParser(limits).feed(MAGIC_V2 + data)
+        assert str(err) == "E_INVALID command line too long (> 64 bytes)"
+
+
+def test_pubs_in_a_row_with_one_line_are_one_event() -> None:
+    """PUBs with the same command line in one read are one Pubs event (published
+    together, each answered); another command or another topic ends the run."""
+    pubs = c.pub("t", b"a") + c.pub("t", b"bb") + c.pub("t", b"c")
+    events = CommandParser().feed(MAGIC_V2 + pubs + c.nop() + c.pub("t", b"d") + c.pub("u", b"e"))
+    assert events == [
+        c.Pubs("t", [b"a", b"bb", b"c"]),
+        c.Nop(),
+        c.Pub("t", b"d"),
+        c.Pub("u", b"e"),
+    ]
+    # the next read continues with the line checked already; a partition is part of it
+    parser = CommandParser()
+    assert parser.feed(MAGIC_V2 + c.pub("t", b"a", 3)) == [c.Pub("t", b"a", 3)]
+    assert parser.feed(c.pub("t", b"b", 3) * 2 + c.pub("t", b"c")) == [
+        c.Pubs("t", [b"b", b"b"], 3),
+        c.Pub("t", b"c"),
+    ]
+
+
+def test_pubs_run_keeps_the_checks() -> None:
+    """A repeated PUB line still has its body checked: too big is refused as ever, and
+    a body split across reads is waited for."""
+    parser = CommandParser(ParserLimits(max_msg_size=4))
+    assert parser.feed(MAGIC_V2 + c.pub("t", b"ok")) == [c.Pub("t", b"ok")]
+    whole = c.pub("t", b"wait")
+    assert parser.feed(whole[:-2]) == []
+    assert parser.feed(whole[-2:]) == [c.Pub("t", b"wait")]
+    events = parser.feed(c.pub("t", b"fine") + c.pub("t", b"toobig"))
+    assert events[0] == c.Pub("t", b"fine")
+    assert isinstance(events[1], ProtocolError)
+    assert events[1].code == "E_BAD_MESSAGE"

@@ -235,3 +235,20 @@ def test_youzan_ids_rewrites_runs_of_equal_frames(seqs: list[int], size: int) ->
     # frames of other sizes are not one run
     mixed, _ = encode_message_batch(9, [ids[0], ids[0]], [b"a", b"bb"])
     assert equal_frame_size(mixed) == 0
+
+
+@pytest.mark.parametrize("pattern", ["^[.((?(}-1]*", "[z-a]", "[]]", "[(]", "[\\d]"])
+def test_a_glob_class_is_never_regex_syntax(pattern: str) -> None:
+    """Found by fuzzing (the 'ext' target): a class's characters went into the regex
+    as they were, and a bad one raised re.error out of IDENTIFY."""
+    try:
+        rx = glob_to_regex(pattern)
+    except ValueError:
+        return
+    assert rx.pattern.startswith("(?s)")
+
+
+def test_a_glob_class_is_a_range_or_a_list() -> None:
+    assert glob_to_regex("[a-c]").match("b") and not glob_to_regex("[a-c]").match("-")
+    assert glob_to_regex("[(d]").match("(") and not glob_to_regex("[(d]").match("x")
+    assert glob_to_regex("[\\d]").match("d") and not glob_to_regex("[\\d]").match("5")

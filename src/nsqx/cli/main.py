@@ -21,6 +21,7 @@ tools (flags as NSQ's Go tools):
   to-nsq      relay topics to another nsqd (nsq_to_nsq)
   stat        a channel's numbers every interval (nsq_stat)
   bench       throughput benchmark of an nsqd (bench_writer / bench_reader)
+  replicas    replicated partitions: leader, ISR, lag; drain a node, move a leader
 """
 
 #: command -> module of nsqx.cli with a TOOL; NSQ's Go names work too
@@ -38,6 +39,7 @@ TOOLS = {
     "stat": "stat",
     "nsq_stat": "stat",
     "bench": "bench",
+    "replicas": "replicas",
 }
 
 

@@ -179,6 +179,16 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         metavar="addr",
     ),
     FlagSpec(
+        "http-admin-allow",
+        Kind.STR_LIST,
+        "http_admin_allow",
+        [],
+        "[nsqx] network (CIDR, repeatable) the HTTP API's admin actions (topic and "
+        "channel create/delete/empty/pause, setoffset, PUT /config...) are taken from; "
+        "others get 403 (default: from anywhere, as NSQ)",
+        metavar="cidr",
+    ),
+    FlagSpec(
         "http-client-connect-timeout",
         _D,
         "http_client_connect_timeout",
@@ -231,6 +241,21 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "retention",
         0.0,
         "[nsqx] keep consumed log segments this long before deleting them (replay window)",
+    ),
+    FlagSpec(
+        "replication-lag-timeout",
+        _D,
+        "replication_lag_timeout",
+        3.0,
+        "[nsqx] an in-sync replica behind the leader this long leaves the ISR",
+    ),
+    FlagSpec(
+        "replication-address",
+        _S,
+        "replication_address",
+        "",
+        "[nsqx] host:port where followers reach this node's HTTP API for replication"
+        " (default: the broadcast address and HTTP port)",
     ),
     FlagSpec(
         "queue-scan-worker-pool-max",

@@ -109,6 +109,30 @@ NSQLOOKUPD_FLAGS: tuple[FlagSpec, ...] = (
         5.0,
         "total timeout for calls to nsqd's HTTP API (placing partitions)",
     ),
+    FlagSpec(
+        "etcd-endpoints",
+        Kind.STR,
+        "etcd_endpoints",
+        "",
+        "etcd v3 URLs, comma-separated (http://127.0.0.1:2379,...): keep the meta in etcd,"
+        " shared by several nsqlookupd of which one leads (empty: the embedded store)",
+        metavar="urls",
+    ),
+    FlagSpec(
+        "cluster-id",
+        Kind.STR,
+        "cluster_id",
+        "nsqx",
+        "the cluster's name in etcd (keys under /nsqx/<cluster-id>/)",
+        metavar="id",
+    ),
+    FlagSpec(
+        "etcd-lease-ttl",
+        Kind.DURATION,
+        "etcd_lease_ttl",
+        5.0,
+        "TTL of this nsqlookupd's etcd lease: a dead leader is replaced within it",
+    ),
 )
 
 #: The flag set built from :data:`NSQLOOKUPD_FLAGS`.

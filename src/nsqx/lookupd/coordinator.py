@@ -4,7 +4,10 @@ A single nsqlookupd is always the coordinator (Youzan's "lookupd leader"). It ke
 each partitioned topic's :class:`~nsqx.lookupd.topic_meta.TopicRecord` in a
 :class:`~nsqx.lookupd.meta_store.MetaStore`, places partitions on the registered
 partition-aware nsqd nodes (:mod:`nsqx.lookupd.placement`), and creates them there
-through the nsqd's HTTP API (:class:`~nsqx.lookupd.nsqd_client.NsqdClient`).
+through the nsqd's HTTP API (:class:`~nsqx.lookupd.nsqd_client.NsqdClient`). When
+several nsqlookupd share an etcd store, only the one that leads
+(:mod:`nsqx.lookupd.leadership`) administers; the others follow the store
+(:meth:`Coordinator.record_changed`) and serve lookups.
 
 Reconciliation: a node is expected to register (``REGISTER t p [c]``) every partition
 placed on it, and every channel created through lookupd on those partitions. A node
@@ -39,6 +42,7 @@ from nsqx.lookupd.registration_db import (
     Registration,
     RegistrationDB,
 )
+from nsqx.lookupd.replicas import Replicas
 from nsqx.lookupd.topic_meta import (
     MAX_PARTITION_NUM,
     MAX_RETENTION_DAYS,
@@ -117,20 +121,21 @@ class Coordinator:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
+        #: leaders, ISRs, epochs and elections of replicated topics
+        self.replicas = Replicas(self)
+        #: True while this nsqlookupd administers the topics: always for a single one;
+        #: for one of several sharing a store, while it holds the leadership.
+        self.leading = False
 
     # -- life -------------------------------------------------------------------------
 
-    async def start(self, store: MetaStore) -> None:
-        """Load the stored records, list them in the registry, start reconciling."""
+    async def start(self, store: MetaStore, *, leading: bool = True) -> None:
+        """Take the store. A single nsqlookupd (``leading``) starts administering at once;
+        one of several waits for :meth:`start_leading` and meanwhile follows the store's
+        changes (:meth:`record_changed`)."""
         self.store = store
-        self.records = await store.list()
-        for topic, record in self.records.items():
-            self.db.add_registration(Registration(TOPIC, topic, ""))
-            for channel in record.channels:
-                self.db.add_registration(Registration(CHANNEL, topic, channel))
-        if self.records:
-            log.info("META: %d partitioned topic(s) loaded", len(self.records))
-        self._loop_task = asyncio.create_task(self._reconcile_loop(), name="lookupd-reconcile")
+        if leading:
+            await self.start_leading()
 
     async def close(self) -> None:
         self._closed = True
@@ -139,8 +144,57 @@ class Coordinator:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.replicas.close()
         await self.client.close()
         await self.store.close()
+
+    # -- leadership (several nsqlookupd sharing a store) -------------------------------
+
+    async def start_leading(self) -> None:
+        """Start administering: load the records fresh from the store, list them in the
+        registry, start reconciling."""
+        records = await self.store.list()
+        self.records = records
+        for topic, record in records.items():
+            self.db.add_registration(Registration(TOPIC, topic, ""))
+            for channel in record.channels:
+                self.db.add_registration(Registration(CHANNEL, topic, channel))
+        if records:
+            log.info("META: %d partitioned topic(s) loaded", len(records))
+        self.leading = True
+        self.replicas.start_leading()
+        if self._loop_task is None and not self._closed:
+            self._loop_task = asyncio.create_task(self._reconcile_loop(), name="lookupd-reconcile")
+
+    async def stop_leading(self) -> None:
+        """Stop administering at once: no more reconciliation or asks. Asks in flight
+        finish (each is one idempotent nsqd call); the records stay, and follow the
+        store."""
+        self.leading = False
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        for key in [k for k, a in self._attempts.items() if not a.in_flight]:
+            del self._attempts[key]
+
+    def record_changed(self, topic: str, record: TopicRecord | None) -> None:
+        """The store's hook: another nsqlookupd changed ``topic``'s record (None: deleted).
+        The registry follows, as it does on the nsqlookupd that made the change."""
+        old = self.records.get(topic)
+        if record is None:
+            if old is not None:
+                del self.records[topic]
+                self._remove_keys(topic)
+        else:
+            self.records[topic] = record
+            self.db.add_registration(Registration(TOPIC, topic, ""))
+            for channel in record.channels:
+                self.db.add_registration(Registration(CHANNEL, topic, channel))
+            for channel in old.channels if old is not None else ():
+                if channel not in record.channels:
+                    self.db.remove_registration(Registration(CHANNEL, topic, channel))
+        self._wake.set()
 
     # -- views ------------------------------------------------------------------------
 
@@ -191,9 +245,12 @@ class Coordinator:
         seen.add((topic, partition, None))
         if channel is not None:
             seen.add((topic, partition, channel))
+        self.replicas.registered(peer, topic, partition)
 
     def peer_gone(self, peer: Peer) -> None:
-        """The connection closed: forget what it registered and its pending asks."""
+        """The connection closed: forget what it registered and its pending asks; a
+        node that does not come back loses its leaderships (replicated topics)."""
+        self.replicas.peer_gone(peer)
         self._seen.pop(peer.id, None)
         self._identified_at.pop(peer.id, None)
         for key in [k for k in self._attempts if k[0] == peer.id]:
@@ -226,6 +283,7 @@ class Coordinator:
             await self._save(topic, record)
             log.info("META: topic %s created: %s, placement %s", topic, meta, record.placements)
             await self._apply(topic, record, nodes)
+            await self.replicas.tell_all(topic, record)
 
     async def expand_topic(self, topic: str, partition_num: int) -> None:
         """Youzan's ExpandTopicPartition: more partitions, placed as at create time."""
@@ -251,6 +309,7 @@ class Coordinator:
             )
             # every partition: the new ones are created, the old ones learn partition_num
             await self._apply(topic, record, nodes)
+            await self.replicas.tell_all(topic, record)
 
     async def update_topic(
         self,
@@ -546,6 +605,8 @@ class Coordinator:
                     what,
                     quiet,
                 )
+                if ok:
+                    self.replicas.created(peer, topic, partition, record)
                 # a new or re-created partition also gets the channels made through lookupd
                 channels = record.channels if ok else ()
                 for ch in channels:

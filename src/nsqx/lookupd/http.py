@@ -30,8 +30,14 @@ from nsqx.lookupd.http_api import (
     respond_v1,
     respond_wrapped,
 )
-from nsqx.lookupd.http_partitions import PartitionAPI
+from nsqx.lookupd.http_partitions import ERR_NOT_LEADER, PartitionAPI
 from nsqx.lookupd.lookup_protocol_v1 import format_address
+from nsqx.lookupd.meta_store import (
+    ConflictError,
+    MetaStoreError,
+    MetaStoreUnavailable,
+    NotLeaderError,
+)
 from nsqx.lookupd.registration_db import (
     CHANNEL,
     CLIENT,
@@ -53,6 +59,18 @@ GO_ZERO_TIME_UNIX_NANO = -6795364578871345152
 
 
 Handler = Callable[[web.Request], Awaitable[Any]]
+
+
+def meta_store_error(err: MetaStoreError) -> tuple[int, str]:
+    """The answer to a write that a shared meta store refused: Youzan's not-leader
+    answer, or a 500 that says what to do."""
+    if isinstance(err, NotLeaderError):
+        return 400, ERR_NOT_LEADER
+    if isinstance(err, ConflictError):
+        return 500, f"E_META_CONFLICT {err}"
+    if isinstance(err, MetaStoreUnavailable):
+        return 500, f"E_META_UNAVAILABLE {err}"
+    return 500, f"E_META_FAILED {err}"
 
 
 def _peer_info(p: Producer) -> dict[str, Any]:
@@ -93,6 +111,11 @@ class LookupdHTTP:
             "/listlookup": {get: self.listlookup},
             "/topic/partition/expand": {post: self.partitions.expand_topic},
             "/topic/meta/update": {post: self.partitions.update_topic_meta},
+            # nsqx's replication: leaders report followers behind / caught up
+            "/partition/isr/leave": {post: self.partitions.isr_leave},
+            "/partition/isr/join": {post: self.partitions.isr_join},
+            "/topic/partition/move": {post: self.partitions.move_partition},
+            "/cluster/node/drain": {post: self.partitions.drain_node},
         }
         self._lower = {path.lower(): path for path in self.routes}
 
@@ -130,6 +153,9 @@ class LookupdHTTP:
                     # Youzan's wrapped error is always a 500
                     return respond_wrapped(500, err.message, None)
                 return respond_v1(err.status, err.message)
+            except MetaStoreError as err:
+                # a shared store refused the write: nothing was changed
+                return respond_v1(*meta_store_error(err))
             except Exception:
                 # Go's panic handler answers the same way
                 log.exception("panic in HTTP handler")
@@ -200,7 +226,7 @@ class LookupdHTTP:
         return {"channels": [k.subkey for k in keys]}
 
     async def listlookup(self, request: web.Request) -> Negotiated:
-        return self.partitions.listlookup()
+        return await self.partitions.listlookup()
 
     async def lookup(self, request: web.Request) -> dict[str, Any] | Negotiated:
         params = Params(request)
@@ -217,6 +243,11 @@ class LookupdHTTP:
             int(opts.tombstone_lifetime * 1e9),
             self._now(),
         )
+        leaders = self.lookupd.coordinator.replicas.leaders(topic)
+        if leaders is not None:
+            # a replicated topic is served by its partitions' leaders only
+            lead = set(leaders.values())
+            producers = [p for p in producers if p.peer.node_id in lead]
         return {"channels": channels, "producers": [_peer_info(p) for p in producers]}
 
     async def create_topic(self, request: web.Request) -> None:
@@ -237,6 +268,7 @@ class LookupdHTTP:
             return await self.partitions.delete_topic(topic, partition)
         # NSQ's delete forgets the keys; a partitioned topic's record goes with them
         # (its nsqd keep their data, as NSQ's lookupd leaves nsqd alone)
+        self.partitions.leader_only(topic)
         await self.lookupd.coordinator.forget_topic(topic)
         for key in self.db.find_registrations(CHANNEL, topic, "*"):
             log.info("DB: removing channel(%s) from topic(%s)", key.subkey, topic)

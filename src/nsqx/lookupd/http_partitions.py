@@ -17,12 +17,14 @@ texts, except where this module says otherwise.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from nsqx.lookupd.coordinator import CoordinatorError
 from nsqx.lookupd.http_api import HTTPError, Negotiated, Params, go_atoi
+from nsqx.lookupd.leadership import NO_NODE_JSON, LookupdNode
 from nsqx.lookupd.registration_db import CHANNEL, TOPIC, Producer, Registration
 from nsqx.lookupd.topic_meta import (
     MAX_LOAD_FACTOR,
@@ -40,9 +42,13 @@ if TYPE_CHECKING:
 #: Parameters that make a /lookup Youzan's.
 YOUZAN_LOOKUP_PARAMS = ("access", "metainfo", "partition", "consistent")
 
-#: nsqx has no replication yet: a replicator above 1 is refused with this text.
-REPLICATION_NOT_AVAILABLE = (
-    "INVALID_ARG_TOPIC_REPLICATOR replication is not available yet: replicator must be 1"
+#: Youzan's answer (400) to an administrative write sent to an nsqlookupd that does not
+#: lead (consistence.ErrFailedOnNotLeader).
+ERR_NOT_LEADER = "E_FAILED_ON_NOT_LEADER"
+
+#: /topic/meta/update cannot change the replicator of a topic (yet).
+REPLICATOR_CHANGE_NOT_AVAILABLE = (
+    "INVALID_ARG_TOPIC_REPLICATOR changing the replicator of a topic is not supported"
 )
 
 
@@ -127,12 +133,15 @@ class PartitionAPI:
         inactive = int(opts.inactive_producer_timeout * 1e9)
         lifetime = int(opts.tombstone_lifetime * 1e9)
         everything = self.db.partition_producers(Registration(TOPIC, topic, ""))
+        leaders = self.coordinator.replicas.leaders(topic)
         entries = [
             p
             for p in everything
             if (wanted is None or p.partition == wanted)
             and now - p.peer.last_update <= inactive
             and not (access == "w" and p.is_tombstoned(lifetime, now))
+            # a replicated partition is served by its leader only
+            and (leaders is None or leaders.get(p.partition) == p.peer.node_id)
         ]
         record = self.coordinator.record(topic)
         serving: dict[int, Producer] = {}
@@ -169,25 +178,39 @@ class PartitionAPI:
         answer["producers"] = [youzan_peer_info(p) for p in producers.values()]
         return answer
 
-    def listlookup(self) -> Negotiated:
-        """Youzan's /listlookup: this nsqlookupd, the only node, and the leader.
+    async def listlookup(self) -> Negotiated:
+        """Youzan's /listlookup: the nsqlookupd nodes and their leader.
 
-        Youzan's node id is ``ip:rpc_port:tcp_port:nsqlookup``; nsqx has no RPC port,
-        so ``RpcPort`` is empty. Clients use ``NodeIP`` and ``HttpPort``.
+        A single nsqlookupd is the only node and the leader. With etcd, the nodes are
+        those with a session and the leader is the one that holds the leader key (its
+        ``Epoch`` is that key's create revision), or Youzan's zero node while none is
+        known. Youzan's node id is ``ip:rpc_port:tcp_port:nsqlookup``; nsqx has no RPC
+        port, so ``RpcPort`` is empty. Clients use ``NodeIP`` and ``HttpPort``.
         """
         lk = self.lookupd
-        ip = lk.options.broadcast_address
-        node = {
-            "ID": f"{ip}::{lk.tcp_port}:nsqlookup",
-            "NodeIP": ip,
-            "TcpPort": str(lk.tcp_port),
-            "HttpPort": str(lk.http_port),
-            "RpcPort": "",
-            "Epoch": 0,
-        }
+        leadership = lk.leadership
+        if leadership is not None:
+            nodes = [n.to_json() for n in await leadership.nodes()]
+            leader = leadership.leader
+            return Negotiated(
+                {
+                    "lookupdleader": leader.to_json() if leader else dict(NO_NODE_JSON),
+                    "lookupdnodes": nodes,
+                }
+            )
+        node = LookupdNode.make(lk.options.broadcast_address, lk.tcp_port, lk.http_port).to_json()
         return Negotiated({"lookupdleader": node, "lookupdnodes": [dict(node)]})
 
     # -- administration ---------------------------------------------------------------
+
+    def leader_only(self, topic: str | None = None) -> None:
+        """Refuse an administrative write on an nsqlookupd that does not lead, as
+        Youzan's does. With ``topic``, only if that topic is partitioned (has a record):
+        NSQ 1.3's writes change this nsqlookupd's registry only, which any may do."""
+        if self.coordinator.leading:
+            return
+        if topic is None or self.coordinator.record(topic) is not None:
+            raise HTTPError(400, ERR_NOT_LEADER)
 
     @staticmethod
     def is_youzan_create(params: Params) -> bool:
@@ -218,8 +241,7 @@ class PartitionAPI:
         # negative count of days or messages means nothing, so nsqx refuses it
         sync_every = _int_param(params, "syncdisk", "0", 0, None, "INVALID_ARG_TOPIC_SYNC_DISK")
         retention = _int_param(params, "retention", "0", 0, None, "INVALID_ARG_TOPIC_RETENTION")
-        if replica > 1:
-            raise HTTPError(400, REPLICATION_NOT_AVAILABLE)
+        self.leader_only()
         meta = TopicMeta(
             partition_num=pnum,
             replica=replica,
@@ -248,6 +270,7 @@ class PartitionAPI:
             pid = parse_partition_id(partition)
             if pid is None:
                 raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION")
+        self.leader_only()
         try:
             await self.coordinator.delete_topic(topic, pid)
         except CoordinatorError as err:
@@ -264,10 +287,68 @@ class PartitionAPI:
         pnum = _int_param(
             params, "partition_num", "", 1, MAX_PARTITION_NUM, "INVALID_ARG_TOPIC_PARTITION_NUM"
         )
+        self.leader_only()
         try:
             await self.coordinator.expand_topic(topic, pnum)
         except CoordinatorError as err:
             raise _error(err) from None
+
+    async def isr_leave(self, request: web.Request) -> None:
+        """nsqx: ``POST /partition/isr/leave?topic&partition&node&epoch``: a leader
+        reports an in-sync replica that stays behind."""
+        await self._isr_report(request, self.coordinator.replicas.isr_leave)
+
+    async def isr_join(self, request: web.Request) -> None:
+        """nsqx: ``POST /partition/isr/join?topic&partition&node&epoch``: a leader
+        reports a replica that caught up."""
+        await self._isr_report(request, self.coordinator.replicas.isr_join)
+
+    async def move_partition(self, request: web.Request) -> dict[str, Any]:
+        """Youzan's ``POST /topic/partition/move?topic&partition&move_leader=true
+        [&move_to=node]``: the partition's leadership goes to another in-sync replica
+        (moving data to other nodes is not supported)."""
+        params = Params(request)
+        topic = params.get("topic") or ""
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        if not params.get("partition"):
+            raise HTTPError(400, "MISSING_ARG_TOPIC_PARTITION")
+        pid = parse_partition_id(params.get("partition") or "")
+        if pid is None:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION_NUM")
+        if params.get("move_leader") != "true":
+            raise HTTPError(400, "only move_leader=true is supported")
+        try:
+            leader = await self.coordinator.replicas.move_leader(
+                topic, pid, params.get("move_to") or None
+            )
+        except ValueError as err:
+            raise HTTPError(400, str(err)) from None
+        return {"leader": leader}
+
+    async def drain_node(self, request: web.Request) -> dict[str, Any]:
+        """nsqx: ``POST /cluster/node/drain?node=<id>``: move every leadership of the
+        node (its distributed_id, as /nodes lists it) to other in-sync replicas."""
+        node = Params(request).get("node") or ""
+        if not node:
+            raise HTTPError(400, "MISSING_ARG_NODE")
+        moved = await self.coordinator.replicas.drain(node)
+        return {"moved": moved}
+
+    async def _isr_report(
+        self, request: web.Request, action: Callable[[str, int, str], Awaitable[str]]
+    ) -> None:
+        params = Params(request)
+        topic = params.get("topic") or ""
+        node = params.get("node") or ""
+        pid = parse_partition_id(params.get("partition") or "")
+        if not topic or not node or pid is None:
+            raise HTTPError(400, "MISSING_ARG")
+        # nsqd tries the next nsqlookupd on this answer, until it reaches the leader
+        self.leader_only()
+        result = await action(topic, pid, node)
+        if result != "OK":
+            raise HTTPError(409, result)
 
     async def update_topic_meta(self, request: web.Request) -> None:
         """Youzan's ``/topic/meta/update?topic[&replicator&syncdisk&retention&upgradeext
@@ -281,8 +362,9 @@ class PartitionAPI:
             replica = _int_param(
                 params, "replicator", "", 1, MAX_REPLICATOR, "INVALID_ARG_TOPIC_REPLICATOR"
             )
-            if replica > 1:
-                raise HTTPError(400, REPLICATION_NOT_AVAILABLE)
+            record = self.coordinator.record(topic)
+            if record is not None and record.meta.replica != replica:
+                raise HTTPError(400, REPLICATOR_CHANGE_NOT_AVAILABLE)
         sync_every: int | None = None
         if params.get("syncdisk"):
             sync_every = _int_param(params, "syncdisk", "", 0, None, "INVALID_ARG_TOPIC_SYNC_DISK")
@@ -290,6 +372,7 @@ class PartitionAPI:
         if params.get("retention"):
             retention = _int_param(params, "retention", "", 0, None, "INVALID_ARG_TOPIC_RETENTION")
         disable = params.get("disable_channel_auto_create")
+        self.leader_only()
         try:
             await self.coordinator.update_topic(
                 topic,
@@ -305,6 +388,7 @@ class PartitionAPI:
     async def create_channel(self, topic: str, channel: str) -> bool:
         """A channel of a partitioned topic, on every partition; False if the topic is
         not partitioned (NSQ's /channel/create then)."""
+        self.leader_only(topic)
         try:
             return await self.coordinator.create_channel(topic, channel)
         except CoordinatorError as err:
@@ -312,6 +396,7 @@ class PartitionAPI:
 
     async def delete_channel(self, topic: str, channel: str) -> bool:
         """The reverse of :meth:`create_channel`."""
+        self.leader_only(topic)
         try:
             return await self.coordinator.delete_channel(topic, channel)
         except CoordinatorError as err:

@@ -13,6 +13,11 @@ Two embedded implementations, for a single nsqlookupd:
   the old file or the new one, never a torn one. The file is small (a few hundred
   bytes per topic) and changes only on administrative calls, so rewriting it whole
   is simpler than any log and costs nothing that matters.
+
+A shared store (:class:`~nsqx.lookupd.etcd_store.EtcdMetaStore`) is written by the one
+nsqlookupd that leads; the others :meth:`~MetaStore.follow` it. Its writes can fail in
+ways the embedded ones cannot: :class:`NotLeaderError`, :class:`ConflictError`,
+:class:`MetaStoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import abc
 import asyncio
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from nsqx.lookupd.topic_meta import TopicRecord
 from nsqx.store.disklog import fsync_dir
@@ -30,9 +35,33 @@ from nsqx.store.disklog import fsync_dir
 META_FILE = "nsqlookupd.meta.json"
 _FORMAT_VERSION = 1
 
+#: Called with (topic, record) when a record changed in a shared store, None when it
+#: was deleted.
+RecordHook = Callable[[str, TopicRecord | None], None]
+
+
+class MetaStoreError(Exception):
+    """A write the store could not make; the record is unchanged."""
+
+
+class NotLeaderError(MetaStoreError):
+    """This nsqlookupd does not lead (any more): only the leader writes a shared store."""
+
+
+class ConflictError(MetaStoreError):
+    """The record changed in the store since this nsqlookupd read it; read, then retry."""
+
+
+class MetaStoreUnavailable(MetaStoreError):
+    """The store cannot be reached."""
+
 
 class MetaStore(abc.ABC):
     """Topic records by topic name. Implementations are used from one event loop."""
+
+    #: True for a store that several nsqlookupd share: one of them leads and writes,
+    #: the others follow. An embedded store has one writer, which always leads.
+    shared = False
 
     @abc.abstractmethod
     async def get(self, topic: str) -> TopicRecord | None:
@@ -52,6 +81,10 @@ class MetaStore(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - most stores have nothing to release
         """Release what the store holds."""
+
+    def follow(self, hook: RecordHook) -> None:  # noqa: B027 - one writer: nothing to follow
+        """Call ``hook`` for each record that someone else changes in the store (a shared
+        store's watch); an embedded store has no other writer."""
 
     @property
     @abc.abstractmethod

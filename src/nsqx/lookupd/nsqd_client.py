@@ -9,8 +9,10 @@ side, so the coordinator may repeat one after a timeout without harm.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
+from typing import Any
 
 import aiohttp
 from yarl import URL
@@ -65,14 +67,16 @@ class NsqdClient:
             await self._session.close()
             self._session = None
 
-    async def post(self, node: PeerInfo, path: str, params: Mapping[str, str]) -> None:
+    async def post(
+        self, node: PeerInfo, path: str, params: Mapping[str, str], body: bytes | None = None
+    ) -> None:
         """``POST http://broadcast_address:http_port/path?params``; raises
         :class:`NsqdCallError` unless nsqd answers 200."""
         url = URL.build(
             scheme="http", host=node.broadcast_address, port=node.http_port, path=path
         ).with_query(dict(params))
         try:
-            async with self._get_session().post(url) as resp:
+            async with self._get_session().post(url, data=body) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     text = body[:200].decode("utf-8", errors="replace")
@@ -80,6 +84,37 @@ class NsqdClient:
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
             raise NsqdCallError(f"POST {url}: {type(err).__name__}: {err}") from None
         log.debug("NSQD: POST %s OK", url)
+
+    async def send_role(
+        self, node: PeerInfo, topic: str, partition: int, role: Mapping[str, Any]
+    ) -> None:
+        """Tell the node its role for a replicated partition (leader, ISR, epoch)."""
+        await self.post(
+            node,
+            "/partition/role",
+            {"topic": topic, "partition": str(partition)},
+            json.dumps(role).encode(),
+        )
+
+    async def partition_state(self, node: PeerInfo, topic: str, partition: int) -> dict[str, Any]:
+        """The node's ``GET /partition/state``: its log end and replica role."""
+        url = URL.build(
+            scheme="http",
+            host=node.broadcast_address,
+            port=node.http_port,
+            path="/partition/state",
+        ).with_query({"topic": topic, "partition": str(partition)})
+        try:
+            async with self._get_session().get(url) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    raise NsqdCallError(f"GET {url}: {resp.status} {body[:200]!r}")
+                doc = json.loads(body)
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
+            raise NsqdCallError(f"GET {url}: {type(err).__name__}: {err}") from None
+        if not isinstance(doc, dict):
+            raise NsqdCallError(f"GET {url}: not a JSON object")
+        return doc
 
     async def create_partition(
         self, node: PeerInfo, topic: str, partition: int, meta: TopicMeta

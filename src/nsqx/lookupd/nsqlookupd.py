@@ -8,7 +8,10 @@ import logging
 from aiohttp import web
 
 from nsqx.lookupd.coordinator import Coordinator
+from nsqx.lookupd.etcd_client import EtcdClient
+from nsqx.lookupd.etcd_store import EtcdKeys, EtcdMetaStore
 from nsqx.lookupd.http import LookupdHTTP
+from nsqx.lookupd.leadership import Leadership, LookupdNode
 from nsqx.lookupd.lookup_protocol_v1 import LookupProtocolV1
 from nsqx.lookupd.meta_store import FileMetaStore, MemoryMetaStore, MetaStore
 from nsqx.lookupd.nsqd_client import NsqdClient
@@ -42,6 +45,9 @@ class NSQLookupd:
             NsqdClient(options.http_client_connect_timeout, options.http_client_request_timeout),
             options.inactive_producer_timeout,
         )
+        #: With ``--etcd-endpoints``: the etcd client and this node's leadership.
+        self.etcd: EtcdClient | None = None
+        self.leadership: Leadership | None = None
         #: Open TCP connections (closed on shutdown).
         self.clients: set[LookupProtocolV1] = set()
         #: Bound addresses, known after start().
@@ -60,6 +66,18 @@ class NSQLookupd:
         return self.http_address[1] if self.http_address else 0
 
     def _open_store(self) -> MetaStore:
+        opts = self.options
+        if opts.etcd_endpoints:
+            self.etcd = EtcdClient(opts.etcd_endpoint_list())
+            keys = EtcdKeys(opts.cluster_id)
+            log.info(
+                "META: topic meta in etcd %s under %s; one nsqlookupd leads",
+                opts.etcd_endpoints,
+                keys.root.decode(),
+            )
+            if opts.data_path:
+                log.info("META: --data-path is not used for the meta with --etcd-endpoints")
+            return EtcdMetaStore(self.etcd, keys)
         if self.options.data_path:
             store = FileMetaStore.open(self.options.data_path)
             log.info("META: topic meta in %s", store.path)
@@ -73,12 +91,28 @@ class NSQLookupd:
     async def start(self) -> None:
         """Open the meta store, bind the TCP and HTTP listeners (port 0 picks a free
         port). Raises OSError or ValueError (an unreadable meta file) if it cannot."""
-        await self.coordinator.start(self._open_store())
+        store = self._open_store()
+        # a shared store is followed by all and written by the leader only; without
+        # etcd reachable this nsqlookupd still starts, serves lookups and keeps trying
+        await self.coordinator.start(store, leading=not store.shared)
+        store.follow(self.coordinator.record_changed)
         try:
             await self._listen()
         except BaseException:
             await self.close()
             raise
+        if isinstance(store, EtcdMetaStore) and self.etcd is not None:
+            node = LookupdNode.make(self.options.broadcast_address, self.tcp_port, self.http_port)
+            self.leadership = Leadership(
+                self.etcd,
+                store.keys,
+                node,
+                int(self.options.etcd_lease_ttl),
+                self.coordinator.start_leading,
+                self.coordinator.stop_leading,
+            )
+            store.fence = self.leadership.fence
+            self.leadership.start()
 
     async def _listen(self) -> None:
         loop = asyncio.get_running_loop()
@@ -106,6 +140,9 @@ class NSQLookupd:
         if self._closed:
             return
         self._closed = True
+        if self.leadership is not None:
+            # first: another nsqlookupd may lead while this one closes its listeners
+            await self.leadership.close()
         if self._server is not None:
             self._server.close()
         for client in list(self.clients):
@@ -115,3 +152,5 @@ class NSQLookupd:
         if self._server is not None:
             await self._server.wait_closed()
         await self.coordinator.close()
+        if self.etcd is not None:
+            await self.etcd.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
+from nsqx.lookupd.etcd_store import check_cluster_id
+
 
 @dataclass
 class LookupdOptions:
@@ -28,6 +30,17 @@ class LookupdOptions:
     #: Timeouts of the calls lookupd makes to nsqd's HTTP API (partition placement).
     http_client_connect_timeout: float = 2.0
     http_client_request_timeout: float = 5.0
+    #: etcd v3 endpoints (comma-separated URLs) of a meta store shared by several
+    #: nsqlookupd; empty: the embedded store (``data_path``).
+    etcd_endpoints: str = ""
+    #: Separates nsqx clusters that share one etcd (the keys' ``/nsqx/<id>/`` prefix).
+    cluster_id: str = "nsqx"
+    #: TTL of the etcd lease of this nsqlookupd's session and leadership (seconds).
+    etcd_lease_ttl: float = 5.0
+
+    def etcd_endpoint_list(self) -> list[str]:
+        """``etcd_endpoints`` split at commas."""
+        return [e.strip() for e in self.etcd_endpoints.split(",") if e.strip()]
 
     def validate(self) -> None:
         """Refuse values nsqlookupd cannot run with; raises ValueError naming the flag."""
@@ -43,6 +56,13 @@ class LookupdOptions:
             raise ValueError("--http-client-connect-timeout must be positive")
         if self.http_client_request_timeout <= 0:
             raise ValueError("--http-client-request-timeout must be positive")
+        for endpoint in self.etcd_endpoint_list():
+            if not endpoint.startswith(("http://", "https://")):
+                raise ValueError(f"--etcd-endpoints: {endpoint!r} is not an http(s):// URL")
+        if self.etcd_endpoints:
+            check_cluster_id(self.cluster_id)
+        if not 2 <= self.etcd_lease_ttl <= 3600 or self.etcd_lease_ttl != int(self.etcd_lease_ttl):
+            raise ValueError("--etcd-lease-ttl must be whole seconds from 2s to 1h")
         if self.log_level not in ("debug", "info", "warn", "error", "fatal"):
             raise ValueError(
                 f"--log-level must be debug|info|warn|error|fatal, got {self.log_level}"

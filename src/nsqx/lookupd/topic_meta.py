@@ -61,6 +61,33 @@ class TopicRecord:
     #: Channels created through lookupd's ``/channel/create``, in creation order. For a
     #: disable_channel_auto_create topic these are the only channels consumers may use.
     channels: tuple[str, ...] = ()
+    #: partition -> the in-sync replicas (leader first) of a replicated topic; a
+    #: placed partition missing here has all its placement in sync
+    isr: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+    #: partition -> its epoch, bumped at every change of leader or ISR (1 if missing)
+    epochs: Mapping[int, int] = field(default_factory=dict)
+
+    def isr_of(self, partition: int) -> tuple[str, ...]:
+        """The partition's in-sync replicas, leader first."""
+        isr = self.isr.get(partition)
+        return isr if isr is not None else tuple(self.placements.get(partition, ()))
+
+    def epoch_of(self, partition: int) -> int:
+        return self.epochs.get(partition, 1)
+
+    def with_replicas(
+        self, partition: int, placement: tuple[str, ...], isr: tuple[str, ...]
+    ) -> TopicRecord:
+        """A new leader, ISR or placement for one partition, in a new epoch."""
+        placements = {**self.placements, partition: placement}
+        isrs = {**self.isr, partition: isr}
+        epochs = {**self.epochs, partition: self.epoch_of(partition) + 1}
+        return replace(
+            self,
+            placements=dict(sorted(placements.items())),
+            isr=dict(sorted(isrs.items())),
+            epochs=dict(sorted(epochs.items())),
+        )
 
     def leader(self, partition: int) -> str | None:
         """The node id that leads ``partition``, if it is placed."""
@@ -79,6 +106,8 @@ class TopicRecord:
             "meta": self.meta.to_json(),
             "placements": {str(p): list(nodes) for p, nodes in sorted(self.placements.items())},
             "channels": list(self.channels),
+            "isr": {str(p): list(nodes) for p, nodes in sorted(self.isr.items())},
+            "epochs": {str(p): e for p, e in sorted(self.epochs.items())},
         }
 
     @classmethod
@@ -103,4 +132,28 @@ class TopicRecord:
         channels = obj.get("channels", [])
         if not isinstance(channels, list) or not all(isinstance(c, str) for c in channels):
             raise ValueError("channels is not a list of names")
-        return cls(meta, dict(sorted(placements.items())), tuple(channels))
+        isr: dict[int, tuple[str, ...]] = {}
+        raw_isr = obj.get("isr", {})
+        if not isinstance(raw_isr, dict):
+            raise ValueError("isr is not an object")
+        for key, nodes in raw_isr.items():
+            if not key.isdigit() or not isinstance(nodes, list):
+                raise ValueError(f"bad isr {key!r}: {nodes!r}")
+            if not all(isinstance(n, str) for n in nodes):
+                raise ValueError(f"bad isr {key!r}: {nodes!r}")
+            isr[int(key)] = tuple(nodes)
+        epochs: dict[int, int] = {}
+        raw_epochs = obj.get("epochs", {})
+        if not isinstance(raw_epochs, dict):
+            raise ValueError("epochs is not an object")
+        for key, epoch in raw_epochs.items():
+            if not key.isdigit() or not isinstance(epoch, int) or epoch < 1:
+                raise ValueError(f"bad epoch {key!r}: {epoch!r}")
+            epochs[int(key)] = epoch
+        return cls(
+            meta,
+            dict(sorted(placements.items())),
+            tuple(channels),
+            dict(sorted(isr.items())),
+            dict(sorted(epochs.items())),
+        )

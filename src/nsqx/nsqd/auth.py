@@ -17,7 +17,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, quote_plus, urlencode
 
 import aiohttp
 
@@ -126,6 +126,25 @@ def parse_auth_response(body: bytes, now: float) -> AuthState:
     return AuthState(identity, identity_url, ttl, tuple(grants), now + ttl)
 
 
+def redact(text: str, secret: bytes) -> str:
+    """``text`` without ``secret`` in any form it may take there (as sent, or URL-,
+    form- or Python-quoted)."""
+    if not secret:
+        return text
+    forms = {
+        secret.decode("utf-8", "replace"),
+        secret.decode("latin-1"),
+        quote(secret, safe=""),
+        quote_plus(secret),
+        urlencode({"s": secret})[2:],
+        repr(secret)[2:-1],
+    }
+    for form in sorted(forms, key=len, reverse=True):
+        if form:
+            text = text.replace(form, "<secret>")
+    return text
+
+
 def auth_url(address: str, query: dict[str, str | bytes]) -> str:
     """host:port -> http://host:port/auth?...; a URL is used as it is, plus the query."""
     qs = urlencode(sorted(query.items()))
@@ -161,9 +180,10 @@ class AuthClient:
             address = self.addresses[(start + i) % n]
             try:
                 return await self._query_one(auth_url(address, params))
-            except (TimeoutError, AuthError, aiohttp.ClientError, OSError) as exc:
+            except (TimeoutError, AuthError, aiohttp.ClientError, OSError, ValueError) as exc:
                 errors.append(f"failed to auth against {address} - {exc!r}")
-        raise AuthError("; ".join(errors) or "no --auth-http-address")
+        # the reasons go to the log: never the secret (an error page may echo the URL)
+        raise AuthError(redact("; ".join(errors) or "no --auth-http-address", secret))
 
     async def _query_one(self, url: str) -> AuthState:
         if self._session is None:

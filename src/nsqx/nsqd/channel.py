@@ -6,11 +6,11 @@ import asyncio
 import heapq
 import logging
 import os
-import time
 from array import array
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING
 
+from nsqx.nsqd import clock
 from nsqx.nsqd import tracer as tr
 from nsqx.nsqd.e2e import new_window
 from nsqx.nsqd.guid import seq_of
@@ -29,6 +29,19 @@ log = logging.getLogger("nsqx.nsqd")
 
 # a message's id inside its frame: size(4) type(4) timestamp(8) attempts(2) id(16)
 _ID = slice(18, 34)
+
+
+def _without(ids: list[bytes], missing: list[bytes]) -> list[bytes]:
+    """``ids`` less one occurrence of each of ``missing`` (a FIN batch may repeat an id:
+    the first one finished it, the second is missing)."""
+    left = Counter(missing)
+    done = []
+    for mid in ids:
+        if left[mid]:
+            left[mid] -= 1
+        else:
+            done.append(mid)
+    return done
 
 
 class Channel:
@@ -59,7 +72,8 @@ class Channel:
         self.clients: list[ClientV2] = []
         #: (seq, attempts so far) ready to go again, ahead of the log.
         self.requeued: deque[tuple[int, int]] = deque()
-        #: heap of (due wall-clock ns, seq, attempts so far).
+        #: heap of (due ns on the monotonic clock, seq, attempts so far): a wall clock
+        #: set back or forward changes no delay (the cursor file keeps wall-clock times)
         self.deferred: list[tuple[int, int, int]] = []
         #: attempts of in-flight messages delivered more than once.
         self.attempts: dict[bytes, int] = {}
@@ -84,6 +98,11 @@ class Channel:
         self._pump_scheduled = False
         self._rr = 0
         self._loop = asyncio.get_running_loop()
+        #: one timer for the earliest deferred message (not one per message), and its due
+        #: time (wall clock ns): deferred messages come due within a timer tick of their
+        #: time, not at the next scan (--queue-scan-interval)
+        self._defer_timer: asyncio.TimerHandle | None = None
+        self._defer_timer_due = 0
         #: set when the cursor state changed since the last checkpoint
         self.dirty = False
         #: size and time of the last checkpoint (to pace very large ones)
@@ -123,14 +142,16 @@ class Channel:
             return
         lo, hi = self.log.start, self.log.end
         self.cursor = min(max(state.cursor, lo), hi)
+        to_mono = clock.monotonic_ns() - clock.time_ns()
         for seq, attempts, due in state.entries():
             if not lo <= seq < hi:
                 continue  # gone from the log (deleted segment, or lost with the page cache)
             if due:
-                self.deferred.append((due, seq, attempts))
+                self.deferred.append((due + to_mono, seq, attempts))
             else:
                 self.requeued.append((seq, attempts))
         heapq.heapify(self.deferred)
+        self._arm_deferred()
 
     def cursor_state(self) -> CursorState:
         """The checkpoint of this channel now (see nsqx.store.cursor)."""
@@ -142,8 +163,9 @@ class Channel:
                     pending.extend((seq_of(mid), attempts_of(mid, 1), 0))
         for seq, attempts in self.requeued:
             pending.extend((seq, attempts, 0))
+        to_wall = clock.time_ns() - clock.monotonic_ns()
         for due, seq, attempts in self.deferred:
-            pending.extend((seq, attempts, due))
+            pending.extend((seq, attempts, due + to_wall))
         confirmed = min(pending[::3], default=self.cursor)
         return CursorState(min(confirmed, self.cursor), self.cursor, pending)
 
@@ -221,10 +243,12 @@ class Channel:
     def detach(self) -> None:
         """nsqd is stopping: stop delivering (state stays on disk)."""
         self.paused = True
+        self._disarm_deferred()
 
     def close(self) -> None:
         """Deleted: close subscribers, forget everything, remove the cursor file."""
         self.deleted = True
+        self._disarm_deferred()
         for c in list(self.clients):
             c.close()
         self.clients.clear()
@@ -303,9 +327,10 @@ class Channel:
         if self._routed:
             self._pump_routed(ready)
             return
-        now = time.monotonic()
+        now = clock.monotonic()
         left = len(ready)
         tracing = self.partition.extended or self.trace_enabled or self.topic.trace_enabled
+        room_left = sent = False
         for c, spare in ready:
             avail = len(self.requeued) + self.partition.visible_end - self.cursor
             if avail <= 0:
@@ -313,11 +338,17 @@ class Channel:
             # an even share of what is there, so that one client cannot take it all
             share = min(spare, -(-avail // left))
             left -= 1
+            room_left |= share < spare
             frames, ids = self._take(share)
             if frames:
+                sent = True
                 if tracing:
                     self._trace_start(frames, ids, c)
                 c.send_messages(frames, ids, now)
+        if room_left and sent and len(self.requeued) + self.partition.visible_end > self.cursor:
+            # a client with less room than its share left messages that another one has
+            # room for: go round again (found by tests/nsqd/test_channel_states.py)
+            self.notify()
 
     def _pump_ordered(self, ready: list[tuple[ClientV2, int]]) -> None:
         """One message in flight for the whole channel: the lowest unfinished one, to
@@ -338,7 +369,7 @@ class Channel:
                     continue
             if self.partition.extended or self.trace_enabled or self.topic.trace_enabled:
                 self._trace_start([frame], [mid], client)
-            client.send_messages([frame], [mid], time.monotonic(), flush=True)
+            client.send_messages([frame], [mid], clock.monotonic(), flush=True)
             return
         self.notify()
 
@@ -362,7 +393,7 @@ class Channel:
             lo = self.cursor
             f, i = self.log.read(lo, 1)
             if not i:
-                self.cursor = max(lo, self.log.start)
+                self.cursor = self.log.resume_at(lo)  # trimmed, or a gap after damage
                 if self.cursor == lo:
                     break
                 continue
@@ -380,7 +411,7 @@ class Channel:
         client that asked for that tag if there is one, every other message to clients
         without a tag; a client's ext filter finishes what it does not match unsent.
         What no client can take now waits at the front of the queue."""
-        now = time.monotonic()
+        now = clock.monotonic()
         room = {c: spare for c, spare in ready}
         by_tag: dict[str, list[ClientV2]] = {}
         for c in self.clients:
@@ -493,7 +524,7 @@ class Channel:
             lo = self.cursor
             f, i = self.log.read(lo, min(k - len(ids), end - lo))
             if not i:
-                self.cursor = max(lo, self.log.start)
+                self.cursor = self.log.resume_at(lo)  # trimmed, or a gap after damage
                 if self.cursor == lo:
                     break
                 continue
@@ -514,15 +545,18 @@ class Channel:
     def _defer_from_log(
         self, deferred: list[tuple[int, int]], lo: int, frames: list[bytes], ids: list[bytes]
     ) -> tuple[list[bytes], list[bytes]]:
-        # DPUB records are held in the deferred heap until due
-        now_ns = time.time_ns()
+        # DPUB records are held in the deferred heap until due (their due time is wall
+        # clock, written at publish time: from here on the monotonic clock counts)
+        now_ns = clock.time_ns()
+        to_mono = clock.monotonic_ns() - now_ns
         skip = set()
         for seq, due in deferred:
             if due > now_ns:
-                heapq.heappush(self.deferred, (due, seq, 0))
+                heapq.heappush(self.deferred, (due + to_mono, seq, 0))
                 skip.add(seq - lo)
         if not skip:
             return frames, ids
+        self._arm_deferred()
         frames = split_chunks(frames)
         keep = [j for j in range(len(frames)) if j not in skip]
         return [frames[j] for j in keep], [ids[j] for j in keep]
@@ -548,22 +582,25 @@ class Channel:
         if missing and client.irregular:
             irregular_pop = client.irregular.pop
             missing = [mid for mid in missing if irregular_pop(mid, None) is None]
+        # only what this client had in flight is finished: a late FIN of a message now
+        # in flight elsewhere must not reset its attempts
+        done = ids if not missing else _without(ids, missing)
         if self.attempts:
             attempts_pop = self.attempts.pop
-            for mid in ids:
+            for mid in done:
                 attempts_pop(mid, None)
         if client.touched:
             touched_pop = client.touched.pop
-            for mid in ids:
+            for mid in done:
                 touched_pop(mid, None)
         if self.traced:
-            for mid in ids:
-                if mid in self.traced and mid not in missing:
+            for mid in done:
+                if mid in self.traced:
                     self._trace_end(tr.FIN, mid, client)
-        client.finish_count += len(ids) - len(missing)
+        client.finish_count += len(done)
         self.dirty = True
         if self.e2e is not None:
-            self.e2e.record(self.log, ids if not missing else [m for m in ids if m not in missing])
+            self.e2e.record(self.log, done)
         self.notify()
         return [(mid, self._not_in_flight(client, mid)) for mid in missing]
 
@@ -589,8 +626,9 @@ class Channel:
             self.requeued.append((seq_of(msg_id), attempts))
             self.notify()
         else:
-            due = time.time_ns() + timeout_ms * 1_000_000
+            due = clock.monotonic_ns() + timeout_ms * 1_000_000
             heapq.heappush(self.deferred, (due, seq_of(msg_id), attempts))
+            self._arm_deferred()
             self.notify()  # the client's RDY has room again
         return None
 
@@ -603,7 +641,7 @@ class Channel:
         delivered = client.touched.get(msg_id)
         if delivered is None:
             delivered = client.touched[msg_id] = deadline - timeout
-        now = time.monotonic()
+        now = clock.monotonic()
         new = min(now + timeout, delivered + max_msg_timeout)
         inflight = client.inflight
         # the in-flight dict must stay ordered by deadline; a clamped one goes aside
@@ -616,7 +654,8 @@ class Channel:
     # -- timers -----------------------------------------------------------------------
 
     def scan(self, now: float, now_ns: int) -> None:
-        """Time out in-flight messages and release due deferred ones (batched)."""
+        """Time out in-flight messages and release due deferred ones (batched); both
+        times are the monotonic clock's (seconds, ns)."""
         moved = False
         for c in self.clients:
             expired = c.expired(now)
@@ -629,10 +668,43 @@ class Channel:
                 self.timeout_count += len(expired)
                 c.timeout_count += len(expired)
                 moved = True
+        if self._release_deferred(now_ns):
+            moved = True
+        if moved:
+            self.notify()
+
+    def _release_deferred(self, now_ns: int) -> bool:
+        """Move the deferred messages due by ``now_ns`` to the requeued ones."""
         deferred = self.deferred
+        moved = False
         while deferred and deferred[0][0] <= now_ns:
             _, seq, attempts = heapq.heappop(deferred)
             self.requeued.append((seq, attempts))
             moved = True
-        if moved:
+        self._arm_deferred()
+        return moved
+
+    def _arm_deferred(self) -> None:
+        """Have the timer go off when the earliest deferred message is due."""
+        if not self.deferred or self.deleted:
+            return
+        due = self.deferred[0][0]
+        timer = self._defer_timer
+        if timer is not None:
+            if self._defer_timer_due <= due:
+                return  # it goes off first; it re-arms for the next
+            timer.cancel()
+        self._defer_timer_due = due
+        # at least a timer tick (1 ms): the loop's timers may round a little early
+        delay = max((due - clock.monotonic_ns()) / 1e9, 0.001)
+        self._defer_timer = self._loop.call_later(delay, self._deferred_timer)
+
+    def _disarm_deferred(self) -> None:
+        if self._defer_timer is not None:
+            self._defer_timer.cancel()
+            self._defer_timer = None
+
+    def _deferred_timer(self) -> None:
+        self._defer_timer = None
+        if self._release_deferred(clock.monotonic_ns()):
             self.notify()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, cast
 
+from nsqx.nsqd import clock
 from nsqx.nsqd.auth import AuthError, AuthState
 from nsqx.nsqd.guid import seq_of
 from nsqx.nsqd.upgrade import UpgradedStream
@@ -28,6 +29,7 @@ from nsqx.wire.errors import (
     E_AUTH_FIRST,
     E_BAD_PARTITION,
     E_EXT_NOT_SUPPORT,
+    E_FAILED_ON_NOT_LEADER,
     E_FIN_FAILED,
     E_IDENTIFY_FAILED,
     E_INVALID,
@@ -130,16 +132,23 @@ class ClientV2(asyncio.Protocol):
         self._out_size = 0
         self._flush_handle: asyncio.TimerHandle | None = None
         self._write_paused = False
-        #: --sync-before-ack: partitions written during this read, and whether output waits
-        self._unsynced_topics: set[tuple[str, int]] = set()
+        #: durable partitions published to during this read: its answers (and all output
+        #: after them) wait until each acknowledged (Partition.when_acknowledged)
+        self._awaiting: list[Partition] = []
+        #: acknowledgements still awaited: output is held until none is
+        self._acks_due = 0
+        #: reading stopped until the acknowledgements came (--sync-before-ack)
+        self._paused_for_ack = False
+        self._close_after_ack = False
+        self._ack_failed = False
+        self._ack_callback = self._acknowledged
+        self._pub_verb = "PUB"
         #: Youzan's message layout for this client (see nsqx.wire.frames): binary ids,
         #: the ext part (ext topic, extend_support), (offset, size) before the body
         self.yz_ids = False
         self.yz_ext = False
         self.yz_detail = False
-        self._hold_output = False
-        self._close_after_sync = False
-        now = time.monotonic()
+        now = clock.monotonic()
         self._last_read = now
         self._last_heartbeat = now
         self._apply_settings()
@@ -172,7 +181,7 @@ class ClientV2(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self._last_read = time.monotonic()
+        self._last_read = clock.monotonic()
         dispatch = self._dispatch
         events = iter(self.parser.feed(data))
         for ev in events:
@@ -184,9 +193,9 @@ class ClientV2(asyncio.Protocol):
                 assert self._held is not None
                 self._held.extend(events)
                 break
-        if self._unsynced_topics:
-            self._ack_after_sync()
-        elif self._out:
+        if self._awaiting:
+            self._await_acks()
+        elif self._out and not self._acks_due:
             self.flush()
         if self.nsqd.spend_read_budget(len(data)) and not self._write_paused:
             # libuv keeps reading a busy socket (up to 32 reads) before the loop runs
@@ -196,34 +205,58 @@ class ClientV2(asyncio.Protocol):
             self._transport.pause_reading()
             asyncio.get_running_loop().call_soon(self._resume_reading)
 
-    def _ack_after_sync(self) -> None:
-        # --sync-before-ack: hold every response of this read (and stop reading) until
-        # one group fsync covers what it wrote; then answer all at once.
-        topics, self._unsynced_topics = self._unsynced_topics, set()
-        self._hold_output = True
-        assert self._transport is not None
-        self._transport.pause_reading()
-        done = self.nsqd.sync_partitions(topics)
-        done.add_done_callback(self._synced)
+    def _await_acks(self) -> None:
+        """Hold the answers of this read, and everything after them, until every
+        partition it published to acknowledged the publishes: written by the loop
+        iteration's group commit (one write for all connections), fsynced with
+        --sync-before-ack, held by the ISR if replicated (for those two this connection
+        reads nothing more meanwhile)."""
+        parts, self._awaiting = self._awaiting, []
+        self._acks_due += len(parts)
+        if not self._paused_for_ack:
+            slow = self.nsqd.options.sync_before_ack
+            for part in parts:
+                slow = slow or part.replica is not None
+            if slow:
+                assert self._transport is not None
+                self._paused_for_ack = True
+                self._transport.pause_reading()
+        acknowledged = self._ack_callback
+        for part in parts:
+            part.when_acknowledged(acknowledged)
 
-    def _synced(self, fut: asyncio.Future[list[None]]) -> None:
-        self._hold_output = False
-        if fut.cancelled() or fut.exception() is not None:
-            log.error("[%s] - fsync failed; closing without acknowledging", self)
+    def _acknowledged(self, err: BaseException | None) -> None:
+        self._acks_due -= 1
+        if err is not None and not self._ack_failed:
+            self._ack_failed = True
             self._out.clear()
-            self.closed = False
-            self.close()
+            if isinstance(err, OSError):
+                # the write or the fsync failed: E_PUB_FAILED / E_MPUB_FAILED /
+                # E_DPUB_FAILED, then close
+                verb = self._pub_verb
+                log.error("[%s] - %s failed (%s); closing without acknowledging", self, verb, err)
+                self._out.append(
+                    encode_error(ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {err}"))
+                )
+            else:
+                # not held by the ISR: close unanswered, the publisher looks up again
+                log.error("[%s] - %s; closing without acknowledging", self, err)
+            self._close_after_ack = True
+            self.closed = self._halt = True
+        if self._acks_due:
             return
-        if self._close_after_sync:
+        if self._close_after_ack:
             self._flush_closing()  # the answers, then the fatal error that closed us
             return
         self.flush()
-        self._resume_reading()
+        if self._paused_for_ack:
+            self._paused_for_ack = False
+            self._resume_reading()
 
     def _resume_reading(self) -> None:
         if (
             not self._write_paused
-            and not self._hold_output
+            and not self._paused_for_ack
             and not self.closed
             and self._held is None
             and self._transport is not None
@@ -267,8 +300,9 @@ class ClientV2(asyncio.Protocol):
     # -- output -----------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Write everything buffered in one call."""
-        if self._hold_output:
+        """Write everything buffered in one call (unless answers wait for their
+        acknowledgement: then with them)."""
+        if self._acks_due or self._awaiting:
             return
         if self._flush_handle is not None:
             self._flush_handle.cancel()
@@ -374,13 +408,13 @@ class ClientV2(asyncio.Protocol):
         """Flush what is buffered, then close."""
         if self.closed:
             return
-        if self._unsynced_topics:
-            self._ack_after_sync()  # publishes of this read are answered after their fsync
+        if self._awaiting:
+            self._await_acks()  # publishes of this read are answered first
         self.closed = True
         self._halt = True
-        if self._hold_output:
-            # answers wait for an fsync (--sync-before-ack): close once they are out
-            self._close_after_sync = True
+        if self._acks_due:
+            # answers wait for their acknowledgement: close once they are out
+            self._close_after_ack = True
             return
         self._flush_closing()
 
@@ -450,7 +484,7 @@ class ClientV2(asyncio.Protocol):
             self._error(err)
             return
         self._apply_settings()
-        self._last_heartbeat = time.monotonic()
+        self._last_heartbeat = clock.monotonic()
         self._respond(encode_response(response))
         s = self.settings
         if s.tls_v1 or s.snappy or s.deflate:
@@ -521,7 +555,7 @@ class ClientV2(asyncio.Protocol):
         if st is None or not st.authorizations:
             self._error(ProtocolError(E_AUTH_FIRST, f"AUTH required before {verb}"))
             return False
-        if st.expired(time.monotonic()):
+        if st.expired(clock.monotonic()):
             self._hold(ev)
             self.nsqd.spawn(self._query_auth((verb, topic, channel)))
             return False
@@ -588,16 +622,17 @@ class ClientV2(asyncio.Protocol):
                 # waiting again (an expired authorization met on the way)
                 assert self._held is not None
                 self._held.extend(held[i + 1 :])
-                if not self._unsynced_topics:  # else the answers wait for their fsync
+                if self._awaiting:
+                    self._await_acks()
+                else:
                     self.flush()
                 return
         data, self._held_data = b"".join(self._held_data), []
         if data or self.parser.buffered:
             self.data_received(data)
-        if self._unsynced_topics:
-            self._ack_after_sync()  # answers, then reading, resume after the fsync
-            return
-        if self._out:
+        if self._awaiting:
+            self._await_acks()
+        elif self._out:
             self.flush()
         self._resume_reading()
 
@@ -608,7 +643,11 @@ class ClientV2(asyncio.Protocol):
         if self.heartbeat_interval <= 0:
             self._error(ProtocolError(E_INVALID, "cannot SUB with heartbeats disabled"))
             return
-        part = self._sub_partition(ev)
+        try:
+            part = self._sub_partition(ev)
+        except OSError as err:  # a topic's files cannot be made (a full or read-only disk)
+            self._error(ProtocolError("E_SUB_FAILED", f"SUB failed {err}"))
+            return
         if part is None:
             return
         channel = part.channels.get(ev.channel)
@@ -661,6 +700,10 @@ class ClientV2(asyncio.Protocol):
                 part = nsqd.get_topic(ev.topic).default_partition
         if part is None:
             self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
+            return None
+        if part.replica is not None and part.replica.leader is None:
+            # consumers read from the leader only (Youzan): fatal, they look up again
+            self._error(ProtocolError(E_FAILED_ON_NOT_LEADER, ""))
             return None
         meta = part.topic.meta
         ordered = ev.mode == cmd.SUB_ORDERED
@@ -729,6 +772,15 @@ class ClientV2(asyncio.Protocol):
         channel = self._subscribed_channel("REQ")
         if channel is None:
             return
+        if ev.requested_ns is not None:
+            # NSQ 1.3's line: durations as integer nanoseconds
+            log.info(
+                "PROTOCOL(V2): [%s] REQ timeout %d out of range 0-%d. Setting to %d",
+                self.remote_address,
+                ev.requested_ns,
+                int(self.nsqd.options.max_req_timeout * 1000) * 1_000_000,
+                ev.timeout_ms * 1_000_000,
+            )
         reason = channel.requeue(self, hex_id(ev.id) if self.yz_ids else ev.id, ev.timeout_ms)
         if reason:
             self._error(
@@ -789,10 +841,17 @@ class ClientV2(asyncio.Protocol):
         trace_ids: list[int] | None = None,
         exts: list[tuple[int, bytes]] | None = None,
     ) -> Published | None:
-        part = self._pub_partition(topic_name, pid)
-        if part is None:
-            return None
         try:
+            part = self._pub_partition(topic_name, pid)
+            if part is None:
+                return None
+            replica = part.replica
+            if replica is not None:
+                code = replica.write_error()
+                if code is not None:
+                    # the client looks the partition up again (Youzan's non-fatal answer)
+                    self._error(ProtocolError(code, "", fatal=False))
+                    return None
             published = part.publish(bodies, defer_ms, trace_ids, exts)
         except OSError as err:
             # nothing acknowledged: E_PUB_FAILED / E_MPUB_FAILED / E_DPUB_FAILED, then close
@@ -800,13 +859,25 @@ class ClientV2(asyncio.Protocol):
             self._error(ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {err}"))
             return None
         self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
-        if self.nsqd.options.sync_before_ack and part.durable:
-            self._unsynced_topics.add(part.key)
+        self._pub_verb = verb
+        if part.durable and part not in self._awaiting:
+            # answered once written (the group commit), fsynced with --sync-before-ack,
+            # and held by the ISR if replicated (Partition.when_acknowledged)
+            self._awaiting.append(part)
         return published
 
     def _on_pub(self, ev: cmd.Pub) -> None:
         if self._publish("PUB", ev.topic, [ev.body], 0, ev.partition) is not None:
             self._respond(_OK_FRAME)
+
+    def _on_pubs(self, ev: cmd.Pubs) -> None:
+        n = len(ev.bodies)
+        out = self._out
+        before = len(out)
+        if self._publish("PUB", ev.topic, ev.bodies, 0, ev.partition) is not None:
+            out.append(_OK_FRAME * n)
+        elif not self.closed and len(out) == before + 1:
+            out.extend([out[-1]] * (n - 1))  # a refusal that keeps the connection: one each
 
     def _on_mpub(self, ev: cmd.Mpub) -> None:
         if self._publish("MPUB", ev.topic, ev.bodies, 0, ev.partition) is not None:
@@ -902,6 +973,10 @@ class ClientV2(asyncio.Protocol):
         if self._check_auth(ev, "PUB", ev.topic, ""):
             self._on_pub(ev)
 
+    def _on_pubs_auth(self, ev: cmd.Pubs) -> None:
+        if self._check_auth(ev, "PUB", ev.topic, ""):
+            self._on_pubs(ev)
+
     def _on_mpub_auth(self, ev: cmd.Mpub) -> None:
         if self._check_auth(ev, "MPUB", ev.topic, ""):
             self._on_mpub(ev)
@@ -962,6 +1037,7 @@ _DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
     cmd.Cls: ClientV2._on_cls,  # type: ignore[dict-item]
     cmd.Nop: ClientV2._on_nop,  # type: ignore[dict-item]
     cmd.Pub: ClientV2._on_pub,  # type: ignore[dict-item]
+    cmd.Pubs: ClientV2._on_pubs,  # type: ignore[dict-item]
     cmd.Mpub: ClientV2._on_mpub,  # type: ignore[dict-item]
     cmd.Dpub: ClientV2._on_dpub,  # type: ignore[dict-item]
     cmd.PubTrace: ClientV2._on_pub_trace,  # type: ignore[dict-item]
@@ -975,6 +1051,7 @@ _AUTH_DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
     **_DISPATCH,
     cmd.Sub: ClientV2._on_sub_auth,  # type: ignore[dict-item]
     cmd.Pub: ClientV2._on_pub_auth,  # type: ignore[dict-item]
+    cmd.Pubs: ClientV2._on_pubs_auth,  # type: ignore[dict-item]
     cmd.Mpub: ClientV2._on_mpub_auth,  # type: ignore[dict-item]
     cmd.Dpub: ClientV2._on_dpub_auth,  # type: ignore[dict-item]
     cmd.PubTrace: ClientV2._on_pub_trace_auth,  # type: ignore[dict-item]

@@ -17,8 +17,10 @@ _LOW16 = [b"%04x" % i for i in range(1 << 16)]
 
 def make_ids(first_seq: int, count: int, partition: int = 0) -> list[bytes]:
     """Hex ids for ``count`` consecutive records starting at ``first_seq``."""
-    ids: list[bytes] = []
     n = (partition << PARTITION_SHIFT) + first_seq
+    if count == 1:  # a PUB
+        return [b"%016x" % n]
+    ids: list[bytes] = []
     end = n + count
     while n < end:
         prefix = b"%012x" % (n >> 16)

@@ -11,6 +11,7 @@ method. Every response carries ``X-NSQ-Content-Type: nsq; version=1.0``; errors 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -28,9 +29,13 @@ from nsqx import NSQ_VERSION
 from nsqx.nsqd import stats as st
 from nsqx.nsqd.guid import PARTITION_SHIFT, SEQ_MASK
 from nsqx.nsqd.metrics import Metrics
+from nsqx.nsqd.replication.leader import CommitFailed
+from nsqx.nsqd.replication.replica import StaleEpoch
+from nsqx.nsqd.replication.state import ReplicaRole
 from nsqx.store.disklog import DiskLog, RangeFramesOut
+from nsqx.wire import replication as rp
 from nsqx.wire.commands import parse_consume_start, parse_mpub_body
-from nsqx.wire.errors import ProtocolError
+from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, ProtocolError
 from nsqx.wire.frames import record_parts
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.range import encode_range_frames
@@ -184,7 +189,7 @@ def _too_big(message: str) -> web.Response:
     return resp
 
 
-# StreamResponse: /range streams its body (a Response is one too)
+# StreamResponse: /range streams its body, /replication/stream is a WebSocket
 Handler = Callable[
     ["HTTPServer", web.BaseRequest, dict[str, list[str]]], Awaitable[web.StreamResponse]
 ]
@@ -202,6 +207,8 @@ class HTTPServer:
         self._sites: list[web.BaseSite] = []
         self._unix_paths: list[str] = []
         self._metrics: Metrics | None = None  # made on the first scrape
+        #: --http-admin-allow, parsed on first use
+        self._admin_networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -278,6 +285,8 @@ class HTTPServer:
                 headers={"Content-Type": "application/json; charset=utf-8", **NSQ_HEADERS},
             )
         handler = methods.get(request.method)
+        if handler is not None and self._refused_admin(request, path):
+            return error_response(403, "FORBIDDEN")
         if handler is None:
             allow = ", ".join(sorted({*methods, "OPTIONS"}))
             if request.method == "OPTIONS":
@@ -297,6 +306,33 @@ class HTTPServer:
         except Exception:
             log.exception("HTTP: %s %s failed", request.method, path)
             return error_response(500, "INTERNAL_ERROR")
+
+    def _refused_admin(self, request: web.BaseRequest, path: str) -> bool:
+        """An admin action from outside --http-admin-allow (a unix socket is local:
+        its file's permissions decide)."""
+        allow = self._admin_networks
+        if allow is None:
+            nets = self.nsqd.options.http_admin_allow
+            allow = self._admin_networks = [ipaddress.ip_network(n, strict=False) for n in nets]
+        if not allow:
+            return False
+        if path not in ADMIN_PATHS and not (
+            path.startswith("/config/") and request.method == "PUT"
+        ):
+            return False
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if not isinstance(peer, tuple):
+            return False
+        try:
+            ip = ipaddress.ip_address(peer[0])
+        except ValueError:
+            return True
+        if ip.version == 6 and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if any(ip in net for net in allow):
+            return False
+        log.warning("HTTP: %s %s from %s refused (--http-admin-allow)", request.method, path, ip)
+        return True
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -427,16 +463,30 @@ class HTTPServer:
     async def _publish(
         self, name: str, bodies: list[bytes], defer_ms: int = 0, pid: int = -1
     ) -> None:
-        """Publish as TCP does: written before the answer; fsynced too with
-        --sync-before-ack."""
-        part = self._pub_partition(name, pid)
+        """Publish as TCP does: written (by the loop iteration's group commit) before
+        the answer; fsynced too with --sync-before-ack."""
         try:
+            part = self._pub_partition(name, pid)
+            replica = part.replica
+            if replica is not None:
+                code = replica.write_error()
+                if code is not None:
+                    raise HTTPError(503, code)
             part.publish(bodies, defer_ms)
+            if part.durable:
+                # written now, not at the end of the loop iteration: a request costs
+                # far more than its write, and its answer would wait an iteration more
+                err = part.commit()
+                if err is not None:
+                    raise err
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", name, err)
             raise HTTPError(500, "PUB_FAILED") from None
-        if self.nsqd.options.sync_before_ack and part.durable:
-            await self.nsqd.sync_partitions({part.key})
+        if (self.nsqd.options.sync_before_ack and part.durable) or replica is not None:
+            try:
+                await self.nsqd.acknowledged({part.key})
+            except CommitFailed:
+                raise HTTPError(503, E_FAILED_ON_NOT_LEADER) from None
 
     async def mpub(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
         o = self.nsqd.options
@@ -538,6 +588,9 @@ class HTTPServer:
             if err.message in ("TOPIC_NOT_FOUND", "PARTITION_NOT_FOUND"):
                 raise HTTPError(404, "E_TOPIC_NOT_EXIST") from None  # Youzan's answer
             raise
+        if part.replica is not None and part.replica.leader is None:
+            # a follower's positions come from its leader (Youzan's answer)
+            raise HTTPError(400, E_FAILED_ON_NOT_LEADER)
         if "sequence" in params:
             seq = _int_param(params, "sequence", -1)
             if seq < 0:
@@ -673,6 +726,88 @@ class HTTPServer:
             self._metrics = Metrics(self.nsqd)
         body, content_type = self._metrics.render()
         return _respond(200, body, content_type)
+
+    # replication (nsqlookupd and the other nodes call these; see docs/replication.md)
+
+    def _replica_partition(self, params: dict[str, list[str]]) -> Partition:
+        name = self._topic_name(params)
+        part = self.nsqd.find_partition(name, _int_param(params, "partition", -1))
+        if part is None:
+            raise HTTPError(404, "PARTITION_NOT_FOUND")
+        return part
+
+    async def partition_role(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """POST /partition/role?topic&partition, body: the role JSON (the coordinator
+        tells a node who leads, who is in sync, and the epoch)."""
+        part = self._replica_partition(params)
+        body = await read_limited(request, 1 << 20)
+        try:
+            role = ReplicaRole.from_json(json.loads(body or b""))
+        except ValueError as err:
+            raise HTTPError(400, f"INVALID_ROLE {err}") from None
+        if part.replica is None:
+            if role.replica < 2 or not part.durable:
+                raise HTTPError(400, "NOT_REPLICATED")
+            part.replicate()
+        assert part.replica is not None
+        try:
+            part.replica.apply_role(role)
+        except StaleEpoch as err:
+            raise HTTPError(409, f"E_STALE_EPOCH {err}") from None
+        return ok_empty()
+
+    async def partition_state(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """GET /partition/state?topic&partition: the log's end and the replica's role
+        (the coordinator elects the ISR member with the newest log)."""
+        part = self._replica_partition(params)
+        out: dict[str, Any] = {
+            "start": part.log.start,
+            "end": part.log.end,
+            "end_offset": part.log.end_offset,
+            "node": self.nsqd.node_id,
+        }
+        if part.replica is not None:
+            out.update(part.replica.stats())
+        return ok_json(out)
+
+    async def replication_stream(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.StreamResponse:
+        """GET /replication/stream: a follower's WebSocket (nsqx.wire.replication)."""
+        ws = web.WebSocketResponse(max_msg_size=0, heartbeat=5.0)
+        await ws.prepare(request)
+        try:
+            first = await ws.receive(timeout=10.0)
+            hello = rp.decode(first.data) if first.type.name == "BINARY" else None
+        except (rp.ReplicationProtocolError, TimeoutError):
+            hello = None
+        if not isinstance(hello, rp.Hello):
+            await ws.send_bytes(rp.encode_refused(rp.Refused("E_BAD_HELLO", "no HELLO")))
+            await ws.close()
+            return ws
+        part = self.nsqd.find_partition(hello.topic, hello.partition)
+        replica = part.replica if part is not None else None
+        leader = replica.leader if replica is not None else None
+        if replica is None or leader is None:
+            await ws.send_bytes(
+                rp.encode_refused(rp.Refused(E_FAILED_ON_NOT_LEADER, "not the leader"))
+            )
+            await ws.close()
+            return ws
+        answer = leader.accept(hello)
+        if isinstance(answer, rp.Refused):
+            log.warning("REPL: %s: refused %s: %s", part, hello.node, answer.message)
+            await ws.send_bytes(rp.encode_refused(answer))
+            await ws.close()
+            return ws
+        await ws.send_bytes(rp.encode_welcome(answer))
+        await leader.serve(hello.node, ws, answer.truncate_to)
+        await ws.close()
+        return ws
 
     # topics
 
@@ -909,6 +1044,9 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/message/trace/enable": {"POST": _R.message_trace_switch},
     "/message/trace/disable": {"POST": _R.message_trace_switch},
     "/range": {"GET": _R.range_read},
+    "/partition/role": {"POST": _R.partition_role},
+    "/partition/state": {"GET": _R.partition_state},
+    "/replication/stream": {"GET": _R.replication_stream},
 }
 
 
@@ -1002,3 +1140,25 @@ def _int_param(params: dict[str, list[str]], key: str, default: int) -> int:
 
 
 _CONFIG_ROUTE: dict[str, Handler] = {"GET": _R.config, "PUT": _R.config}
+
+#: what --http-admin-allow restricts (with PUT /config/*): every action that changes
+#: topics, channels, partitions or settings; reads and publishing stay open
+ADMIN_PATHS = frozenset(
+    {
+        "/topic/create",
+        "/topic/delete",
+        "/topic/empty",
+        "/topic/pause",
+        "/topic/unpause",
+        "/channel/create",
+        "/channel/delete",
+        "/channel/empty",
+        "/channel/pause",
+        "/channel/unpause",
+        "/channel/setoffset",
+        "/channel/setorder",
+        "/message/trace/enable",
+        "/message/trace/disable",
+        "/partition/role",
+    }
+)

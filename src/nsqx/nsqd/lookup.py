@@ -349,6 +349,7 @@ class LookupManager:
             # says "this nsqd registers partitions" to nsqx's lookupd (Go's ignores it)
             distributed_id=getattr(self.nsqd, "node_id", "")
             or f"{opts.broadcast_address}:{tcp_port}",
+            replication_address=opts.replication_address,
         )
 
     def registration_commands(self, partitioned: bool) -> list[bytes]:

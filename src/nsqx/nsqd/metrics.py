@@ -103,6 +103,21 @@ class NsqdCollector(Collector):
         p_msgs = CounterMetricFamily(
             "nsq_partition_messages", "messages published, by partition", labels=_TP
         )
+        # replicated partitions (docs/replication.md)
+        r_leader = GaugeMetricFamily(
+            "nsq_partition_is_leader", "1 if this node leads the replicated partition", labels=_TP
+        )
+        r_isr = GaugeMetricFamily(
+            "nsq_partition_isr_size", "in-sync replicas of a replicated partition", labels=_TP
+        )
+        r_epoch = GaugeMetricFamily(
+            "nsq_partition_epoch", "the replicated partition's epoch", labels=_TP
+        )
+        r_lag = GaugeMetricFamily(
+            "nsq_partition_follower_lag",
+            "records a follower lacks (on the leader)",
+            labels=[*_TP, "follower"],
+        )
         topics: dict[str, list[TopicStats]] = {}
         for t in stats.topics or ():
             topics.setdefault(t.topic_name, []).append(t)
@@ -110,6 +125,13 @@ class NsqdCollector(Collector):
                 pl = [t.topic_name, str(t.partition.partition)]
                 p_depth.add_metric(pl, t.depth)
                 p_msgs.add_metric(pl, t.message_count)
+                repl = t.partition.replication
+                if repl is not None:
+                    r_leader.add_metric(pl, int(repl["role"] == "leader"))
+                    r_isr.add_metric(pl, len(repl["isr"]))
+                    r_epoch.add_metric(pl, repl["epoch"])
+                    for node, f in repl.get("followers", {}).items():
+                        r_lag.add_metric([*pl, node], f["lag"])
         for name, parts in topics.items():
             tl = [name]
             t_depth.add_metric(tl, sum(t.depth for t in parts))
@@ -141,7 +163,7 @@ class NsqdCollector(Collector):
         yield from (t_depth, t_msgs, t_bytes, t_paused, t_chans)
         yield from (c_depth, c_inflight, c_deferred, c_msgs, c_req, c_timeout, c_clients)
         yield c_paused
-        yield from (p_depth, p_msgs)
+        yield from (p_depth, p_msgs, r_leader, r_isr, r_epoch, r_lag)
         if nsqd.options.e2e_processing_latency_percentiles:
             yield from (t_e2e, c_e2e, c_e2e_count)
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from nsqx import NSQ_VERSION
+from nsqx.nsqd import clock
 from nsqx.nsqd.auth import AuthClient
 from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
@@ -24,13 +25,14 @@ from nsqx.nsqd.metadata import (
     write_metadata,
 )
 from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.replication.manager import ReplicationManager
 from nsqx.nsqd.stats import GcPauses
 from nsqx.nsqd.statsd import statsd_loop
 from nsqx.nsqd.syncer import Checkpointer, LogSyncer
 from nsqx.nsqd.tls import build_server_context
 from nsqx.nsqd.topic import Topic
 from nsqx.nsqd.tracer import Tracer
-from nsqx.store.disklog import DiskLog
+from nsqx.store.disklog import DiskLog, remove_file
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.topic_meta import DEFAULT_META, TopicMeta
 
@@ -72,6 +74,11 @@ def _saved_meta(name: str, saved: dict[str, Any] | None) -> TopicMeta:
         return DEFAULT_META
 
 
+def _log_failed_removal(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.error("STORE: could not delete a reclaimed file: %s", fut.exception())
+
+
 def split_address(address: str) -> tuple[str, int]:
     """``host:port`` (``[v6]:port`` too) -> (host, port); an empty host means all."""
     host, sep, port = address.rpartition(":")
@@ -109,7 +116,10 @@ class NSQD:
         self._scan_task: asyncio.Task[None] | None = None
         self._exiting = False
         self._read_this_turn = 0
-        self._budget_reset_scheduled = False
+        self._turn_end_scheduled = False
+        #: partitions with publishes staged in this loop iteration
+        self._to_commit: list[Partition] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._loading = False
         self.data_path = options.data_path or os.getcwd()
         self._lock = DataDirLock(self.data_path)
@@ -122,6 +132,8 @@ class NSQD:
         self.watchers: list[Callable[[TopologyEvent], None]] = []
         #: Registration with --lookupd-tcp-address (set_lookupd_addresses changes them).
         self.lookup = LookupManager(self)
+        #: Replicated partitions (topics with replicator > 1, led by nsqlookupd).
+        self.replication = ReplicationManager(self)
         #: The server TLS context (built in start() from --tls-cert/--tls-key).
         self.tls_context: ssl.SSLContext | None = None
         #: --tls-required (true or tcp-https): TCP clients must upgrade before anything.
@@ -141,15 +153,34 @@ class NSQD:
 
     def spend_read_budget(self, nbytes: int) -> bool:
         """Count bytes read in this loop iteration; True once over the budget."""
-        if not self._budget_reset_scheduled:
-            self._budget_reset_scheduled = True
-            asyncio.get_running_loop().call_soon(self._reset_read_budget)
+        if not self._turn_end_scheduled:
+            self._schedule_turn_end()
         self._read_this_turn += nbytes
         return self._read_this_turn >= READ_BUDGET_PER_ITERATION
 
-    def _reset_read_budget(self) -> None:
+    def commit_soon(self, part: Partition) -> None:
+        """Have ``part`` commit what it staged once this loop iteration's reads are done
+        (one write for every publish of the iteration, from every connection)."""
+        self._to_commit.append(part)
+        if not self._turn_end_scheduled:
+            self._schedule_turn_end()
+
+    def _schedule_turn_end(self) -> None:
+        # One handle per loop iteration, run after the iteration's I/O callbacks: ready
+        # handles run in the next iteration's first phase, before it polls again.
+        self._turn_end_scheduled = True
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        loop.call_soon(self._turn_end)
+
+    def _turn_end(self) -> None:
+        self._turn_end_scheduled = False
         self._read_this_turn = 0
-        self._budget_reset_scheduled = False
+        if self._to_commit:
+            parts, self._to_commit = self._to_commit, []
+            for part in parts:
+                part.commit()
 
     @property
     def exiting(self) -> bool:
@@ -194,11 +225,15 @@ class NSQD:
         """The topic named ``name``, created on first use as NSQ 1.3 does: one partition
         (0), default settings."""
         topic = self.topics.get(name)
-        if topic is None:
-            topic = self._new_topic(name, DEFAULT_META)
-            topic.add_partition(0)
-        elif not topic.partitions:
-            topic.add_partition(0)
+        try:
+            if topic is None:
+                topic = self._new_topic(name, DEFAULT_META)
+                topic.add_partition(0)
+            elif not topic.partitions:
+                topic.add_partition(0)
+        except OSError as err:  # its files cannot be made: a full or read-only disk
+            self.health_error = f"failed to create topic {name}: {err}"
+            raise
         return topic
 
     def _new_topic(self, name: str, meta: TopicMeta) -> Topic:
@@ -221,6 +256,8 @@ class NSQD:
         else:
             topic.set_meta(meta)
         part = topic.add_partition(pid)
+        if meta.replica > 1:
+            part.replicate()
         if not self._loading and not topic.ephemeral:
             self.persist_metadata()
         return part
@@ -351,6 +388,7 @@ class NSQD:
         if self.options.statsd_address:
             self._statsd_task = asyncio.create_task(statsd_loop(self))
         self.node_id = self._node_id()
+        self.replication.start()
         # last, once every listener is bound: IDENTIFY announces the real ports
         self.lookup.start()
 
@@ -378,11 +416,11 @@ class NSQD:
     async def _scan_loop(self) -> None:
         opts = self.options
         interval = opts.queue_scan_interval
-        last_checkpoint = last_reclaim = time.monotonic()
+        last_checkpoint = last_reclaim = clock.monotonic()
         while True:
             await asyncio.sleep(interval)
-            now = time.monotonic()
-            now_ns = time.time_ns()
+            now = clock.monotonic()
+            now_ns = int(now * 1_000_000_000)
             for topic in list(self.topics.values()):
                 for part in list(topic.partitions.values()):
                     for channel in list(part.channels.values()):
@@ -404,9 +442,30 @@ class NSQD:
                     for part in list(topic.partitions.values()):
                         part.reclaim()
 
+    def remove_later(self, path: str) -> None:
+        """Unlink a file in a thread (a reclaimed 100 MB segment takes 5-30 ms to unlink:
+        the event loop would stall meanwhile)."""
+        loop = self._loop or asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, remove_file, path)
+        fut.add_done_callback(_log_failed_removal)
+
     def sync_partitions(self, keys: set[tuple[str, int]]) -> asyncio.Future[list[None]]:
         """A future done once every write so far to these partitions is fsynced."""
         futures = [self.syncers[k].request() for k in keys if k in self.syncers]
+        return asyncio.gather(*futures)
+
+    def acknowledged(self, keys: set[tuple[str, int]]) -> asyncio.Future[list[None]]:
+        """The one barrier before a publish is answered: a future done once every write
+        so far to these partitions is fsynced (with --sync-before-ack) and, for a
+        replicated partition, held by its ISR (CommitFailed if it will not be)."""
+        futures: list[asyncio.Future[None]] = []
+        sync = self.options.sync_before_ack
+        for key in keys:
+            if sync and key in self.syncers:
+                futures.append(self.syncers[key].request())
+            replica = self.replication.replicas.get(key)
+            if replica is not None:
+                futures.append(replica.wait_commit(replica.part.log.end))
         return asyncio.gather(*futures)
 
     async def close(self) -> None:
@@ -415,6 +474,7 @@ class NSQD:
             return
         self._exiting = True
         await self.lookup.close()
+        await self.replication.close()
         for server in self._servers:
             server.close()
         await self.http.close()

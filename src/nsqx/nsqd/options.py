@@ -7,6 +7,7 @@ seconds as floats. ``nsqx.cli`` fills this from Go-style flags and a TOML file.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import socket
 import zlib
 from dataclasses import dataclass, field
@@ -47,6 +48,12 @@ class NsqdOptions:
     sync_before_ack: bool = False
     #: nsqx: keep consumed log segments this long (seconds) before deleting them
     retention: float = 0.0
+    #: nsqx: an ISR member behind the leader this long (seconds) is reported to the
+    #: coordinator, which takes it out of the ISR
+    replication_lag_timeout: float = 3.0
+    #: nsqx: host:port where followers reach this node's HTTP API for replication
+    #: (empty: the broadcast address and HTTP port)
+    replication_address: str = ""
     queue_scan_interval: float = 0.1
     queue_scan_worker_pool_max: int = 4
     queue_scan_selection_count: int = 20
@@ -81,6 +88,8 @@ class NsqdOptions:
     max_deflate_level: int = 6
     snappy: bool = True
     auth_http_addresses: list[str] = field(default_factory=list)
+    #: [nsqx] networks (CIDR) the HTTP API's admin actions are taken from; empty: any
+    http_admin_allow: list[str] = field(default_factory=list)
     # stats
     statsd_address: str = ""
     statsd_prefix: str = "nsq.%s"
@@ -114,6 +123,11 @@ class NsqdOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")
         if self.msg_timeout <= 0 or self.max_msg_timeout < self.msg_timeout:
             raise ValueError("--msg-timeout must be positive and at most --max-msg-timeout")
+        for net in self.http_admin_allow:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"--http-admin-allow {net!r} is not a network (CIDR)") from None
         if self.log_level not in ("debug", "info", "warn", "error", "fatal"):
             raise ValueError(
                 f"--log-level must be debug|info|warn|error|fatal, got {self.log_level}"

@@ -7,13 +7,15 @@ partition sits in the ids' high bits) and its own cursor for every channel.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import shutil
-import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+from nsqx.nsqd import clock
 from nsqx.nsqd.channel import Channel
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import PARTITION_SHIFT, make_ids
@@ -31,9 +33,17 @@ from nsqx.wire.frames import encode_extended_batch, encode_message_batch
 
 if TYPE_CHECKING:
     from nsqx.nsqd.nsqd import NSQD
+    from nsqx.nsqd.replication.replica import PartitionReplica
     from nsqx.nsqd.topic import Topic
 
 log = logging.getLogger("nsqx.nsqd")
+
+#: Told None once publishes are acknowledged, or the error that failed them.
+AckWaiter = Callable[[BaseException | None], None]
+
+
+class StagedDropped(Exception):
+    """Publishes staged and never written (the partition was cut under them)."""
 
 
 class Published(NamedTuple):
@@ -97,6 +107,27 @@ class Partition:
         #: set by empty() while paused: what it dropped, for depth
         self._emptied_to = 0
         self._ephemeral_channels = 0
+        #: a commit() is scheduled for this loop iteration; who waits for it
+        self._commit_scheduled = False
+        self._waiters: list[AckWaiter] = []
+        #: messages and body bytes staged (counted already) since the last commit
+        self._staged_counts = [0, 0]
+        #: publishes wait for a commit (a DiskLog stages them; a MemoryLog appends)
+        self._stages = self.log.durable
+        #: replication (a topic with replicator > 1 on a durable node), else None
+        self.replica: PartitionReplica | None = None
+        if self.durable and topic.meta.replica > 1:
+            self.replicate()
+
+    def replicate(self) -> None:
+        """Become a replica of a replicated topic: writes wait for the coordinator's
+        role, and channels see only what the ISR holds."""
+        if self.replica is None and self.durable:
+            self.replica = self.nsqd.replication.attach(self)
+            # what the ISR held before a restart is not known here (records at the end
+            # may never have reached it): channels wait for the next commit point, from
+            # the leader's followers or, on a follower, from its leader
+            self.visible_end = self.log.start
 
     def __repr__(self) -> str:
         return f"<partition {self.name}:{self.id}>"
@@ -166,18 +197,24 @@ class Partition:
         trace_ids: list[int] | None = None,
         exts: list[tuple[int, bytes]] | None = None,
     ) -> Published:
-        """Append messages (one MPUB is one call: atomic) and wake the channels.
+        """Add messages (one MPUB is one call: atomic); they get their ids and offsets now.
 
-        ``trace_ids`` and ``exts`` ((version, data) per message) make extended records.
+        On a durable partition the messages are staged: every publish of this loop
+        iteration, from every connection, is written by one system call at the end of
+        the iteration (:meth:`commit`, a group commit); channels see them then, and a
+        publisher answers once :meth:`when_acknowledged` says so. A memory partition
+        appends at once. ``trace_ids`` and ``exts`` ((version, data) per message) make
+        extended records.
         """
         log_ = self.log
         n = len(bodies)
-        seq = log_.end
+        seq = log_.next_seq
         ids = make_ids(seq, n, self.id)
-        ts = time.time_ns()
+        ts = clock.time_ns()
         if trace_ids is None and exts is None:
             chunk, stride = encode_message_batch(ts, ids, bodies)
             body_bytes = len(chunk) - n * FRAME_OVERHEAD
+            kind = 0
         else:
             ext_list = exts or [(0, b"")] * n
             chunk, stride = encode_extended_batch(
@@ -189,28 +226,208 @@ class Partition:
                 [e for _, e in ext_list],
             )
             body_bytes = sum(map(len, bodies))
+            kind = 1
             if not self.extended:
                 self.extended = True
                 self.save_state()
-        offset = log_.next_offset
-        try:
-            log_.append(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride)
-        except OSError as err:
-            # as nsqd: /ping answers NOK until a write succeeds again
-            self.nsqd.health_error = f"failed to write to topic {self.name}: {err}"
-            raise
-        if self.nsqd.health_error is not None:
-            self.nsqd.health_error = None
+        offset = log_.stage(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride, kind)
         self.message_count += n
         self.message_bytes += body_bytes
-        self.topic.traced_publish(self, ids, trace_ids, offset)
-        if not self.paused:
-            self.visible_end = log_.end
+        topic = self.topic
+        if topic.trace_enabled or trace_ids is not None:
+            topic.traced_publish(self, ids, trace_ids, offset)
+        if self._stages:  # (a DiskLog: written by the commit)
+            counts = self._staged_counts
+            counts[0] += n
+            counts[1] += body_bytes
+            if not self._commit_scheduled:
+                self._commit_scheduled = True
+                self.nsqd.commit_soon(self)
+        else:
+            self._appended()
+        return Published((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
+
+    def _appended(self) -> None:
+        """New records are in the log: channels may deliver them (a replicated
+        partition's once the ISR holds them: committed())."""
+        if self.replica is not None:
+            self.replica.appended()  # ship them to the followers
+        elif not self.paused:
+            self.visible_end = self.log.end
             for ch in self.channels.values():
                 ch.notify()
             if self.ephemeral or self.has_ephemeral_channels:
                 self._bound_memory()
-        return Published((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
+
+    def commit(self) -> OSError | None:
+        """Write what this loop iteration published (one ``writev``), let channels see
+        it (or ship it to the followers), and answer the publishers waiting in
+        :meth:`when_acknowledged` (once fsynced with --sync-before-ack, and held by the
+        ISR if replicated). nsqd calls it at the end of the iteration; it returns the
+        write's error, if any."""
+        if not self._commit_scheduled:
+            return None  # done already (close, delete, an HTTP publish)
+        self._commit_scheduled = False
+        waiters, self._waiters = self._waiters, []
+        counts = self._staged_counts
+        try:
+            self.log.commit()
+        except OSError as err:
+            # nothing of the group is stored (or acknowledged): uncount it
+            self.message_count -= counts[0]
+            self.message_bytes -= counts[1]
+            counts[0] = counts[1] = 0
+            # as nsqd: /ping answers NOK until a write succeeds again
+            self.nsqd.health_error = f"failed to write to topic {self.name}: {err}"
+            log.error("TOPIC(%s): write failed: %s", self.name, err)
+            for w in waiters:
+                w(err)
+            return err
+        counts[0] = counts[1] = 0
+        if self.nsqd.health_error is not None:
+            self.nsqd.health_error = None
+        self._appended()
+        if not waiters:
+            return None
+        if self.nsqd.options.sync_before_ack or self.replica is not None:
+            self._after_write(waiters)
+        else:
+            for w in waiters:
+                w(None)
+        return None
+
+    def when_acknowledged(self, waiter: AckWaiter) -> None:
+        """The one barrier before a publish is answered: call ``waiter(None)`` once every
+        publish so far is acknowledged (written to the log's file by the commit at the
+        end of this loop iteration; fsynced with --sync-before-ack; held by the ISR if
+        replicated), ``waiter(error)`` if that failed (an OSError: the write or the
+        fsync; CommitFailed: not held by the ISR). Called at once when there is
+        nothing to wait for (a memory partition)."""
+        if self._commit_scheduled:
+            self._waiters.append(waiter)
+        elif self.replica is not None or (self.nsqd.options.sync_before_ack and self.durable):
+            self._after_write([waiter])
+        else:
+            waiter(None)
+
+    def acknowledged(self) -> asyncio.Future[None]:
+        """:meth:`when_acknowledged` as a future (for the HTTP API)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(err: BaseException | None) -> None:
+            if not fut.done():
+                if err is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(err)
+
+        self.when_acknowledged(done)
+        return fut
+
+    def _after_write(self, waiters: list[AckWaiter]) -> None:
+        """Tell ``waiters`` once what is written is fsynced (--sync-before-ack) and held
+        by the ISR (replicated): nsqd.acknowledged."""
+
+        def done(fut: asyncio.Future[list[None]]) -> None:
+            err = OSError("cancelled") if fut.cancelled() else fut.exception()
+            for w in waiters:
+                w(err)
+
+        self.nsqd.acknowledged({self.key}).add_done_callback(done)
+
+    # -- replication --------------------------------------------------------------------
+
+    @property
+    def committed_end(self) -> int:
+        """The end of what channels may deliver: the log's end, or for a replicated
+        partition the commit point (every record below it is held by the ISR)."""
+        replica = self.replica
+        if replica is None:
+            return self.log.end
+        if replica.leader is not None:
+            return replica.leader.commit
+        return self.visible_end
+
+    def committed(self, seq: int) -> None:
+        """The commit point moved to ``seq``: channels may deliver up to it."""
+        if self.paused or seq <= self.visible_end:
+            return
+        self.visible_end = min(seq, self.log.end)
+        for ch in self.channels.values():
+            ch.notify()
+
+    def append_replicated(
+        self, chunk: bytes, ids: list[bytes], deliver_at: int, stride: int, extended: bool
+    ) -> None:
+        """A follower appends a batch its leader stored, exactly as stored."""
+        self.log.append(chunk, ids, deliver_at, stride)
+        self.message_count += len(ids)
+        if extended and not self.extended:
+            self.extended = True
+            self.save_state()
+
+    def truncate(self, seq: int) -> None:
+        """Cut the log at ``seq`` (records a failed leader wrote that the new leader
+        never had); positions past the new end come back to it. Publishes staged and
+        not yet written are dropped unanswered."""
+        self._drop_staged("truncated")
+        end = self.log.truncate(seq)
+        self.visible_end = min(self.visible_end, end)
+        self.hold_from = min(self.hold_from, end)
+        for ch in self.channels.values():
+            if ch.cursor > end:
+                ch.cursor = end
+                ch.requeued.clear()
+                ch.deferred.clear()
+                ch.dirty = True
+        self.save_state()
+
+    def _drop_staged(self, why: str) -> None:
+        """Forget publishes staged and not written; their publishers get no answer."""
+        if not self._commit_scheduled:
+            return
+        self._commit_scheduled = False
+        waiters, self._waiters = self._waiters, []
+        self.message_count -= self._staged_counts[0]
+        self.message_bytes -= self._staged_counts[1]
+        self._staged_counts[0] = self._staged_counts[1] = 0
+        self.log.drop_staged()
+        for w in waiters:
+            w(StagedDropped(f"the partition was {why} before the write"))
+
+    def reset(self, seq: int, offset: int) -> None:
+        """Empty the log and start over at ``seq`` (its leader reclaimed what this
+        follower lacks); positions come up to it."""
+        self._drop_staged("reset")
+        self.log.reset(seq, offset)
+        self.visible_end = seq
+        self.hold_from = max(self.hold_from, seq)
+        for ch in self.channels.values():
+            ch.cursor = seq
+            ch.requeued.clear()
+            ch.deferred.clear()
+            ch.dirty = True
+        self.save_state()
+
+    def apply_cursors(self, channels: dict[str, tuple[int, bool]], hold_from: int) -> None:
+        """A follower takes its leader's channel positions (and makes its channels), so
+        that consumers resume near there if it becomes the leader."""
+        end = self.log.end
+        for name, (cursor, ordered) in channels.items():
+            cursor = min(cursor, end)
+            ch = self.channels.get(name)
+            if ch is None:
+                ch = self.get_channel(name, start=cursor)
+            elif ch.cursor != cursor:
+                ch.cursor = cursor
+                ch.requeued.clear()
+                ch.deferred.clear()
+                ch.dirty = True
+            if ch.ordered_flag != ordered:
+                ch.set_ordered(ordered)
+        if hold_from != self.hold_from:
+            self.hold_from = min(hold_from, end)
+            self.save_state()
 
     def position(self, start: ConsumeStart) -> int:
         """The sequence a SUB_ADVANCED / /channel/setoffset position names: the first
@@ -283,7 +500,7 @@ class Partition:
 
     def unpause(self) -> None:
         self.paused = False
-        self.visible_end = self.log.end
+        self.visible_end = self.committed_end
         self.save_state()
         for ch in self.channels.values():
             ch.notify()
@@ -323,8 +540,11 @@ class Partition:
         return min(ch.low_water() for ch in self.channels.values())
 
     def trim(self) -> None:
-        """Release memory of records that every channel is done with."""
-        self.log.release(self.low_water())
+        """Release memory of records that every channel is done with (a memory log's:
+        a DiskLog's cache is bounded by its size, and the low water costs a pass over
+        every message in flight)."""
+        if not self.log.durable:
+            self.log.release(self.low_water())
 
     def reclaim(self) -> int:
         """Delete log segments every channel is done with (after the retention time:
@@ -341,7 +561,7 @@ class Partition:
             return 0
         days = self.topic.meta.retention_days
         retention = days * 86400.0 if days else self.nsqd.options.retention
-        return log_.reclaim(self.low_water(), retention)
+        return log_.reclaim(self.low_water(), retention, self.nsqd.remove_later)
 
     @property
     def has_ephemeral_channels(self) -> bool:
@@ -368,7 +588,12 @@ class Partition:
             ch.checkpoint()
 
     def close(self) -> None:
-        """Shut down: checkpoint channels, fsync and close the log."""
+        """Shut down: write what is staged, checkpoint channels, fsync and close the
+        log."""
+        if self._commit_scheduled:
+            self.commit()
+        if self.replica is not None:
+            self.nsqd.replication.detach(self)
         self.checkpoint()
         for ch in self.channels.values():
             ch.detach()
@@ -376,7 +601,13 @@ class Partition:
 
     def delete(self) -> None:
         """Deleted: close channels and remove the files."""
+        if self._commit_scheduled:
+            self.commit()  # its publishers get their answers, as before the delete
         self.deleted = True
+        if self.replica is not None:
+            self.nsqd.replication.detach(self)
+            if os.path.exists(self.replica.path):
+                os.remove(self.replica.path)
         for name in list(self.channels):
             ch = self.channels.pop(name)
             ch.close()

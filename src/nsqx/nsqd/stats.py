@@ -162,6 +162,9 @@ class PartitionInfo:
     partition_num: int
     backend_start: int
     end_offset: int
+    #: a replicated partition's role, epoch, leader, ISR, commit point and (on the
+    #: leader) each follower's lag; None if the topic is not replicated
+    replication: dict[str, Any] | None = None
 
 
 @dataclass
@@ -213,6 +216,7 @@ class TopicStats:
                     "is_channel_auto_create_disabled": p.channel_auto_create_disabled,
                     "backend_start": p.backend_start,
                     "end_offset": p.end_offset,
+                    **({"replication": p.replication} if p.replication is not None else {}),
                     "statsd_name": self.statsd_name,
                 }
             )
@@ -311,9 +315,10 @@ def topic_stats(p: Partition, channels: list[ChannelStats]) -> TopicStats:
     info = None
     if t.meta.partitioned or list(t.partitions) != [0]:
         m = t.meta
+        replica = p.replica
         info = PartitionInfo(
             partition=p.id,
-            is_leader=True,
+            is_leader=replica is None or replica.leader is not None,
             ordered=m.ordered,
             multipart=m.multipart,
             ext=m.ext,
@@ -321,6 +326,7 @@ def topic_stats(p: Partition, channels: list[ChannelStats]) -> TopicStats:
             partition_num=m.partition_num,
             backend_start=p.log.start,
             end_offset=p.log.end_offset,
+            replication=replica.stats() if replica is not None else None,
         )
     return TopicStats(
         topic_name=t.name,

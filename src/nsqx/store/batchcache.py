@@ -24,7 +24,14 @@ class CachedBatch:
 
     __slots__ = ("chunk", "ids", "offset", "starts", "stride")
 
-    def __init__(self, chunk: bytes, ids: list[bytes], stride: int = 0, offset: int = 0) -> None:
+    def __init__(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        stride: int = 0,
+        offset: int = 0,
+        starts: array[int] | None = None,
+    ) -> None:
         if stride and stride * len(ids) != len(chunk):
             raise ValueError("chunk length does not match its frames")
         self.chunk = chunk
@@ -32,8 +39,13 @@ class CachedBatch:
         self.stride = stride
         #: the virtual offset of the first frame (set by the log that appends it)
         self.offset = offset
-        # frame start positions (count + 1 of them) when sizes differ
-        self.starts: array[int] | None = None if stride else frame_starts(chunk, len(ids))
+        # frame start positions (count + 1 of them) when sizes differ; ``starts`` when
+        # the caller found them already (checked: they tile the chunk)
+        if stride:
+            starts = None
+        elif starts is None:
+            starts = frame_starts(chunk, len(ids))
+        self.starts: array[int] | None = starts
 
     def frame_offset(self, a: int) -> int:
         """The virtual offset of frame ``a``."""
@@ -105,6 +117,13 @@ class BatchCache:
             seq = firsts[i] + b
             i += 1
         return chunks, ids
+
+    def batch_at(self, seq: int) -> tuple[CachedBatch, int]:
+        """The held batch that holds ``seq``, and its first sequence (KeyError if none)."""
+        if not self._start <= seq < self._end:
+            raise KeyError(seq)
+        i = bisect_right(self._firsts, seq) - 1
+        return self._batches[i], self._firsts[i]
 
     def get(self, seq: int) -> bytes | None:
         """One record's frame, or None if it is not held."""

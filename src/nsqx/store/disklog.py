@@ -7,7 +7,9 @@ Layout of a partition directory::
     00000000000000052417.idx   sparse index of a sealed segment (rebuilt if missing)
 
 A segment starts with a 24-byte header (magic, first sequence, first virtual offset)
-followed by batch records. A batch is what one PUB, MPUB or DPUB appended::
+followed by batch records. A batch is what one PUB, MPUB or DPUB appended, or the
+publishes staged together for one commit (consecutive ones with the same deliver-at
+time and kind of frame: see :meth:`DiskLog.stage`)::
 
     [u32 payload length][u32 crc32c][u64 first seq][u32 count][i64 deliver-at ns][u16 flags]
     [payload: the batch's message frames, exactly as nsqd sends them with attempts=1]
@@ -27,6 +29,7 @@ The newest records are also kept in memory (a :class:`MemoryLog` bounded by
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -35,7 +38,7 @@ import time
 import zlib
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import google_crc32c
@@ -43,6 +46,7 @@ import google_crc32c
 from nsqx.store.batchcache import BatchCache, CachedBatch
 from nsqx.store.deferred import DeferredIndex
 from nsqx.store.log import frame_starts
+from nsqx.wire.batch import StoredBatch
 
 log = logging.getLogger("nsqx.store")
 
@@ -59,6 +63,10 @@ _READ_CHUNK = 256 * 1024
 _SCAN_CHUNK = 4 * 1024 * 1024
 # frame layout: size(4) type(4) timestamp(8) attempts(2) id(16) body
 _ID = slice(18, 34)
+#: the smallest frame (an empty body)
+MIN_FRAME_SIZE = 34
+#: a batch header announcing more is not believed (nsqd's --max-body-size is far less)
+_MAX_BATCH = 1 << 31
 
 
 class RangeFramesOut:
@@ -114,6 +122,10 @@ class Segment:
     sealed: bool = False
     #: records below this file position were checked (written or scanned by us)
     verified_upto: int = SEG_HEAD_SIZE
+    #: bytes of damage moved out of the file at start (see DiskLog's corruption policy)
+    set_aside: int = 0
+    #: how many records those bytes may have held
+    set_aside_records: int = 0
     last_write: float = field(default_factory=time.time)
     _last_indexed_pos: int = -INDEX_INTERVAL
 
@@ -126,21 +138,58 @@ class Segment:
             self.index.extend((seq, pos, deliver_at))
             self._last_indexed_pos = pos
 
-    def start_pos(self, seq: int) -> int:
-        """The file position of an indexed batch at or before ``seq``'s batch."""
+    def start_at(self, seq: int) -> tuple[int, int]:
+        """(file position, first sequence) of an indexed batch at or before ``seq``'s."""
+        return self._indexed(seq, 0)
+
+    def start_at_pos(self, pos: int) -> tuple[int, int]:
+        """(file position, first sequence) of an indexed batch at or before ``pos``."""
+        return self._indexed(pos, 1)
+
+    def _indexed(self, key: int, column: int) -> tuple[int, int]:
         idx = self.index
         lo, hi = 0, len(idx) // 3
-        while lo < hi:  # bisect on the seq column
+        while lo < hi:  # bisect on the column
             mid = (lo + hi) // 2
-            if idx[mid * 3] <= seq:
+            if idx[mid * 3 + column] <= key:
                 lo = mid + 1
             else:
                 hi = mid
-        return idx[(lo - 1) * 3 + 1] if lo else SEG_HEAD_SIZE
+        if not lo:
+            return SEG_HEAD_SIZE, self.base_seq
+        return idx[(lo - 1) * 3 + 1], idx[(lo - 1) * 3]
 
 
 def _segment_name(base_seq: int) -> str:
     return f"{base_seq:020d}.seg"
+
+
+def _name_seq(name: str) -> int | None:
+    """The first sequence a segment's file name gives (None if it is not one of ours)."""
+    stem = name[:-4]
+    return int(stem) if len(stem) == 20 and stem.isdigit() else None
+
+
+def _max_records(nbytes: int) -> int:
+    """The most records ``nbytes`` of segment can hold (every frame is at least
+    MIN_FRAME_SIZE bytes): what bytes set aside may have held."""
+    return max(-(-nbytes // MIN_FRAME_SIZE), 0)
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _free_name(path: str) -> str:
+    """``path``, or ``path.1``, ``path.2``...: never overwrite what was set aside."""
+    name, n = path, 0
+    while os.path.exists(name):
+        n += 1
+        name = f"{path}.{n}"
+    return name
 
 
 def iter_batches(buf: bytes, pos: int, limit: int) -> Iterator[tuple[int, int, int, int, int, int]]:
@@ -184,6 +233,95 @@ def split_frames(payload: memoryview | bytes, count: int) -> list[bytes]:
     return [bytes(payload[starts[k] : starts[k + 1]]) for k in range(count)]
 
 
+_LEN_CRC = struct.Struct(">II")
+#: staged batches smaller than _MERGE_CHUNK are merged into one record up to _MERGE_MAX
+#: bytes (small publishes: their per-record cost matters); bigger ones are records of
+#: their own (merging would only copy them)
+_MERGE_CHUNK = 16 * 1024
+_MERGE_MAX = 64 * 1024
+#: buffers per writev (the kernel's IOV_MAX is 1024)
+_IOV_MAX = 1024
+
+
+def _writev_all(fd: int, buffers: list[bytes]) -> int:
+    """writev ``buffers`` (in IOV_MAX slices); the bytes written."""
+    if len(buffers) <= _IOV_MAX:
+        return os.writev(fd, buffers)
+    written = 0
+    for i in range(0, len(buffers), _IOV_MAX):
+        part = buffers[i : i + _IOV_MAX]
+        n = os.writev(fd, part)
+        written += n
+        if n != sum(map(len, part)):
+            break
+    return written
+
+
+class _StagedBatch:
+    """Batches staged together that become one batch record: their chunks, ids and
+    frame layout (a common stride, else each chunk's stride or start positions)."""
+
+    __slots__ = ("chunks", "deliver_at", "ids", "kind", "parts", "size", "stride")
+
+    def __init__(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        stride: int,
+        starts: array[int] | None,
+        deliver_at: int,
+        kind: int,
+    ) -> None:
+        self.chunks = [chunk]
+        self.ids = ids
+        self.size = len(chunk)
+        self.stride = stride
+        #: (stride, starts, chunk length) per chunk, kept once the strides differ
+        self.parts: list[tuple[int, array[int] | None, int]] | None = (
+            None if stride else [(0, starts, len(chunk))]
+        )
+        self.deliver_at = deliver_at
+        self.kind = kind
+
+    def add(self, chunk: bytes, ids: list[bytes], stride: int, starts: array[int] | None) -> None:
+        chunks = self.chunks
+        if len(chunks) == 1:
+            self.ids = self.ids + ids  # the first list may be the caller's
+        else:
+            self.ids.extend(ids)
+        chunks.append(chunk)
+        self.size += len(chunk)
+        parts = self.parts
+        if parts is not None:
+            parts.append((stride, starts, len(chunk)))
+        elif stride != self.stride:
+            # frame sizes differ from here on: keep the layout of every chunk
+            common = self.stride
+            self.parts = [(common, None, len(c)) for c in chunks[:-1]]
+            self.parts.append((stride, starts, len(chunk)))
+            self.stride = 0
+
+    def batch(self) -> tuple[bytes, list[bytes], int, array[int] | None]:
+        """(chunk, ids, stride, starts) of the whole record."""
+        chunks = self.chunks
+        parts = self.parts
+        if len(chunks) == 1:
+            return chunks[0], self.ids, self.stride, parts[0][1] if parts else None
+        chunk = b"".join(chunks)
+        if parts is None:
+            return chunk, self.ids, self.stride, None
+        starts = array("q")
+        base = 0
+        for stride, part_starts, length in parts:
+            if part_starts is None:
+                starts.extend(range(base, base + length, stride))
+            else:
+                starts.extend(x + base for x in part_starts[:-1])
+            base += length
+        starts.append(base)
+        return chunk, self.ids, 0, starts
+
+
 class DiskLog:
     """A :class:`~nsqx.store.log.MessageLog` kept in segment files.
 
@@ -221,6 +359,9 @@ class DiskLog:
         self._sync_lock = threading.Lock()
         self._syncing = threading.Lock()
         self._closed = False
+        # a failed write whose partial record could not be cut off yet
+        self._tail_dirty = False
+        self._roll_failing = False
         #: the first failed fsync, kept: after one, the kernel may have dropped the dirty
         #: pages and a later fsync would succeed without them, so no sync succeeds again
         self.sync_error: OSError | None = None
@@ -229,27 +370,80 @@ class DiskLog:
         self._chunk: tuple[str, int, bytes] = ("", 0, b"")
         self.unsynced = 0
         self.last_sync = time.monotonic()
+        # batches waiting for commit(), the sequence and virtual offset after them
+        self._staged: list[_StagedBatch] = []
+        self._staged_end = 0
+        self._staged_offset = 0
         os.makedirs(directory, exist_ok=True)
         self._open()
         self.cache = BatchCache(self.end)
 
     # -- opening and recovery ---------------------------------------------------------
+    #
+    # The corruption policy, applied here and in _damaged() only (docs/reliability.md):
+    # no sequence (so no message id) and no virtual offset is ever given twice, and no
+    # damaged byte is ever delivered.
+    # - A segment with a bad header, or that overlaps the one before, is set aside whole
+    #   (renamed *.bad).
+    # - Damage found at start (a torn tail, a crc mismatch, a record out of sequence) ends
+    #   the segment there: the bytes from the damage on are moved to <segment>.<pos>.bad
+    #   and the file is truncated, with a log line. Every whole record before is served.
+    # - Sequences that bytes set aside may have held are never given again: when they
+    #   were at the log's end (a power loss tears the newest segment), appends go on in a
+    #   new segment that starts past them (and past their virtual offsets).
+    # - Damage found while reading (the file changed under nsqd) ends the segment's
+    #   readable records there, in memory; the segment being written is sealed first, so
+    #   appends go on in a new one and the log's end never moves back.
+    # Sequences without a record form a gap: read() returns nothing there and
+    # resume_at() names the next sequence that has one.
 
     def _open(self) -> None:
         names = sorted(n for n in os.listdir(self.directory) if n.endswith(".seg"))
+        #: the lowest sequence and virtual offset the next append may have: past all
+        #: that was set aside
+        floor_seq = floor_offset = 0
         for name in names:
             path = os.path.join(self.directory, name)
+            size = _file_size(path)
             seg = self._load_segment(path)
-            if seg is not None:
-                if self.segments and seg.base_seq < self.segments[-1].end_seq:
-                    self._set_aside(path, "overlaps the previous segment")
-                    continue
-                self.segments.append(seg)
+            if seg is None:
+                # what the file may have held (its name says where it started)
+                base = _name_seq(name)
+                if base is not None:
+                    floor_seq = max(floor_seq, base + _max_records(size - SEG_HEAD_SIZE))
+                continue
+            if self.segments and seg.base_seq < self.segments[-1].end_seq:
+                size = seg.size + seg.set_aside
+                self._set_aside(path, "overlaps the previous segment")
+                floor_seq = max(floor_seq, seg.base_seq + _max_records(size - SEG_HEAD_SIZE))
+                floor_offset = max(floor_offset, seg.base_offset + size - SEG_HEAD_SIZE)
+                continue
+            self.segments.append(seg)
+            if seg.set_aside:
+                floor_seq = max(floor_seq, seg.end_seq + seg.set_aside_records)
+                floor_offset = max(
+                    floor_offset, seg.base_offset + seg.size + seg.set_aside - SEG_HEAD_SIZE
+                )
         if not self.segments:
-            self.segments.append(self._new_segment(0, 0))
+            self.segments.append(self._new_segment(floor_seq, floor_offset))
         for seg in self.segments[:-1]:
             seg.sealed = True
         active = self.segments[-1]
+        active_offset = active.base_offset + active.size - SEG_HEAD_SIZE
+        if floor_seq > active.end_seq or floor_offset > active_offset:
+            nxt = max(floor_seq, active.end_seq)
+            log.warning(
+                "STORE: %s: sequences %d to %d are skipped (what was set aside may have "
+                "held them); the next message is %d",
+                self.directory,
+                active.end_seq,
+                nxt - 1,
+                nxt,
+            )
+            self._write_index(active)
+            active.sealed = True
+            self.segments.append(self._new_segment(nxt, max(floor_offset, active_offset)))
+            active = self.segments[-1]
         self._fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
 
     def _load_segment(self, path: str) -> Segment | None:
@@ -302,9 +496,10 @@ class DiskLog:
             self._deferred.add(seq, count, deliver_at)
 
     def _scan(self, seg: Segment) -> None:
-        """Read a segment through: rebuild its index, cut a torn or corrupt tail."""
+        """Read a segment through: rebuild its index; set aside a torn or damaged tail."""
         seq = seg.base_seq
         good = SEG_HEAD_SIZE
+        damage = "an incomplete record (torn write)"
         with open(seg.path, "rb") as f:
             f.seek(good)
             buf = b""
@@ -321,9 +516,7 @@ class DiskLog:
                             raise CorruptRecord(f"sequence {first} where {seq} was expected")
                         check_batch(buf, pos, plen, crc)
                     except CorruptRecord as err:
-                        log.error(
-                            "STORE: %s: corrupt record at byte %d (%s)", seg.path, base + pos, err
-                        )
+                        damage = f"a corrupt record ({err})"
                         done = True
                         break
                     seg.note_batch(seq, base + pos, deliver_at)
@@ -331,23 +524,55 @@ class DiskLog:
                         self._deferred.add(seq, count, deliver_at)
                     seq += count
                     good = base + pos + BATCH_HEAD_SIZE + plen
-        size = os.path.getsize(seg.path)
-        if good < size:
-            log.warning(
-                "STORE: %s: cutting %d bytes after the last whole record (torn or corrupt tail)",
-                seg.path,
-                size - good,
-            )
-            with open(seg.path, "r+b") as f:
-                f.truncate(good)
-                f.flush()
-                os.fsync(f.fileno())
         seg.size = good
         seg.end_seq = seq
         seg.verified_upto = good
+        size = os.path.getsize(seg.path)
+        if good < size:
+            # what the bytes set aside may have held: as many records as fit in them, or
+            # as the first batch header there says if it is whole and sane (a torn write
+            # may have cut off records it announces)
+            held = _max_records(size - good)
+            with open(seg.path, "rb") as f:
+                f.seek(good)
+                head = f.read(BATCH_HEAD_SIZE)
+            if len(head) == BATCH_HEAD_SIZE:
+                plen, _crc, first, count, _d, _f = _BATCH_HEAD.unpack(head)
+                if first == seq and 0 < count * MIN_FRAME_SIZE <= plen <= _MAX_BATCH:
+                    held = max(held, count)
+            seg.set_aside_records = held
+            self._set_aside_tail(seg, good, size, damage)
+
+    def _set_aside_tail(self, seg: Segment, pos: int, size: int, damage: str) -> None:
+        """Move the bytes of ``seg`` from ``pos`` on to a .bad file; truncate there."""
+        bad = _free_name(f"{seg.path}.{pos}.bad")
+        log.error(
+            "STORE: %s: %s at byte %d; setting aside the %d bytes from there as %s",
+            seg.path,
+            damage,
+            pos,
+            size - pos,
+            bad,
+        )
+        with open(seg.path, "r+b") as f:
+            f.seek(pos)
+            with open(bad, "wb") as out:
+                while chunk := f.read(_SCAN_CHUNK):
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            f.truncate(pos)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(self.directory)
+        seg.set_aside += size - pos
+        try:
+            os.remove(seg.idx_path)  # made for the whole file
+        except FileNotFoundError:
+            pass
 
     def _set_aside(self, path: str, why: str) -> None:
-        bad = path + ".bad"
+        bad = _free_name(path + ".bad")
         log.error("STORE: setting aside %s as %s: %s", path, bad, why)
         os.replace(path, bad)
         try:
@@ -396,41 +621,149 @@ class DiskLog:
 
     # -- writing ----------------------------------------------------------------------
 
-    def append(
-        self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
+    @property
+    def next_seq(self) -> int:
+        """The sequence the next staged batch gets (after those staged already)."""
+        return self._staged_end if self._staged else self.end
+
+    @property
+    def staged(self) -> bool:
+        """Whether batches wait for :meth:`commit`."""
+        return bool(self._staged)
+
+    def stage(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        deliver_at_ns: int = 0,
+        stride: int = 0,
+        kind: int = 0,
     ) -> int:
-        seg = self.segments[-1]
-        # checks the chunk before it is written; its frames start after the batch header
-        offset = seg.base_offset + seg.size - SEG_HEAD_SIZE + BATCH_HEAD_SIZE
-        cached = CachedBatch(chunk, ids, stride, offset)
-        first = seg.end_seq
+        """Add a batch to the group that the next :meth:`commit` writes with one system
+        call; returns the virtual offset its first frame will have. Readers see it once
+        committed (``end`` does not count it before). Consecutive staged batches with
+        the same deliver-at time and ``kind`` (frames of different kinds never share a
+        stored batch) become one batch record: one header, one crc, one cache entry
+        (small ones, up to 64 KiB: a batch of 16 KiB or more, an MPUB, is a record of
+        its own, written without a copy).
+        Raises ValueError (nothing staged) if the frames do not tile the chunk."""
+        if not ids:
+            raise ValueError("an empty batch")  # a record holds one message or more
         count = len(ids)
-        rest = _BATCH_HEAD.pack(0, 0, first, count, deliver_at_ns, 0)[8:]
-        crc = google_crc32c.extend(google_crc32c.value(rest), chunk)
-        head = struct.pack(">II", len(chunk), crc) + rest
+        starts = None
+        if stride:
+            if stride * count != len(chunk):
+                raise ValueError("chunk length does not match its frames")
+        else:
+            starts = frame_starts(chunk, count)
+        staged = self._staged
+        if not staged:
+            self._staged_end = self.end
+            self._staged_offset = self.end_offset
+        last = staged[-1] if staged else None
+        if (
+            last is not None
+            and last.deliver_at == deliver_at_ns
+            and last.kind == kind
+            and len(chunk) < _MERGE_CHUNK
+            and last.size + len(chunk) <= _MERGE_MAX
+            and len(last.chunks[0]) < _MERGE_CHUNK
+        ):
+            offset = self._staged_offset
+            last.add(chunk, ids, stride, starts)
+        else:
+            offset = self._staged_offset + BATCH_HEAD_SIZE
+            staged.append(_StagedBatch(chunk, ids, stride, starts, deliver_at_ns, kind))
+        self._staged_offset = offset + len(chunk)
+        self._staged_end += count
+        return offset
+
+    def commit(self) -> int:
+        """Write every staged batch record with one ``writev`` (so an acknowledged
+        message is in the file, the OS page cache, and survives the process being
+        killed); returns the number of records committed. On an OSError nothing staged
+        is kept (their sequences are given again) and no partial record stays behind."""
+        staged = self._staged
+        if not staged:
+            return 0
+        self._staged = []
+        seg = self.segments[-1]
+        seq = seg.end_seq
+        pos = seg.size
+        buffers: list[bytes] = []
+        records: list[tuple[int, int, int, CachedBatch]] = []
+        pack = _BATCH_HEAD.pack
+        value, extend = google_crc32c.value, google_crc32c.extend
+        for st in staged:
+            chunk, ids, stride, starts = st.batch()
+            count = len(ids)
+            rest = pack(0, 0, seq, count, st.deliver_at, 0)[8:]
+            head = _LEN_CRC.pack(len(chunk), extend(value(rest), chunk)) + rest
+            offset = seg.base_offset + pos - SEG_HEAD_SIZE + BATCH_HEAD_SIZE
+            cached = CachedBatch(chunk, ids, stride, offset, starts)
+            buffers.append(head)
+            buffers.append(chunk)
+            records.append((seq, pos, st.deliver_at, cached))
+            pos += BATCH_HEAD_SIZE + len(chunk)
+            seq += count
+        total = pos - seg.size
+        if self._tail_dirty:
+            # a failed write left bytes that could not be cut then: cut them first (the
+            # file is appended to at its end, which must be the last whole record's)
+            os.ftruncate(self._fd, seg.size)
+            self._tail_dirty = False
         try:
-            written = os.writev(self._fd, (head, chunk))
-            if written != len(head) + len(chunk):
-                raise OSError(f"short write to {seg.path}: {written} bytes (disk full?)")
+            written = _writev_all(self._fd, buffers)
+            if written != total:
+                raise OSError(
+                    errno.ENOSPC, f"short write to {seg.path}: {written} bytes (disk full?)"
+                )
         except OSError:
             # leave no partial record behind: later batches must follow a whole one
-            os.ftruncate(self._fd, seg.size)
+            try:
+                os.ftruncate(self._fd, seg.size)
+            except OSError:
+                self._tail_dirty = True
             raise
-        seg.note_batch(first, seg.size, deliver_at_ns)
-        if seg.verified_upto == seg.size:
-            seg.verified_upto += written
-        seg.size += written
-        seg.end_seq = first + count
-        self.unsynced += count
-        if deliver_at_ns:
-            self._deferred.add(first, count, deliver_at_ns)
         cache = self.cache
-        cache.append(cached)
+        for first, at, deliver_at, cached in records:
+            seg.note_batch(first, at, deliver_at)
+            if deliver_at:
+                self._deferred.add(first, len(cached.ids), deliver_at)
+            cache.append(cached)
+        if seg.verified_upto == seg.size:
+            seg.verified_upto += total
+        self.unsynced += seq - seg.end_seq
+        seg.size = pos
+        seg.end_seq = seq
         if len(cache) > self.cache_size + self._cache_slack:
             # trimming shifts the lists: do it every cache_size/4 records, not each time
             cache.trim_to(cache.end - self.cache_size)
         if seg.size >= self.max_bytes_per_file:
-            self._roll()
+            try:
+                self._roll()
+            except OSError as err:
+                # the batch is written: it must not be reported failed. This segment
+                # grows until a roll succeeds (a full or read-only directory)
+                if not self._roll_failing:
+                    log.error("STORE: %s: cannot start a new segment: %s", self.directory, err)
+                self._roll_failing = True
+            else:
+                self._roll_failing = False
+        return len(records)
+
+    def drop_staged(self) -> None:
+        """Forget what is staged, unwritten (its sequences are given again)."""
+        self._staged = []
+
+    def append(
+        self, chunk: bytes, ids: list[bytes], deliver_at_ns: int = 0, stride: int = 0
+    ) -> int:
+        """Write one batch record now (after whatever was staged), as its own record."""
+        self.commit()
+        first = self.end
+        self.stage(chunk, ids, deliver_at_ns, stride)
+        self.commit()
         return first
 
     def _roll(self) -> None:
@@ -438,13 +771,14 @@ class DiskLog:
         are left to the next :meth:`sync` (``unsynced`` still counts the sealed
         segment's messages, so --sync-every / --sync-timeout call for it)."""
         seg = self.segments[-1]
+        # nothing changes until every file is made (any step may fail on a full disk)
         self._write_index(seg)
-        seg.sealed = True
-        seg.last_write = time.time()  # retention counts from a segment's last write
         nxt = self._new_segment(
             seg.end_seq, seg.base_offset + seg.size - SEG_HEAD_SIZE, fsync=False
         )
         fd = os.open(nxt.path, os.O_WRONLY | os.O_APPEND)
+        seg.sealed = True
+        seg.last_write = time.time()  # retention counts from a segment's last write
         with self._sync_lock:
             self._sealed_fds.append((self._fd, seg.path))
             self._dir_dirty = True
@@ -528,16 +862,31 @@ class DiskLog:
         return found[0] if found is not None else None
 
     def _segment_for(self, seq: int) -> Segment | None:
+        """The segment holding ``seq``, or the first one after it when ``seq`` is in a
+        gap (sequences skipped after damage), or None past the end."""
         segs = self.segments
         i = bisect_right([s.base_seq for s in segs], seq) - 1
         while 0 <= i < len(segs):
             seg = segs[i]
             if seq < seg.end_seq:
                 return seg
-            i += 1  # a gap (segment set aside): continue at the next one
+            i += 1  # a gap: continue at the next one
             if i < len(segs) and segs[i].base_seq > seq:
                 return segs[i]
         return None
+
+    def resume_at(self, seq: int) -> int:
+        """The first sequence at or after ``seq`` that has a record (or the end): where
+        a reader goes on when :meth:`read` finds none at ``seq`` (a gap left by damage,
+        see the corruption policy above)."""
+        seq = max(seq, self.start)
+        cache_start = self.cache.start
+        if seq >= cache_start:
+            return seq
+        seg = self._segment_for(seq)
+        if seg is None:
+            return cache_start
+        return min(max(seq, seg.base_seq), cache_start)
 
     def _chunk_at(self, seg: Segment, pos: int, need: int) -> tuple[bytes, int]:
         """Bytes of ``seg`` from ``pos`` (at least ``need`` if the file has them), and the
@@ -552,50 +901,80 @@ class DiskLog:
         self._chunk = (seg.path, pos, data)
         return data, pos
 
+    def _head_at(self, seg: Segment, pos: int, expect: int) -> tuple[int, int, int]:
+        """The header of the batch at file position ``pos`` of ``seg``, which must start
+        with sequence ``expect``: (payload length, crc, count). Raises CorruptRecord
+        when it is not what it must be."""
+        buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
+        off = pos - base
+        if pos + BATCH_HEAD_SIZE > seg.size or off + BATCH_HEAD_SIZE > len(buf):
+            raise CorruptRecord("a batch header past the segment's end")
+        plen, crc, first, count, _deliver_at, _flags = _BATCH_HEAD.unpack_from(buf, off)
+        if first != expect:
+            raise CorruptRecord(f"sequence {first} where {expect} was expected")
+        if pos + BATCH_HEAD_SIZE + plen > seg.size or not 0 < count * MIN_FRAME_SIZE <= plen:
+            raise CorruptRecord(f"a batch of {count} records in {plen} bytes")
+        return plen, crc, count
+
+    def _batch_at(self, seg: Segment, pos: int, plen: int, crc: int) -> tuple[bytes, int]:
+        """The whole batch at ``pos`` (its header read by :meth:`_head_at`): bytes that
+        hold it from ``off`` on. A batch an earlier process wrote is crc-checked once."""
+        buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
+        off = pos - base
+        if off + BATCH_HEAD_SIZE + plen > len(buf):
+            raise CorruptRecord("the file is shorter than its records")
+        if pos >= seg.verified_upto:
+            check_batch(buf, off, plen, crc)
+            if pos == seg.verified_upto:
+                seg.verified_upto = pos + BATCH_HEAD_SIZE + plen
+        return buf, off
+
+    def _damaged(self, seg: Segment, pos: int, seq: int, err: Exception) -> None:
+        """Damage found while reading at ``pos`` of ``seg``, where sequence ``seq`` must
+        start: the segment's readable records end there (a gap up to the next segment);
+        the one being written is sealed first, so the log's end never moves back."""
+        log.error(
+            "STORE: %s: corrupt record at byte %d (%s); sequences %d to %d of it are skipped",
+            seg.path,
+            pos,
+            err,
+            seq,
+            seg.end_seq - 1,
+        )
+        if seg is self.segments[-1]:
+            self._roll()  # appends go on at the same end, in a new segment
+        seg.size = pos
+        seg.end_seq = seq
+        if self._chunk[0] == seg.path:
+            self._chunk = ("", 0, b"")
+
     def _read_disk(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         """Up to ``limit`` records from ``seq`` on, from one segment's file: frames as
-        chunks (a run of equal-sized frames of one batch is one chunk) and ids."""
+        chunks (a run of equal-sized frames of one batch is one chunk) and ids. Nothing
+        when ``seq`` is in a gap (see :meth:`resume_at`)."""
         chunks: list[bytes] = []
         ids: list[bytes] = []
         seg = self._segment_for(seq)
-        if seg is None or limit <= 0:
+        if seg is None or limit <= 0 or seq < seg.base_seq:
             return chunks, ids
-        seq = max(seq, seg.base_seq)
-        pos = seg.start_pos(seq)
-        while pos < seg.size and len(ids) < limit:
-            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
-            off = pos - base
-            if off + BATCH_HEAD_SIZE > len(buf):
-                break
-            plen, crc, first, count, _deliver_at, _flags = _BATCH_HEAD.unpack_from(buf, off)
-            rec_end = pos + BATCH_HEAD_SIZE + plen
-            if first + count <= seq:  # before the wanted sequence: skip the batch
-                pos = rec_end
-                continue
-            if off + BATCH_HEAD_SIZE + plen > len(buf):
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-                off = pos - base
-            skip = seq - first if seq > first else 0
-            take = min(count - skip, limit - len(ids))
-            try:
-                if pos >= seg.verified_upto:
-                    # written by an earlier process and not read since: check it once
-                    check_batch(buf, off, plen, crc)
-                    if pos == seg.verified_upto:
-                        seg.verified_upto = rec_end
-                self._cut_batch(buf, off + BATCH_HEAD_SIZE, plen, count, skip, take, chunks, ids)
-            except CorruptRecord as err:
-                log.error(
-                    "STORE: %s: corrupt record at byte %d (%s); skipping the rest of the segment",
-                    seg.path,
-                    pos,
-                    err,
-                )
-                seg.size = pos
-                seg.end_seq = first
-                break
-            seq = first + count
-            pos = rec_end
+        pos, first = seg.start_at(seq)
+        try:
+            while pos < seg.size and len(ids) < limit:
+                plen, crc, count = self._head_at(seg, pos, first)
+                if first + count > seq:
+                    buf, off = self._batch_at(seg, pos, plen, crc)
+                    skip = seq - first if seq > first else 0
+                    take = min(count - skip, limit - len(ids))
+                    self._cut_batch(
+                        buf, off + BATCH_HEAD_SIZE, plen, count, skip, take, chunks, ids
+                    )
+                    seq = first + skip + take
+                first += count
+                pos += BATCH_HEAD_SIZE + plen
+        except CorruptRecord as err:
+            self._damaged(seg, pos, first, err)
+            # what was cut before the damage is good; a partial batch is not taken
+            return chunks, ids
         return chunks, ids
 
     @staticmethod
@@ -651,7 +1030,7 @@ class DiskLog:
         per stored batch (a run of equal-sized frames), with no work per message; a batch
         of unequal frames is cut frame by frame (one run each). The records are
         consecutive from ``first``, which is past ``seq`` if the records there are gone
-        (a read stops at a gap left by a segment set aside, once it has records)."""
+        (a read stops at a gap left by damage, once it has records)."""
         seq = max(seq, self.start)
         out = RangeFramesOut(seq)
         stop = self.end if end is None else min(end, self.end)
@@ -663,114 +1042,261 @@ class DiskLog:
             seq = max(seq, seg.base_seq)
             if not out.count:
                 out.first = seq
-            pos = seg.start_pos(seq)
+            pos, first = seg.start_at(seq)
             progressed = False
-            while pos < seg.size and seq < stop and out.count < max_messages and taken < max_bytes:
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
-                off = pos - base
-                plen, crc, first, count, _d, _f = _BATCH_HEAD.unpack_from(buf, off)
-                rec_end = pos + BATCH_HEAD_SIZE + plen
-                if first + count <= seq:
-                    pos = rec_end
-                    continue
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-                off = pos - base
-                if pos >= seg.verified_upto:
-                    check_batch(buf, off, plen, crc)
-                    if pos == seg.verified_upto:
-                        seg.verified_upto = rec_end
-                p0 = off + BATCH_HEAD_SIZE
-                vbase = seg.base_offset + base - SEG_HEAD_SIZE
-                skip = seq - first if seq > first else 0
-                room = min(count - skip, stop - seq, max_messages - out.count)
-                size = _equal_frames(buf, p0, plen, count)
-                if size:
-                    # frames while fewer than max_bytes are taken, as for unequal ones
-                    take = min(room, -(-(max_bytes - taken) // size))
-                    a = p0 + skip * size
-                    b = a + take * size
-                    ts = _TS.unpack_from(buf, a + 8)[0]  # one publish: one timestamp
-                    out.add_run(buf[a:b], take, size, vbase + a, ts)
-                    taken += take * size
-                else:
-                    frames = split_frames(memoryview(buf)[p0 : p0 + plen], count)
-                    p = p0 + sum(len(f) for f in frames[:skip])
-                    take = 0
-                    for f in frames[skip : skip + room]:
-                        if take and taken >= max_bytes:
-                            break
-                        out.add_run(f, 1, len(f), vbase + p, _TS.unpack_from(f, 8)[0])
-                        p += len(f)
-                        taken += len(f)
-                        take += 1
-                seq = first + skip + take
-                pos = rec_end if seq >= first + count else pos
-                progressed = True
+            try:
+                while (
+                    pos < seg.size and seq < stop and out.count < max_messages and taken < max_bytes
+                ):
+                    plen, crc, count = self._head_at(seg, pos, first)
+                    if first + count <= seq:
+                        first += count
+                        pos += BATCH_HEAD_SIZE + plen
+                        continue
+                    buf, off = self._batch_at(seg, pos, plen, crc)
+                    base = pos - off
+                    p0 = off + BATCH_HEAD_SIZE
+                    vbase = seg.base_offset + base - SEG_HEAD_SIZE
+                    skip = seq - first if seq > first else 0
+                    room = min(count - skip, stop - seq, max_messages - out.count)
+                    size = _equal_frames(buf, p0, plen, count)
+                    if size:
+                        # frames while fewer than max_bytes are taken, as for unequal ones
+                        take = min(room, -(-(max_bytes - taken) // size))
+                        a = p0 + skip * size
+                        b = a + take * size
+                        ts = _TS.unpack_from(buf, a + 8)[0]  # one publish: one timestamp
+                        out.add_run(buf[a:b], take, size, vbase + a, ts)
+                        taken += take * size
+                    else:
+                        frames = split_frames(memoryview(buf)[p0 : p0 + plen], count)
+                        p = p0 + sum(len(f) for f in frames[:skip])
+                        take = 0
+                        for f in frames[skip : skip + room]:
+                            if take and taken >= max_bytes:
+                                break
+                            out.add_run(f, 1, len(f), vbase + p, _TS.unpack_from(f, 8)[0])
+                            p += len(f)
+                            taken += len(f)
+                            take += 1
+                    seq = first + skip + take
+                    if seq >= first + count:
+                        first += count
+                        pos += BATCH_HEAD_SIZE + plen
+                    progressed = True
+            except CorruptRecord as err:
+                self._damaged(seg, pos, first, err)
+                if out.count:
+                    break
+                continue  # nothing yet: go on after the gap
             if not progressed:
                 break
         return out
 
-    def locate(self, seq: int) -> tuple[int, int] | None:
-        """(virtual offset, timestamp ns) of the message at ``seq``, or None."""
-        seg = self._segment_for(seq)
-        if seg is None:
+    def _find(self, seq: int) -> tuple[Segment, int, int, int, int, bytes, int] | None:
+        """The batch holding ``seq``: (segment, file position, first sequence, count,
+        payload length, bytes, where they hold it), or None if ``seq`` has no record."""
+        if seq < self.start:
             return None
-        pos = seg.start_pos(seq)
+        seg = self._segment_for(seq)
+        if seg is None or seq < seg.base_seq:
+            return None
+        pos, first = seg.start_at(seq)
+        try:
+            while pos < seg.size:
+                plen, crc, count = self._head_at(seg, pos, first)
+                if first <= seq < first + count:
+                    buf, off = self._batch_at(seg, pos, plen, crc)
+                    return seg, pos, first, count, plen, buf, off
+                first += count
+                pos += BATCH_HEAD_SIZE + plen
+        except CorruptRecord as err:
+            self._damaged(seg, pos, first, err)
+        return None
+
+    def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
+        """Whole stored batches from ``seq`` on, as they were appended (replication ships
+        them so a follower stores the same bytes at the same offsets), until at least
+        ``max_bytes`` of frames are taken (at least one batch if there is one). ``seq``
+        must be where a batch starts (ValueError otherwise); an empty list at the end."""
+        if seq >= self.end:
+            return []
+        if seq < self.start:
+            raise ValueError(f"sequence {seq} is gone (log starts at {self.start})")
+        out: list[StoredBatch] = []
+        taken = 0
+        cache = self.cache
+        while seq < self.end and (not out or taken < max_bytes):
+            if seq >= cache.start:
+                batch, first = cache.batch_at(seq)
+                if first != seq:
+                    raise ValueError(f"sequence {seq} is inside a batch starting at {first}")
+                count = len(batch.ids)
+                due = self._deferred.between(seq, seq + 1)
+                deliver_at = due[0][1] if due else 0
+                out.append(
+                    StoredBatch(seq, count, batch.offset, deliver_at, batch.stride, batch.chunk)
+                )
+                taken += len(batch.chunk)
+                seq += count
+                continue
+            found = self._disk_batch(seq)
+            out.append(found)
+            taken += len(found.chunk)
+            seq += found.messages
+        return out
+
+    def _disk_batch(self, seq: int) -> StoredBatch:
+        """The stored batch that starts at ``seq``, read from its segment file."""
+        seg = self._segment_for(seq)
+        if seg is None or seg.base_seq > seq:
+            raise ValueError(f"sequence {seq} is not in the log")
+        pos = seg.start_at(seq)[0]
         while pos < seg.size:
             buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
             off = pos - base
-            plen, _crc, first, count, _d, _f = _BATCH_HEAD.unpack_from(buf, off)
-            if first <= seq < first + count:
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-                off = pos - base
-                p = off + BATCH_HEAD_SIZE
-                size = _equal_frames(buf, p, plen, count)
-                if size:
-                    p += (seq - first) * size
-                else:
-                    for _ in range(seq - first):
-                        p += 4 + _I32.unpack_from(buf, p)[0]
-                ts = _TS.unpack_from(buf, p + 8)[0]
-                return seg.base_offset + (base + p) - SEG_HEAD_SIZE, ts
+            plen, crc, first, count, deliver_at, _f = _BATCH_HEAD.unpack_from(buf, off)
+            rec_end = pos + BATCH_HEAD_SIZE + plen
+            if first + count <= seq:
+                pos = rec_end
+                continue
+            if first != seq:
+                raise ValueError(f"sequence {seq} is inside a batch starting at {first}")
+            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
+            off = pos - base
+            check_batch(buf, off, plen, crc)
+            p0 = off + BATCH_HEAD_SIZE
+            chunk = bytes(buf[p0 : p0 + plen])
+            stride = _equal_frames(buf, p0, plen, count)
+            offset = seg.base_offset + pos + BATCH_HEAD_SIZE - SEG_HEAD_SIZE
+            return StoredBatch(first, count, offset, deliver_at, stride, chunk)
+        raise ValueError(f"sequence {seq} is not in {seg.path}")
+
+    def reset(self, seq: int, offset: int) -> None:
+        """Forget every record and start over empty at sequence ``seq``, the next
+        record's frame at virtual offset ``offset`` (a follower too far behind its
+        leader, whose log starts there now)."""
+        if offset < BATCH_HEAD_SIZE:
+            raise ValueError(f"offset {offset} is before the first batch header")
+        self.close(sync=False)
+        for name in os.listdir(self.directory):
+            if name.endswith((".seg", ".idx")):
+                os.remove(os.path.join(self.directory, name))
+        log.warning("STORE: %s: reset to start at sequence %d", self.directory, seq)
+        self._closed = False
+        self.sync_error = None
+        self._tail_dirty = self._roll_failing = False
+        self.segments = [self._new_segment(seq, offset - BATCH_HEAD_SIZE)]
+        self._deferred = DeferredIndex()
+        self._fd = os.open(self.segments[0].path, os.O_WRONLY | os.O_APPEND)
+        self.cache = BatchCache(seq)
+
+    def truncate(self, seq: int) -> int:
+        """Forget every record at or after ``seq`` (a follower's tail that its new leader
+        never had): the files are cut at the batch that holds ``seq`` (so to its first
+        sequence, if ``seq`` is inside a batch) and fsynced. Returns the new end."""
+        self._staged = []  # (nothing staged survives a cut: Partition.truncate)
+        if seq >= self.end:
+            return self.end
+        seq = max(seq, self.start)
+        while len(self.segments) > 1 and self.segments[-1].base_seq >= seq:
+            seg = self.segments.pop()
+            with self._sync_lock:
+                fd, self._fd = self._fd, -1
+            if fd >= 0:
+                os.close(fd)
+            self._close_reader(seg.path)
+            for p in (seg.path, seg.idx_path):
+                try:
+                    os.remove(p)
+                except FileNotFoundError:
+                    pass
+            log.warning("STORE: truncated: removed %s", seg.path)
+            prev = self.segments[-1]
+            self._forget_sealed(prev.path)
+            prev.sealed = False
+            try:
+                os.remove(prev.idx_path)
+            except FileNotFoundError:
+                pass
+            with self._sync_lock:
+                self._fd = os.open(prev.path, os.O_WRONLY | os.O_APPEND)
+        seg = self.segments[-1]
+        pos = seg.start_at(seq)[0]
+        cut = seg.end_seq
+        while pos < seg.size:
+            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
+            plen, _crc, first, count, _d, _f = _BATCH_HEAD.unpack_from(buf, pos - base)
+            if first + count > seq:
+                cut = first
+                break
             pos += BATCH_HEAD_SIZE + plen
-        return None
+        if cut < seg.end_seq:
+            log.warning("STORE: %s: truncating to sequence %d (byte %d)", seg.path, cut, pos)
+            os.ftruncate(self._fd, pos)
+            os.fsync(self._fd)
+            self._close_reader(seg.path)
+            seg.size = pos
+            seg.end_seq = cut
+            seg.verified_upto = min(seg.verified_upto, pos)
+            idx = seg.index
+            keep = 0
+            while keep < len(idx) and idx[keep] < cut:
+                keep += 3
+            del idx[keep:]
+            seg._last_indexed_pos = idx[-2] if idx else -INDEX_INTERVAL
+        fsync_dir(self.directory)
+        self._deferred.forget_from(self.end)
+        self.cache = BatchCache(self.end)
+        return self.end
+
+    def locate(self, seq: int) -> tuple[int, int] | None:
+        """(virtual offset, timestamp ns) of the message at ``seq``, or None."""
+        found = self._find(seq)
+        if found is None:
+            return None
+        seg, pos, first, count, plen, buf, off = found
+        p0 = off + BATCH_HEAD_SIZE
+        size = _equal_frames(buf, p0, plen, count)
+        if size:
+            p = p0 + (seq - first) * size
+        else:
+            try:
+                p = p0 + frame_starts(memoryview(buf)[p0 : p0 + plen], count)[seq - first]
+            except ValueError as err:
+                self._damaged(seg, pos, first, err)
+                return None
+        ts = _TS.unpack_from(buf, p + 8)[0]
+        return seg.base_offset + (pos - off + p) - SEG_HEAD_SIZE, ts
 
     def seek_offset(self, offset: int) -> int:
         """The sequence of the first message at or after virtual offset ``offset``."""
-        for seg in self.segments:
-            seg_end = seg.base_offset + seg.size - SEG_HEAD_SIZE
-            if offset >= seg_end:
+        for seg in list(self.segments):
+            if offset >= seg.base_offset + seg.size - SEG_HEAD_SIZE:
                 continue
-            # start at the last indexed batch at or before the offset's file position
+            # from the last indexed batch at or before the offset's file position
             target = offset - seg.base_offset + SEG_HEAD_SIZE
-            idx = seg.index
-            pos = SEG_HEAD_SIZE
-            lo, hi = 0, len(idx) // 3
-            while lo < hi:  # bisect on the file position column
-                mid = (lo + hi) // 2
-                if idx[mid * 3 + 1] <= target:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if lo:
-                pos = idx[(lo - 1) * 3 + 1]
-            while pos < seg.size:
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
-                off = pos - base
-                plen, _crc, first, count, _d, _f = _BATCH_HEAD.unpack_from(buf, off)
-                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-                off = pos - base
-                p = off + BATCH_HEAD_SIZE
-                for k in range(count):
-                    if seg.base_offset + (base + p) - SEG_HEAD_SIZE >= offset:
-                        return int(first + k)
-                    p += 4 + _I32.unpack_from(buf, p)[0]
-                pos += BATCH_HEAD_SIZE + plen
+            pos, first = seg.start_at_pos(target)
+            try:
+                while pos < seg.size:
+                    plen, crc, count = self._head_at(seg, pos, first)
+                    p0 = pos + BATCH_HEAD_SIZE
+                    if p0 + plen > target:  # frames at or after the target in this one
+                        buf, off = self._batch_at(seg, pos, plen, crc)
+                        b0 = off + BATCH_HEAD_SIZE
+                        starts = frame_starts(memoryview(buf)[b0 : b0 + plen], count)
+                        for k in range(count):
+                            if p0 + starts[k] >= target:
+                                return first + k
+                    first += count
+                    pos = p0 + plen
+            except (CorruptRecord, ValueError) as err:
+                self._damaged(seg, pos, first, err)
         return self.end
 
     def seek_time(self, timestamp_ns: int) -> int:
         """The sequence of the first message published at or after ``timestamp_ns``."""
-        for seg in self.segments:
+        for seg in list(self.segments):
             if seg.end_seq == seg.base_seq:
                 continue
             last = self.locate(seg.end_seq - 1)
@@ -803,9 +1329,16 @@ class DiskLog:
         segs = self.segments
         return segs[0].end_seq if len(segs) > 1 else None
 
-    def reclaim(self, before: int, retention: float = 0.0) -> int:
+    def reclaim(
+        self,
+        before: int,
+        retention: float = 0.0,
+        remove: Callable[[str], None] | None = None,
+    ) -> int:
         """Delete sealed segments wholly below ``before`` and idle for ``retention``
-        seconds. Returns the bytes freed."""
+        seconds. Returns the bytes freed. The files are unlinked by ``remove`` (nsqd
+        passes one that runs in a thread: unlinking a 100 MB segment takes 5-30 ms),
+        else at once."""
         freed = 0
         now = time.time()
         while len(self.segments) > 1:
@@ -816,10 +1349,7 @@ class DiskLog:
             self._close_reader(seg.path)
             self._forget_sealed(seg.path)
             for p in (seg.path, seg.idx_path):
-                try:
-                    os.remove(p)
-                except FileNotFoundError:
-                    pass
+                (remove or remove_file)(p)
             freed += seg.size
             log.info("STORE: deleted %s", seg.path)
         self._deferred.forget_below(self.start)
@@ -852,12 +1382,14 @@ class DiskLog:
     def close(self, *, sync: bool = True) -> None:
         """fsync (unless ``sync`` is false) and close: a clean shutdown. Waits for a
         sync running in another thread; a failed fsync is raised after the files are
-        closed."""
+        closed. Staged batches are committed first (dropped without ``sync``)."""
         with self._syncing:
             try:
                 if sync and not self._closed:
+                    self.commit()
                     self._sync()
             finally:
+                self._staged = []
                 with self._sync_lock:
                     fds = [fd for fd, _ in self._sealed_fds] + [self._fd]
                     self._sealed_fds, self._fd = [], -1
@@ -872,8 +1404,16 @@ class DiskLog:
         """Close and delete every file (the topic was deleted: nothing to fsync)."""
         self.close(sync=False)
         for name in os.listdir(self.directory):
-            os.remove(os.path.join(self.directory, name))
+            remove_file(os.path.join(self.directory, name))  # (a reclaim may race us)
         os.rmdir(self.directory)
+
+
+def remove_file(path: str) -> None:
+    """Unlink ``path`` if it is there."""
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
 
 
 def fsync_dir(path: str) -> None:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import struct
 from array import array
+from collections.abc import Callable
 from typing import Protocol
+
+from nsqx.wire.batch import StoredBatch
 
 _I32 = struct.Struct(">i")
 
@@ -84,12 +87,51 @@ class MessageLog(Protocol):
         ``deliver_at_ns`` (wall clock) marks them deferred until then (DPUB)."""
         ...
 
+    @property
+    def next_seq(self) -> int:
+        """Sequence the next staged batch gets (``end`` plus what waits for commit)."""
+        ...
+
+    @property
+    def staged(self) -> bool:
+        """Whether staged batches wait for :meth:`commit` (a MemoryLog appends at once)."""
+        ...
+
+    def stage(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        deliver_at_ns: int = 0,
+        stride: int = 0,
+        kind: int = 0,
+    ) -> int:
+        """Like :meth:`append`, but a DiskLog only stages the batch for the next
+        :meth:`commit`, which writes everything staged at once (a group commit; readers
+        see staged records once committed). Batches of different ``kind`` (vanilla or
+        extended frames) never share a stored batch. Returns the virtual offset of the
+        batch's first frame."""
+        ...
+
+    def commit(self) -> int:
+        """Write the staged batches (OSError: none of them is kept); how many records."""
+        ...
+
+    def drop_staged(self) -> None:
+        """Forget the staged batches, unwritten."""
+        ...
+
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         """Up to ``limit`` records from ``seq`` (clamped to ``start``): their frames, as
         chunks that may each hold several consecutive frames (so a read from disk can
         hand a whole batch over as one buffer), and one id per record. A chunk never
         spans two stored batches, so its frames are all of one kind (vanilla or
         extended records, see nsqx.wire.frames)."""
+        ...
+
+    def resume_at(self, seq: int) -> int:
+        """The first sequence at or after ``seq`` (and ``start``) that has a record, or
+        ``end``: where a reader goes on when :meth:`read` returns nothing at ``seq``
+        (sequences a DiskLog skipped after damage have no record)."""
         ...
 
     @property
@@ -145,9 +187,14 @@ class MessageLog(Protocol):
         something (None: there is nothing to reclaim)."""
         ...
 
-    def reclaim(self, before: int, retention: float = 0.0) -> int:
+    def reclaim(
+        self,
+        before: int,
+        retention: float = 0.0,
+        remove: Callable[[str], None] | None = None,
+    ) -> int:
         """Delete what is below ``before`` and idle for ``retention`` seconds; the bytes
-        freed."""
+        freed. Files are unlinked with ``remove`` (default: at once)."""
         ...
 
     def close(self, *, sync: bool = True) -> None:
@@ -156,4 +203,19 @@ class MessageLog(Protocol):
 
     def destroy(self) -> None:
         """Close and delete everything (the topic was deleted)."""
+        ...
+
+    def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
+        """Whole stored batches from ``seq`` (where a batch starts; ValueError if not,
+        or if it is gone) until ``max_bytes`` of frames are taken (at least one)."""
+        ...
+
+    def truncate(self, seq: int) -> int:
+        """Forget every record at or after ``seq`` (cut at the batch that holds it);
+        returns the new end."""
+        ...
+
+    def reset(self, seq: int, offset: int) -> None:
+        """Forget every record and start over empty: the next record gets sequence
+        ``seq`` and its frame virtual offset ``offset``."""
         ...

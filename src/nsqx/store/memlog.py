@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from collections.abc import Callable
 
 from nsqx.store.deferred import DeferredIndex
 from nsqx.store.log import split_chunk
+from nsqx.wire.batch import StoredBatch
 
 # Trimming deletes from the front of a list (a memmove), so do it in big steps.
 _TRIM_MIN = 4096
@@ -62,10 +64,42 @@ class MemoryLog:
             self._deferred.add(first, len(frames), deliver_at_ns)
         return first
 
+    @property
+    def next_seq(self) -> int:
+        return self.end
+
+    @property
+    def staged(self) -> bool:
+        """Never: a stage is an append."""
+        return False
+
+    def stage(
+        self,
+        chunk: bytes,
+        ids: list[bytes],
+        deliver_at_ns: int = 0,
+        stride: int = 0,
+        kind: int = 0,
+    ) -> int:
+        """Append now (there is nothing to write); returns the first frame's offset."""
+        offset = self._end_offset
+        self.append(chunk, ids, deliver_at_ns, stride)
+        return offset
+
+    def commit(self) -> int:
+        return 0
+
+    def drop_staged(self) -> None:
+        pass
+
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         i = max(seq - self._base, 0)
         j = i + limit
         return self._frames[i:j], self._ids[i:j]
+
+    def resume_at(self, seq: int) -> int:
+        """Records are consecutive from ``start``: no gaps."""
+        return max(seq, self._base)
 
     def get(self, seq: int) -> bytes | None:
         i = seq - self._base
@@ -92,7 +126,12 @@ class MemoryLog:
     def reclaim_floor(self) -> int | None:
         return None  # memory is released as channels finish, not reclaimed
 
-    def reclaim(self, before: int, retention: float = 0.0) -> int:
+    def reclaim(
+        self,
+        before: int,
+        retention: float = 0.0,
+        remove: Callable[[str], None] | None = None,
+    ) -> int:
         return 0
 
     def close(self, *, sync: bool = True) -> None:
@@ -122,6 +161,45 @@ class MemoryLog:
             else:
                 lo = mid + 1
         return self._base + lo
+
+    def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
+        """Records from ``seq`` as one-record batches (a MemoryLog keeps no batches)."""
+        out: list[StoredBatch] = []
+        taken = 0
+        i = seq - self._base
+        if i < 0:
+            raise ValueError(f"sequence {seq} is gone (log starts at {self._base})")
+        while i < len(self._frames) and (not out or taken < max_bytes):
+            frame = self._frames[i]
+            due = self._deferred.between(self._base + i, self._base + i + 1)
+            out.append(
+                StoredBatch(
+                    self._base + i, 1, self._offsets[i], due[0][1] if due else 0, len(frame), frame
+                )
+            )
+            taken += len(frame)
+            i += 1
+        return out
+
+    def reset(self, seq: int, offset: int) -> None:
+        """Forget every record; the next gets sequence ``seq`` at virtual ``offset``."""
+        self._frames.clear()
+        self._ids.clear()
+        del self._offsets[:]
+        self._base = seq
+        self._end_offset = offset
+        self._deferred = DeferredIndex()
+
+    def truncate(self, seq: int) -> int:
+        """Forget every record at or after ``seq``; returns the new end."""
+        i = max(seq - self._base, 0)
+        if i < len(self._frames):
+            self._end_offset = self._offsets[i]
+            del self._frames[i:]
+            del self._ids[i:]
+            del self._offsets[i:]
+            self._deferred.forget_from(self.end)
+        return self.end
 
     def deferred_between(self, lo: int, hi: int) -> list[tuple[int, int]]:
         return self._deferred.between(lo, hi)

@@ -12,7 +12,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from nsqx.wire.errors import (
     E_BAD_BODY,
@@ -89,6 +89,15 @@ class Pub(NamedTuple):
     partition: int = DEFAULT_PARTITION
 
 
+class Pubs(NamedTuple):
+    """Two or more PUBs in a row, in one read, with the same command line (topic and
+    partition): parsed together, published together, each answered on its own."""
+
+    topic: str
+    bodies: list[bytes]
+    partition: int = DEFAULT_PARTITION
+
+
 class Mpub(NamedTuple):
     topic: str
     bodies: list[bytes]
@@ -147,8 +156,13 @@ class Fin(NamedTuple):
 
 
 class Req(NamedTuple):
+    """REQ: ``timeout_ms`` is within 0..max-req-timeout. A request outside it is clamped,
+    as NSQ 1.3 does (1.2 refused it), and ``requested_ns`` keeps what was asked (Go's
+    time.Duration, in ns) for the server to log; it is None when nothing was clamped."""
+
     id: bytes
     timeout_ms: int
+    requested_ns: int | None = None
 
 
 class Touch(NamedTuple):
@@ -168,6 +182,7 @@ Command = (
     | Auth
     | Sub
     | Pub
+    | Pubs
     | Mpub
     | Dpub
     | Rdy
@@ -218,13 +233,17 @@ _SUBS = {b"SUB": SUB_PLAIN, b"SUB_ORDERED": SUB_ORDERED, b"SUB_ADVANCED": SUB_AD
 #: trace id (u64) and ext header length (u16) prefixes of a traced / ext message
 TRACE_ID_SIZE = 8
 EXT_LEN_SIZE = 2
-# a run of consecutive FIN lines, parsed with one split
-_FIN_RUN = re.compile(rb"(?:FIN [^\n]*\n)+")
+# a run of consecutive FIN lines, parsed with one split (an id with a space is not one:
+# Go splits the line at spaces; found by fuzzing)
+_FIN_RUN = re.compile(rb"(?:FIN [^\n ]*\n)+")
 _I32 = struct.Struct(">i")
 _U64 = struct.Struct(">Q")
 _U16 = struct.Struct(">H")
 _NOP = Nop()
 _CLS = Cls()
+
+
+_U64_MASK = (1 << 64) - 1
 
 
 def _base10(b: bytes) -> int:
@@ -284,6 +303,13 @@ class CommandParser:
         #: 8-byte id + 8-byte trace id): FIN, REQ and TOUCH then carry 16 raw bytes that
         #: may contain a newline or a space, so they are cut at fixed offsets.
         self.binary_ids = False
+        # the command line of the last PUB parsed, checked already: the same line again
+        # (a publisher's usual case) skips the checks
+        self._pub_line = b""
+        #: the last body command line whose parameters were checked
+        self._checked_line = b""
+        self._pub_topic = ""
+        self._pub_partition = DEFAULT_PARTITION
 
     @property
     def dead(self) -> bool:
@@ -368,13 +394,40 @@ class CommandParser:
         """Parse ``data[pos:]``."""
         limits = self.limits
         max_line = limits.max_line
+        max_msg = limits.max_msg_size
         n = len(data)
+        # PUBs in a row with one command line become one Pubs event: run_at is the index
+        # of the last such event in ``events``, run its bodies (None: a single Pub yet)
+        run_at = -1
+        run: list[bytes] | None = None
+        pub_line = self._pub_line
+        pub_len = len(pub_line)
         while pos < n:
             nl = data.find(b"\n", pos)
             if nl < 0:
                 if n - pos > max_line:
                     raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
                 break
+            if nl - pos == pub_len and pub_len and n - nl > 4 and data.startswith(pub_line, pos):
+                # the PUB line checked last time: only the body's size is left to check
+                size = _I32.unpack_from(data, nl + 1)[0]
+                start = nl + 5
+                if 0 < size <= max_msg and start + size <= n:
+                    body = data[start : start + size]
+                    pos = start + size
+                    if run_at >= 0 and run_at == len(events) - 1:
+                        if run is None:
+                            first = cast(Pub, events[run_at])
+                            run = [first.body, body]
+                            events[run_at] = Pubs(first.topic, run, first.partition)
+                        else:
+                            run.append(body)
+                    else:
+                        events.append(Pub(self._pub_topic, body, self._pub_partition))
+                        run_at = len(events) - 1
+                        run = None
+                    continue
+                # too big, or incomplete: the general path below
             if nl - pos > max_line:
                 raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
             if self.binary_ids and data[pos] in b"FRT":
@@ -386,13 +439,13 @@ class CommandParser:
                     continue
             if data.startswith(b"FIN ", pos):
                 m = _FIN_RUN.match(data, pos)
-                assert m is not None
-                end = m.end()
-                ids = data[pos + 4 : end - 1].split(b"\nFIN ")
-                if all(len(i) == MSG_ID_LENGTH for i in ids):
-                    events.append(Fin(ids))
-                    pos = end
-                    continue
+                if m is not None:
+                    end = m.end()
+                    ids = data[pos + 4 : end - 1].split(b"\nFIN ")
+                    if all(len(i) == MSG_ID_LENGTH for i in ids):
+                        events.append(Fin(ids))
+                        pos = end
+                        continue
                 # some line in the run is unusual ('\r', extra params, bad id): go slowly
             line = data[pos:nl]
             if line.endswith(b"\r"):
@@ -403,7 +456,9 @@ class CommandParser:
                 events.append(self._line_command(cmd, params))
                 pos = nl + 1
                 continue
-            self._check_body_params(cmd, params)
+            if line != self._checked_line:  # (the same line as the last body command's)
+                self._check_body_params(cmd, params)
+                self._checked_line = line
             if n - nl - 1 < 4:
                 break
             size = _I32.unpack_from(data, nl + 1)[0]
@@ -416,8 +471,19 @@ class CommandParser:
                 self._chunks = [memoryview(data)[start:]]
                 self._have = n - start
                 return
-            events.append(self._body_command(cmd, params, data[start : start + size]))
+            ev = self._body_command(cmd, params, data[start : start + size])
+            events.append(ev)
             pos = start + size
+            if cmd == b"PUB" and data[nl - 1] != 13:  # (no "\r": the line is as sent)
+                pub = cast(Pub, ev)
+                self._pub_line, self._pub_topic, self._pub_partition = (
+                    line,
+                    pub.topic,
+                    pub.partition,
+                )
+                pub_line, pub_len = line, len(line)
+                run_at = len(events) - 1
+                run = None
             if cmd == b"IDENTIFY":
                 # what follows may be TLS or compressed: the server decides (take_buffered)
                 break
@@ -472,13 +538,18 @@ class CommandParser:
                 E_INVALID, f"REQ could not parse timeout {_text(timeout)}"
             ) from None
         max_ms = self.limits.max_req_timeout_ms
-        if timeout_ms > max_ms:
-            # Go prints both as time.Duration integers (nanoseconds)
-            raise ProtocolError(
-                E_INVALID,
-                f"REQ timeout {timeout_ms * 1_000_000} out of range 0-{max_ms * 1_000_000}",
-            )
-        return Req(msg_id, timeout_ms)
+        if timeout_ms <= max_ms:
+            return Req(msg_id, timeout_ms)
+        # NSQ 1.3 clamps: time.Duration(u64 ms) * time.Millisecond, with Go's wrap-around
+        # (a huge value may come out negative, which clamps to 0)
+        requested_ns = (timeout_ms * 1_000_000) & _U64_MASK
+        if requested_ns >= 1 << 63:
+            requested_ns -= 1 << 64
+        if requested_ns < 0:
+            return Req(msg_id, 0, requested_ns)
+        if requested_ns <= max_ms * 1_000_000:  # wrapped into range: Go takes it as is
+            return Req(msg_id, requested_ns // 1_000_000)
+        return Req(msg_id, max_ms, requested_ns)
 
     # -- commands without a body --
 
@@ -679,7 +750,9 @@ class TLSRequiredParser(CommandParser):
 
     def _parse(self, data: bytes, events: list[Event], pos: int) -> None:
         nl = data.find(b"\n", pos)
-        if nl >= 0:
+        # a line too long is refused as such, whether its end has arrived yet or not
+        # (found by fuzzing: the answer depended on how TCP cut the input)
+        if nl >= 0 and nl - pos <= self.limits.max_line:
             line = data[pos:nl]
             if line.endswith(b"\r"):
                 line = line[:-1]
@@ -699,6 +772,10 @@ def parse_mpub_body(body: bytes, max_msg_size: int) -> list[bytes]:
     count = _I32.unpack_from(body, 0)[0]
     if count <= 0:
         raise ProtocolError(E_BAD_BODY, f"MPUB invalid message count {count}")
+    if count == 1 and total >= 8:  # (Go's bench_writer --batch-size 1, and others)
+        size = _I32.unpack_from(body, 4)[0]
+        if 0 < size <= max_msg_size and total == 8 + size:
+            return [body[8:]]
     if total >= 8:
         size = _I32.unpack_from(body, 4)[0]
         stride = size + 4

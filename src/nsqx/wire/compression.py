@@ -251,6 +251,7 @@ class DeflateDecompressor:
 
     def __init__(self) -> None:
         self._z = zlib.decompressobj(-15)
+        self._limited = False
 
     @property
     def eof(self) -> bool:
@@ -260,22 +261,29 @@ class DeflateDecompressor:
 
     @property
     def pending(self) -> bool:
-        """True when input is held back by ``max_length``."""
-        return bool(self._z.unconsumed_tail)
+        """True when input is held back by ``max_length`` (more comes out without new
+        input). zlib may also keep a few bytes it cannot use until more input arrives:
+        those wait for the next call, and are not pending; nor is anything after the end
+        of the stream (found by fuzzing: a loop on them made no progress, for ever)."""
+        return self._limited and bool(self._z.unconsumed_tail) and not self._z.eof
 
     def decompress(self, data: bytes, max_length: int = 0) -> bytes:
         """Inflate what ``data`` completes (at most ``max_length`` bytes when given)."""
         z = self._z
         if z.eof:
+            # bytes held back behind the end are never read (Go's reader stops at EOF)
+            self._limited = False
             if data:
                 raise CompressionError("flate: data after the end of the stream")
             return b""
         if z.unconsumed_tail:
             data = z.unconsumed_tail + data
         try:
-            return z.decompress(data, max_length)
+            out = z.decompress(data, max_length)
         except zlib.error as exc:
             raise CompressionError(f"flate: corrupt input ({exc})") from None
+        self._limited = 0 < max_length <= len(out)
+        return out
 
 
 def codec_pair(

@@ -130,7 +130,17 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
             neg = body[:1] == "!"
             if neg:
                 body = body[1:]
-            out.append("[" + ("^" if neg else "") + body.replace("\\", "\\\\") + "]")
+            # gobwas reads ``lo-hi`` as a range and anything else as a list of characters
+            # (each one literal: a class never becomes regex syntax; found by fuzzing)
+            if len(body) == 3 and body[1] == "-":
+                if body[0] > body[2]:
+                    raise ValueError(f"bad range {body!r} in {pattern!r}")
+                chars = re.escape(body[0]) + "-" + re.escape(body[2])
+            else:
+                chars = "".join(map(re.escape, body))
+            if not chars:
+                raise ValueError(f"empty class in {pattern!r}")
+            out.append("[" + ("^" if neg else "") + chars + "]")
             i = j + 1
             continue
         elif c == "{":
@@ -146,7 +156,10 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
         i += 1
     if depth:
         raise ValueError(f"unexpected end of input in {pattern!r}")
-    return re.compile("(?s)" + "".join(out) + r"\Z")
+    try:
+        return re.compile("(?s)" + "".join(out) + r"\Z")
+    except re.error as err:  # not expected: every piece above is escaped
+        raise ValueError(f"bad glob {pattern!r}: {err}") from None
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,10 @@ def encode_message_batch(
     n = len(bodies)
     if len(msg_ids) != n:
         raise ValueError(f"{len(msg_ids)} ids for {n} bodies")
+    if n == 1:  # a PUB: the hot path of single-message round trips
+        body = bodies[0]
+        size = len(body) + 30
+        return pack(size, FRAME_MESSAGE, timestamp_ns, 1) + msg_ids[0] + body, size + 4
     parts: list[bytes] = [b""] * (3 * n)
     parts[1::3] = msg_ids
     parts[2::3] = bodies

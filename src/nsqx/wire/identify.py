@@ -173,10 +173,15 @@ def negotiate(
 
     tls_v1 = limits.tls_available and bool(data.get("tls_v1"))
     deflate = limits.deflate_available and bool(data.get("deflate"))
-    deflate_level = 0
+    # NSQ 1.3 answers its default level (6, capped by --max-deflate-level) also when
+    # deflate is not negotiated; the connection then compresses nothing
+    answered_level = 6
     if deflate:
         requested = data.get("deflate_level") or 0
-        deflate_level = min(requested if requested > 0 else 6, limits.max_deflate_level)
+        if requested > 0:
+            answered_level = requested
+    answered_level = min(answered_level, limits.max_deflate_level)
+    deflate_level = answered_level if deflate else 0
     snappy = limits.snappy_available and bool(data.get("snappy"))
     if deflate and snappy:
         raise ProtocolError(E_IDENTIFY_FAILED, "cannot enable both deflate and snappy compression")
@@ -195,7 +200,7 @@ def negotiate(
         "msg_timeout": s.msg_timeout_ms,
         "tls_v1": tls_v1,
         "deflate": deflate,
-        "deflate_level": deflate_level,
+        "deflate_level": answered_level,
         "max_deflate_level": limits.max_deflate_level,
         "snappy": snappy,
         "sample_rate": s.sample_rate,

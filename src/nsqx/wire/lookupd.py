@@ -65,6 +65,9 @@ class PeerInfo:
     #: The node's id in a partitioned cluster (Youzan's nsqd: ``ip:rpc:tcp:id``; nsqx's
     #: nsqd: ``broadcast_address:tcp_port``); empty for Go's nsqd 1.3.
     distributed_id: str = ""
+    #: nsqx: ``host:port`` where this node's followers reach its HTTP API for
+    #: replication, when not the broadcast address and HTTP port
+    replication_address: str = ""
 
     @property
     def speaks_partitions(self) -> bool:
@@ -119,6 +122,7 @@ _PEER_FIELDS: dict[str, type] = {
     "http_port": int,
     "version": str,
     "distributed_id": str,
+    "replication_address": str,
 }
 
 
@@ -171,6 +175,7 @@ def parse_identify_body(body: bytes) -> PeerInfo:
         version=values.get("version", ""),
         hostname=values.get("hostname", ""),
         distributed_id=values.get("distributed_id", ""),
+        replication_address=values.get("replication_address", ""),
     )
     if not info.broadcast_address or not info.tcp_port or not info.http_port or not info.version:
         raise ProtocolError(E_BAD_BODY, "IDENTIFY missing fields")
@@ -366,6 +371,8 @@ def encode_identify(info: PeerInfo | Mapping[str, Any]) -> bytes:
         }
         if info.distributed_id:
             data["distributed_id"] = info.distributed_id
+        if info.replication_address:
+            data["replication_address"] = info.replication_address
     else:
         data = dict(info)
     body = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()

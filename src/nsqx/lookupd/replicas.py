@@ -1,0 +1,407 @@
+"""Replicas: the coordinator's decisions for topics with ``replicator`` > 1.
+
+For each partition the coordinator keeps, in the topic's record, its placement (leader
+first), its ISR and its epoch, and tells every node that holds a replica
+(``POST nsqd/partition/role``) whenever one of them changes, and whenever a node
+registers the partition (so a node that restarted learns the current role before it
+accepts a write).
+
+* **A node is lost** when its registration connection closes and it has not come back
+  within ``lost_grace`` seconds. For each partition it led, the coordinator asks the
+  other live ISR members for their log end (``GET nsqd/partition/state``), elects the one
+  with the newest log, moves the old leader to the end of the placement (it will catch
+  up when it returns, after cutting what the new leader never had) and bumps the epoch.
+  An ISR member that is lost leaves the ISR.
+* **Write quorum** (Youzan's rule): writes need an ISR of more than half of the
+  replicas. When a lost node leaves an ISR too small for writes, a live node that holds
+  no replica of the partition takes the lost node's place in the placement: it is asked
+  to create the partition, catches up from the leader, and joins the ISR.
+* **Leaders report** a member that stays behind (``/partition/isr/leave``) and a replica
+  that caught up (``/partition/isr/join``).
+
+Every change is one new record, saved before any node is told, in a new epoch; nodes
+refuse a role of an older epoch than the one they hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from nsqx.lookupd.nsqd_client import NsqdCallError
+from nsqx.lookupd.registration_db import Peer
+from nsqx.lookupd.topic_meta import TopicRecord
+
+if TYPE_CHECKING:
+    from nsqx.lookupd.coordinator import Coordinator
+
+log = logging.getLogger("nsqx.lookupd")
+
+
+class Replicas:
+    """Leaders, ISRs and epochs of replicated partitions; elections."""
+
+    #: seconds a node whose connection closed has to come back before it is lost
+    lost_grace = 0.5
+    #: seconds before a role that could not be told is told again
+    retell_delay = 0.5
+
+    def __init__(self, coord: Coordinator) -> None:
+        self.coord = coord
+        # (connection id, topic, partition) -> the epoch last told on that connection
+        self._told: dict[tuple[str, str, int], int] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        # nodes whose connection closed while this nsqlookupd did not lead (several
+        # nsqlookupd over etcd): judged when it starts leading
+        self._gone_unjudged: set[str] = set()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (err := task.exception()) is not None:
+            # e.g. this lookupd stopped leading while deciding (etcd refused the write)
+            log.warning("REPL: %s failed: %s: %s", task.get_coro(), type(err).__name__, err)
+
+    async def close(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- telling nodes ----------------------------------------------------------------
+
+    def role(
+        self, topic: str, record: TopicRecord, pid: int, nodes: dict[str, Peer]
+    ) -> dict[str, Any] | None:
+        """The role document of one partition (None if it is not placed)."""
+        placement = record.placements.get(pid)
+        if not placement:
+            return None
+        leader = placement[0]
+        peer = nodes.get(leader)
+        leader_http = ""
+        if peer is not None:
+            info = peer.info
+            leader_http = info.replication_address or f"{info.broadcast_address}:{info.http_port}"
+        return {
+            "epoch": record.epoch_of(pid),
+            "leader": leader,
+            "leader_http": leader_http,
+            "isr": list(record.isr_of(pid)),
+            "replicas": list(placement),
+            "replica": record.meta.replica,
+        }
+
+    async def tell(self, topic: str, record: TopicRecord, pid: int) -> None:
+        """Send one partition's role to every connected node that holds it."""
+        nodes = self.coord.nodes()
+        role = self.role(topic, record, pid, nodes)
+        if role is None:
+            return
+        await asyncio.gather(
+            *(
+                self._tell_one(peer, topic, pid, role)
+                for node in record.placements.get(pid, ())
+                if (peer := nodes.get(node)) is not None
+            )
+        )
+
+    async def tell_all(self, topic: str, record: TopicRecord) -> None:
+        if record.meta.replica < 2:
+            return
+        await asyncio.gather(*(self.tell(topic, record, pid) for pid in record.placements))
+
+    async def _tell_one(self, peer: Peer, topic: str, pid: int, role: dict[str, Any]) -> bool:
+        key = (peer.id, topic, pid)
+        try:
+            await self.coord.client.send_role(peer.info, topic, pid, role)
+        except NsqdCallError as err:
+            log.warning("REPL: role of %s:%d for %s failed: %s", topic, pid, peer.node_id, err)
+            self._told.pop(key, None)
+            # again shortly, while the node is connected and the role still current
+            self._spawn(self._retell(peer, topic, pid, role["epoch"]))
+            return False
+        self._told[key] = role["epoch"]
+        return True
+
+    async def _retell(self, peer: Peer, topic: str, pid: int, epoch: int) -> None:
+        await asyncio.sleep(self.retell_delay)
+        record = self.coord.records.get(topic)
+        nodes = self.coord.nodes()
+        if record is None or record.epoch_of(pid) != epoch:
+            return  # a newer role was told meanwhile
+        if nodes.get(peer.node_id) is not peer or (peer.id, topic, pid) in self._told:
+            return
+        role = self.role(topic, record, pid, nodes)
+        if role is not None:
+            await self._tell_one(peer, topic, pid, role)
+
+    def registered(self, peer: Peer, topic: str, pid: int) -> None:
+        """A node registered a partition: tell it its role if it has not heard this
+        epoch on this connection."""
+        record = self.coord.records.get(topic)
+        if record is None or record.meta.replica < 2 or not self.coord.leading:
+            return
+        if pid not in record.placements:
+            return
+        if self._told.get((peer.id, topic, pid)) == record.epoch_of(pid):
+            return
+        self._told[(peer.id, topic, pid)] = record.epoch_of(pid)
+        if peer.node_id in record.placements[pid]:
+            self._spawn(self.tell(topic, record, pid))
+            return
+        # a replica that was replaced while it was away: the current role tells it it
+        # is none (it stops leading or following; its data stays, for an operator)
+        role = self.role(topic, record, pid, self.coord.nodes())
+        if role is not None:
+            log.warning("REPL: %s:%d: %s is no longer a replica", topic, pid, peer.node_id)
+            self._spawn(self._tell_one(peer, topic, pid, role))
+
+    def created(self, peer: Peer, topic: str, pid: int, record: TopicRecord) -> None:
+        """The coordinator created a partition on a node: tell it its role."""
+        if record.meta.replica >= 2:
+            self._spawn(self.tell(topic, self.coord.records.get(topic, record), pid))
+
+    # -- losing nodes -----------------------------------------------------------------
+
+    def peer_gone(self, peer: Peer) -> None:
+        for key in [k for k in self._told if k[0] == peer.id]:
+            del self._told[key]
+        if peer.speaks_partitions:
+            if self.coord.leading:
+                self._spawn(self._maybe_lost(peer.node_id))
+            else:
+                self._gone_unjudged.add(peer.node_id)
+
+    def start_leading(self) -> None:
+        """This nsqlookupd now leads (after another): the nodes it saw go meanwhile and
+        that are still away are lost now, so their leaderships move."""
+        gone, self._gone_unjudged = self._gone_unjudged, set()
+        self._told.clear()  # roles told by a former leader are told again
+        for node_id in gone:
+            self._spawn(self._maybe_lost(node_id))
+
+    async def _maybe_lost(self, node_id: str) -> None:
+        await asyncio.sleep(self.lost_grace)
+        if node_id in self.coord.nodes() or not self.coord.leading:
+            return  # it came back, or another nsqlookupd decides now
+        await self.node_lost(node_id)
+
+    async def node_lost(self, node_id: str) -> None:
+        """Move every leadership of ``node_id`` away and take it out of every ISR."""
+        coord = self.coord
+        async with coord._admin:
+            for topic, record in list(coord.records.items()):
+                if record.meta.replica < 2:
+                    continue
+                for pid in list(record.placements):
+                    if node_id not in record.placements[pid]:
+                        continue
+                    changed = await self._without(topic, record, pid, node_id)
+                    if changed is not None:
+                        record = changed
+                        await coord._save(topic, record)
+                        log.warning(
+                            "REPL: %s:%d epoch %d: leader %s, isr %s (node %s lost)",
+                            topic,
+                            pid,
+                            record.epoch_of(pid),
+                            record.placements[pid][0],
+                            ",".join(record.isr_of(pid)),
+                            node_id,
+                        )
+                        await self._apply(topic, record, pid)
+
+    async def _without(
+        self, topic: str, record: TopicRecord, pid: int, node_id: str
+    ) -> TopicRecord | None:
+        """The record with ``node_id`` out of the partition's leadership and ISR (None
+        if nothing changes)."""
+        placement = record.placements[pid]
+        isr = record.isr_of(pid)
+        nodes = self.coord.nodes()
+        if placement[0] == node_id:
+            candidates = [n for n in isr if n != node_id and n in nodes]
+            ends: dict[str, int] = {}
+            states = await asyncio.gather(
+                *(self.coord.client.partition_state(nodes[n].info, topic, pid) for n in candidates),
+                return_exceptions=True,
+            )
+            for n, state in zip(candidates, states, strict=True):
+                if isinstance(state, dict) and isinstance(state.get("end"), int):
+                    ends[n] = state["end"]
+                else:
+                    log.warning("REPL: %s:%d: no state from %s: %s", topic, pid, n, state)
+            if not ends:
+                log.error(
+                    "REPL: %s:%d: leader %s lost and no in-sync replica answers; "
+                    "the partition waits for one of %s",
+                    topic,
+                    pid,
+                    node_id,
+                    ",".join(isr),
+                )
+                return None
+            # the newest log; among equals, the first in the ISR order
+            leader = max(ends, key=lambda n: (ends[n], -isr.index(n)))
+            new_isr = (leader, *[n for n in isr if n in ends and n != leader])
+            new_placement = (leader, *[n for n in placement if n != leader])
+        elif node_id in isr:
+            new_isr = tuple(n for n in isr if n != node_id)
+            new_placement = placement
+        else:
+            return None
+        if len(new_isr) <= record.meta.replica // 2:
+            spare = self._spare(record, new_placement, nodes)
+            if spare is not None:
+                log.warning(
+                    "REPL: %s:%d: isr %s is too small to write; %s replaces %s",
+                    topic,
+                    pid,
+                    ",".join(new_isr),
+                    spare,
+                    node_id,
+                )
+                new_placement = (*[n for n in new_placement if n != node_id], spare)
+        return record.with_replicas(pid, new_placement, new_isr)
+
+    def _spare(
+        self, record: TopicRecord, placement: tuple[str, ...], nodes: dict[str, Peer]
+    ) -> str | None:
+        """A live node that can take a replica of a partition placed on ``placement``."""
+        in_topic = {n for held in record.placements.values() for n in held}
+        load = self.coord._load()
+        free = [
+            n
+            for n in sorted(nodes)
+            if n not in placement and (record.meta.allow_multi or n not in in_topic)
+        ]
+        return min(free, key=lambda n: (load[n], n)) if free else None
+
+    async def _apply(self, topic: str, record: TopicRecord, pid: int) -> None:
+        """Tell the partition's nodes their roles; create it where it is new."""
+        await self.tell(topic, record, pid)
+        nodes = self.coord.nodes()
+        for node in record.placements[pid]:
+            peer = nodes.get(node)
+            if peer is not None and (topic, pid, None) not in self.coord._seen.get(peer.id, ()):
+                self._spawn(self.coord._ask(peer, topic, pid, None, record))
+
+    # -- reports from leaders ---------------------------------------------------------
+
+    async def isr_leave(self, topic: str, pid: int, node: str) -> str:
+        """A leader reports ``node`` behind: take it out of the ISR."""
+        coord = self.coord
+        async with coord._admin:
+            record = coord.records.get(topic)
+            if record is None or pid not in record.placements:
+                return "unknown partition"
+            isr = record.isr_of(pid)
+            if node not in isr or node == record.placements[pid][0]:
+                return "not in the isr"
+            new = record.with_replicas(
+                pid, record.placements[pid], tuple(n for n in isr if n != node)
+            )
+            await coord._save(topic, new)
+            log.warning(
+                "REPL: %s:%d epoch %d: %s left the isr (behind the leader)",
+                topic,
+                pid,
+                new.epoch_of(pid),
+                node,
+            )
+            await self._apply(topic, new, pid)
+            return "OK"
+
+    async def isr_join(self, topic: str, pid: int, node: str) -> str:
+        """A leader reports ``node`` caught up: it joins the ISR."""
+        coord = self.coord
+        async with coord._admin:
+            record = coord.records.get(topic)
+            if record is None or pid not in record.placements:
+                return "unknown partition"
+            isr = record.isr_of(pid)
+            if node in isr or node not in record.placements[pid]:
+                return "not a catching-up replica"
+            new = record.with_replicas(pid, record.placements[pid], (*isr, node))
+            await coord._save(topic, new)
+            log.info("REPL: %s:%d epoch %d: %s joined the isr", topic, pid, new.epoch_of(pid), node)
+            await self._apply(topic, new, pid)
+            return "OK"
+
+    # -- moving leaderships (maintenance) ---------------------------------------------
+
+    async def move_leader(self, topic: str, pid: int, to: str | None = None) -> str:
+        """Give a partition's leadership to another in-sync replica (``to``, or the
+        first other one). The old leader becomes a follower: it cuts what it had not
+        committed (those publishes were never acknowledged), catches up and rejoins
+        the ISR. Returns the new leader."""
+        coord = self.coord
+        async with coord._admin:
+            return await self._move_leader(topic, pid, to)
+
+    async def _move_leader(self, topic: str, pid: int, to: str | None) -> str:
+        coord = self.coord
+        record = coord.records.get(topic)
+        if record is None or pid not in record.placements:
+            raise ValueError("unknown partition")
+        if record.meta.replica < 2:
+            raise ValueError("the topic is not replicated")
+        placement = record.placements[pid]
+        old = placement[0]
+        nodes = coord.nodes()
+        isr = [n for n in record.isr_of(pid) if n != old and n in nodes]
+        if to is not None:
+            if to not in isr:
+                raise ValueError(f"{to} is not a live in-sync replica")
+            new = to
+        elif isr:
+            new = isr[0]
+        else:
+            raise ValueError("no other live in-sync replica")
+        new_isr = (new, *[n for n in isr if n != new])
+        new_placement = (new, *[n for n in placement if n not in (new, old)], old)
+        changed = record.with_replicas(pid, new_placement, new_isr)
+        await coord._save(topic, changed)
+        log.warning(
+            "REPL: %s:%d epoch %d: leadership moved from %s to %s",
+            topic,
+            pid,
+            changed.epoch_of(pid),
+            old,
+            new,
+        )
+        await self._apply(topic, changed, pid)
+        return new
+
+    async def drain(self, node_id: str) -> list[str]:
+        """Move every leadership of ``node_id`` away (before maintenance); the
+        partitions moved, as ``topic:partition``. Partitions with no other live
+        in-sync replica stay and are listed as errors in the log."""
+        coord = self.coord
+        moved: list[str] = []
+        async with coord._admin:
+            for topic, record in list(coord.records.items()):
+                if record.meta.replica < 2:
+                    continue
+                for pid, placement in sorted(record.placements.items()):
+                    if placement and placement[0] == node_id:
+                        try:
+                            await self._move_leader(topic, pid, None)
+                            moved.append(f"{topic}:{pid}")
+                        except ValueError as err:
+                            log.error("REPL: drain %s: %s:%d stays: %s", node_id, topic, pid, err)
+        return moved
+
+    # -- views ------------------------------------------------------------------------
+
+    def leaders(self, topic: str) -> dict[int, str] | None:
+        """For a replicated topic, the leader of each partition (None otherwise)."""
+        record = self.coord.records.get(topic)
+        if record is None or record.meta.replica < 2:
+            return None
+        return {pid: nodes[0] for pid, nodes in record.placements.items() if nodes}

@@ -1,0 +1,209 @@
+"""PartitionReplica: one replicated partition's role on this node, and its replication.
+
+A partition of a topic with ``replicator`` > 1 gets one. It holds the role the
+coordinator gave (nsqx.nsqd.replication.state) and runs the leader's side
+(:class:`LeaderReplication`) or the follower's (:class:`FollowerReplication`).
+
+Writes are accepted only by a leader whose role the coordinator confirmed since this
+process started (a restarted node waits for the coordinator, which may have elected
+another leader meanwhile) and whose ISR is large enough; otherwise a publisher gets
+E_FAILED_ON_NOT_LEADER or E_FAILED_ON_NOT_WRITABLE and looks up again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from nsqx.nsqd.replication.follower import FollowerReplication
+from nsqx.nsqd.replication.leader import CommitFailed, LeaderReplication
+from nsqx.nsqd.replication.state import (
+    FOLLOWER,
+    LEADER,
+    ReplicaRole,
+    read_role,
+    write_role,
+)
+from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE, ProtocolError
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.partition import Partition
+    from nsqx.nsqd.replication.manager import ReplicationManager
+
+log = logging.getLogger("nsqx.replication")
+
+__all__ = ["CommitFailed", "PartitionReplica", "StaleEpoch"]
+
+
+class StaleEpoch(Exception):
+    """A role older than the one this node holds."""
+
+
+class PartitionReplica:
+    """The replication state and work of one partition on this node."""
+
+    def __init__(self, manager: ReplicationManager, part: Partition) -> None:
+        self.manager = manager
+        self.part = part
+        assert part.topic.directory is not None
+        self.path = os.path.join(part.topic.directory, f"replica.p{part.id}.json")
+        self.role: ReplicaRole | None = read_role(self.path)
+        #: the coordinator sent a role since this process started
+        self.confirmed = False
+        self.leader: LeaderReplication | None = None
+        self.follower: FollowerReplication | None = None
+        self.started = False
+
+    def __repr__(self) -> str:
+        return f"<replica {self.part} {self.role_name}>"
+
+    @property
+    def node_id(self) -> str:
+        return self.manager.nsqd.node_id
+
+    @property
+    def role_name(self) -> str:
+        if self.role is None:
+            return "none"
+        return self.role.role_of(self.node_id) or "none"
+
+    def start(self) -> None:
+        """Follow the saved leader (if this node was a follower); a saved leadership
+        waits for the coordinator's word."""
+        self.started = True
+        if self.role is not None and self.role.role_of(self.node_id) == FOLLOWER:
+            self._follow(self.role.leader_http)
+
+    # -- the coordinator's decisions --------------------------------------------------
+
+    def apply_role(self, role: ReplicaRole) -> None:
+        """Take the coordinator's role (StaleEpoch if it is older than the one held)."""
+        old = self.role
+        if old is not None and role.epoch < old.epoch:
+            raise StaleEpoch(f"epoch {role.epoch} < {old.epoch}")
+        me = self.node_id
+        history = old.history if old is not None else ()
+        new = role.role_of(me)
+        if new == LEADER and self.leader is None:
+            log_ = self.part.log
+            if not history or history[-1][0] < role.epoch:
+                history = (*history, (role.epoch, log_.end))
+        role = role.with_history(history)
+        if role != old:
+            write_role(self.path, role)
+        self.role = role
+        self.confirmed = True
+        if old is None or old.epoch != role.epoch or new != self.role_name_of(old):
+            log.info(
+                "REPL: %s: epoch %d, %s (leader %s, isr %s)",
+                self.part,
+                role.epoch,
+                new or "not a replica",
+                role.leader,
+                ",".join(role.isr),
+            )
+        if new == LEADER:
+            self._stop_following()
+            if self.leader is None:
+                self.leader = LeaderReplication(self, self.part.visible_end)
+            self.leader.recompute()
+        else:
+            self._stop_leading()
+            if new == FOLLOWER:
+                if self.follower is None or self.follower.leader_http != role.leader_http:
+                    self._stop_following()
+                    self._follow(role.leader_http)
+            else:
+                self._stop_following()
+
+    def role_name_of(self, role: ReplicaRole) -> str | None:
+        return role.role_of(self.node_id)
+
+    def adopt_history(self, history: tuple[tuple[int, int], ...]) -> None:
+        """A follower takes its leader's epoch history (when the stream opens)."""
+        if self.role is not None and self.role.history != history:
+            self.role = self.role.with_history(history)
+            write_role(self.path, self.role)
+
+    def _follow(self, leader_http: str) -> None:
+        if not self.started:
+            return
+        self.follower = FollowerReplication(self, leader_http)
+
+    def _stop_following(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
+            self.follower = None
+
+    def _stop_leading(self) -> None:
+        if self.leader is None:
+            return
+        self.leader.close()
+        self.leader = None
+        # consumers must move to the new leader: close their connections
+        err = ProtocolError(E_FAILED_ON_NOT_LEADER, "not the leader of this partition")
+        for ch in self.part.channels.values():
+            for client in list(ch.clients):
+                client.fail(err)
+
+    # -- the write path ---------------------------------------------------------------
+
+    def write_error(self) -> str | None:
+        """None if a publish may be written here, else the error code to answer."""
+        if self.leader is None:
+            return E_FAILED_ON_NOT_LEADER
+        role = self.role
+        if not self.confirmed or role is None or not role.quorum_ok:
+            return E_FAILED_ON_NOT_WRITABLE
+        return None
+
+    def appended(self) -> None:
+        if self.leader is not None:
+            self.leader.appended()
+
+    def wait_commit(self, seq: int) -> asyncio.Future[None]:
+        """Done once every record below ``seq`` is held by the ISR (CommitFailed if this
+        node stops leading first)."""
+        if self.leader is None:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            fut.set_exception(CommitFailed("not the leader"))
+            return fut
+        return self.leader.wait(seq)
+
+    def follower_progress(self, node: str, end: int) -> None:
+        """A follower acknowledged ``end`` (hook for stats)."""
+
+    # -- views ------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        role = self.role
+        log_ = self.part.log
+        out: dict[str, Any] = {
+            "role": self.role_name,
+            "epoch": role.epoch if role else 0,
+            "leader": role.leader if role else "",
+            "isr": list(role.isr) if role else [],
+            "replicas": list(role.replicas) if role else [],
+            "confirmed": self.confirmed,
+            "end": log_.end,
+            "commit": self.part.visible_end,
+            "channels": {name: ch.cursor for name, ch in self.part.channels.items()},
+        }
+        if self.leader is not None:
+            out["followers"] = {
+                node: {"acked": acked, "lag": max(log_.end - acked, 0)}
+                for node, acked in self.leader.acked.items()
+            }
+        if self.follower is not None:
+            out["connected"] = self.follower.connected
+        return out
+
+    async def close(self) -> None:
+        if self.leader is not None:
+            self.leader.close()
+            self.leader = None
+        if self.follower is not None:
+            await self.follower.close()
+            self.follower = None

@@ -1,0 +1,1 @@
+"""Coverage-guided fuzzing (atheris) of wire/'s parsers and of a live nsqd; see run.py."""
