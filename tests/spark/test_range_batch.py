@@ -167,3 +167,54 @@ def test_a_read_stops_at_a_gap_and_says_where_it_starts(tmp_path: Path) -> None:
     inside = decode_range(_body(log, lo, 100))
     assert inside.start_sequence == hi and inside.records[0].sequence == hi
     assert all(r.id == b"%016x" % r.sequence for r in inside.records)
+
+
+def test_a_large_read_is_taken_in_steps_that_let_other_work_run(tmp_path: Path) -> None:
+    """GET /range reads in steps of RANGE_STEP_BYTES on nsqd's event loop: the body is
+    the one a single read makes, and other tasks (consumers, publishers) run between the
+    steps instead of waiting for the whole read."""
+    import asyncio
+
+    from nsqx.nsqd.http import RANGE_STEP_BYTES, range_steps
+
+    log = DiskLog(str(tmp_path), max_bytes_per_file=1 << 20, cache_size=10)
+    body = b"x" * 1000
+    for _ in range(40):  # 40 batches of 100 frames of ~1 KiB: 4 MiB, 4 segments
+        ids = make_ids(log.end, 100)
+        chunk, stride = encode_message_batch(TS, ids, [body] * 100)
+        log.append(chunk, ids, 0, stride)
+    # and one batch of unequal frames (one run per frame)
+    ids = make_ids(log.end, 3)
+    chunk, stride = encode_message_batch(TS, ids, [b"a", b"bb", b"ccc"])
+    log.append(chunk, ids, 0, stride)
+
+    async def read_while_counting() -> tuple[bytes, int]:
+        ticks = 0
+        done = False
+
+        async def other_work() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other_work())
+        await asyncio.sleep(0)
+        ticks = 0
+        head, chunks = await range_steps(log, 10, 100_000, 64 << 20)
+        seen = ticks
+        done = True
+        await task
+        return head + b"".join(chunks), seen
+
+    whole, ticks = asyncio.run(read_while_counting())
+    # the same records (a batch cut between two steps makes two runs instead of one)
+    assert decode_range(whole) == decode_range(range_body(log, 10, 100_000, 64 << 20))
+    assert len(decode_range(whole).records) == 4003 - 10
+    assert ticks >= (4 << 20) // RANGE_STEP_BYTES - 1  # the loop turned between steps
+    # budgets and an empty read are the same as one read's too
+    for start, n, size in ((0, 250, 1 << 30), (5, 100_000, 3000), (4003, 10, 1 << 20)):
+        head, chunks = asyncio.run(range_steps(log, start, n, size))
+        assert decode_range(head + b"".join(chunks)) == decode_range(
+            range_body(log, start, n, size)
+        )

@@ -134,39 +134,3 @@ def test_bad_option_names_the_option(spark: Any, two_nsqd: list[NsqdProcess]) ->
             .load()
             .collect()
         )
-
-
-def test_channel_mode_loses_nothing(
-    spark: Any, two_nsqd: list[NsqdProcess], tmp_path: Path
-) -> None:
-    """mode=channel (what a Go nsqd needs): every message reaches the sink; messages are
-    FINed only once their batch is committed, so the channel ends empty on the next run."""
-    a, _ = two_nsqd
-    publish(a, "chan", [b"c-%d" % i for i in range(700)])
-    out = tmp_path / "out"
-
-    def run_once() -> None:
-        q = (
-            spark.readStream.format("nsq")
-            .option("mode", "channel")
-            .option("topic", "chan")
-            .option("channel", "spark")
-            .option("nsqdTcpAddresses", f"127.0.0.1:{a.tcp_port}")
-            .option("maxBatchMessages", "300")
-            .load()
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(tmp_path / "ckpt"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination(120)
-        assert q.exception() is None
-
-    run_once()
-    got = [r.body for r in spark.read.parquet(str(out)).select("body").collect()]
-    assert set(got) == {b"c-%d" % i for i in range(700)}  # at-least-once: none missing
-    publish(a, "chan", [b"d-%d" % i for i in range(50)])
-    run_once()  # its first read FINs what the last run's final batch took
-    got = [r.body for r in spark.read.parquet(str(out)).select("body").collect()]
-    assert {b"d-%d" % i for i in range(50)} <= set(got)

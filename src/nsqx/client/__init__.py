@@ -38,7 +38,7 @@ from nsqx.client.errors import (
     PartitionUnavailableError,
     PublishError,
 )
-from nsqx.client.message import Message, MessageRespondedError
+from nsqx.client.message import Message, MessageRespondedError, finish_all
 from nsqx.client.partition_producer import PartitionProducer
 from nsqx.client.producer import HttpProducer, Producer
 from nsqx.client.rdy import RdyController
@@ -87,6 +87,7 @@ __all__ = [
     "TopicMeta",
     "TraceResult",
     "ext_header",
+    "finish_all",
     "murmur3_32",
     "parse_duration",
     "partition_for_key",

@@ -473,6 +473,13 @@ class Connection(asyncio.Protocol):
         if self._flush_handle is None:
             self._flush_handle = self.loop.call_soon(self.flush)
 
+    def queue_fins(self, msg_ids: list[bytes]) -> None:
+        """FIN every id of ``msg_ids`` with whatever else is queued in this loop
+        iteration (one FIN command list, one write)."""
+        self._fins.extend(msg_ids)
+        if self._flush_handle is None:
+            self._flush_handle = self.loop.call_soon(self.flush)
+
     def flush(self) -> None:
         """Write everything queued, in one write."""
         if self._flush_handle is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from nsqx.client.errors import NSQError
@@ -198,6 +199,30 @@ class Message:
             raise MessageRespondedError(f"touch: message {self.hex_id!r} was already answered")
         if self._link is not None:
             self._link.touch(self)
+
+
+def finish_all(messages: Iterable[Message]) -> int:
+    """FIN every message of ``messages`` not answered yet, as :meth:`Message.finish`
+    would one by one, but grouped by connection: one FIN command list and one
+    bookkeeping step per connection instead of per message (for consumers that hold
+    many messages with :meth:`Message.enable_async` and answer them together). Call it
+    on the consumer's event loop. Returns how many were finished."""
+    by_link: dict[int, tuple[_Link, list[bytes]]] = {}
+    n = 0
+    for msg in messages:
+        if msg._responded:
+            continue
+        msg._responded = True
+        n += 1
+        link = msg._link
+        if link is not None:
+            entry = by_link.get(id(link))
+            if entry is None:
+                entry = by_link[id(link)] = (link, [])
+            entry[1].append(msg._data[10:26])  # the id, in every layout
+    for link, ids in by_link.values():
+        link.finish_many(ids)
+    return n
 
 
 class YouzanMessage(Message):

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import socket
+from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,7 @@ from nsqx.nsqd.metrics import Metrics
 from nsqx.nsqd.replication.leader import CommitFailed
 from nsqx.nsqd.replication.replica import StaleEpoch
 from nsqx.nsqd.replication.state import ReplicaRole
-from nsqx.store.disklog import DiskLog
+from nsqx.store.disklog import DiskLog, RangeFramesOut
 from nsqx.wire import replication as rp
 from nsqx.wire.commands import parse_consume_start, parse_mpub_body
 from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, ProtocolError
@@ -188,6 +189,7 @@ def _too_big(message: str) -> web.Response:
     return resp
 
 
+# StreamResponse: /range streams its body, /replication/stream is a WebSocket
 Handler = Callable[
     ["HTTPServer", web.BaseRequest, dict[str, list[str]]], Awaitable[web.StreamResponse]
 ]
@@ -517,7 +519,7 @@ class HTTPServer:
 
     async def range_read(
         self, request: web.BaseRequest, params: dict[str, list[str]]
-    ) -> web.Response:
+    ) -> web.StreamResponse:
         """GET /range: records of a topic partition, by sequence, offset or time."""
         name = self._topic_name(params)
         topic = self.nsqd.topics.get(name)
@@ -549,10 +551,27 @@ class HTTPServer:
             min(ints["max_messages"], MAX_RANGE_MESSAGES) if "max_messages" in params else 10_000
         )
         max_bytes = min(ints["max_bytes"], MAX_RANGE_BYTES) if "max_bytes" in params else 8 << 20
-        body = range_body(log_, start, max_messages, max_bytes, end)
-        return web.Response(
-            body=body, headers={"Content-Type": "application/octet-stream", **NSQ_HEADERS}
+        head, chunks = await range_steps(log_, start, max_messages, max_bytes, end)
+        resp = web.StreamResponse(
+            headers={"Content-Type": "application/octet-stream", **NSQ_HEADERS}
         )
+        resp.content_length = len(head) + sum(map(len, chunks))
+        await resp.prepare(request)
+        await resp.write(head)
+        # frames leave in writes of about a step each; write() waits while the client
+        # is slower than that (aiohttp's drain), and other work runs in between
+        group: list[bytes] = []
+        size = 0
+        for chunk in chunks:
+            group.append(chunk)
+            size += len(chunk)
+            if size >= RANGE_STEP_BYTES:
+                await resp.write(group[0] if len(group) == 1 else b"".join(group))
+                group, size = [], 0
+        if group:
+            await resp.write(b"".join(group))
+        await resp.write_eof()
+        return resp
 
     async def channel_setoffset(
         self, request: web.BaseRequest, params: dict[str, list[str]]
@@ -1051,6 +1070,63 @@ def range_body(
 #: bounds of one range read (a reader asks again for more)
 MAX_RANGE_MESSAGES = 100_000
 MAX_RANGE_BYTES = 64 * 1024 * 1024
+#: bytes of frames a range read takes from the log (and writes out) in one step on the
+#: event loop; between steps nsqd's consumers and publishers get their turn, so a
+#: 64 MiB read delays them by one step (a fraction of a millisecond), not by the whole
+#: read. 256 KiB rather than 1 MiB: a live consumer's p99 latency during Spark's reads
+#: was 10-20% lower (bench/spark_bench.py --latency) at the same read rate
+RANGE_STEP_BYTES = 1 << 18
+
+
+async def range_steps(
+    log_: DiskLog, start: int, max_messages: int, max_bytes: int, end: int | None = None
+) -> tuple[bytes, list[bytes]]:
+    """A range read of ``log_`` (the body of :func:`range_body`, as its header and
+    tables, then the frames as chunks), taken in steps of at most RANGE_STEP_BYTES of
+    frames that yield to the event loop between them.
+
+    The log may change between steps: appends only add records after the ones read,
+    and a step that finds its next record deleted (reclaimed meanwhile) or a gap ends
+    the read there, as one read stops at a gap: the reader asks again from where it
+    stopped and sees the loss then. The partition's end is taken after the last step.
+    """
+    parts: list[RangeFramesOut] = []
+    seq = start
+    count = taken = 0
+    # where the records start: past ``start`` if those are gone (from the first step,
+    # which also says so when it finds none)
+    first = max(start, log_.start)
+    while count < max_messages and taken < max_bytes:
+        try:
+            found = log_.read_frames(
+                seq, max_messages - count, min(RANGE_STEP_BYTES, max_bytes - taken), end
+            )
+        except OSError:
+            if not parts:
+                raise
+            break  # a segment deleted under a later step: what was read stands
+        if not parts:
+            first = found.first
+        if not found.count or (parts and found.first != seq):
+            break
+        parts.append(found)
+        count += found.count
+        taken += sum(map(len, found.chunks))
+        seq = found.first + found.count
+        if count < max_messages and taken < max_bytes:
+            await asyncio.sleep(0)
+    lengths, timestamps, offsets, sizes = array("i"), array("q"), array("q"), array("i")
+    chunks: list[bytes] = []
+    for found in parts:
+        lengths += found.run_lengths
+        timestamps += found.run_timestamps
+        offsets += found.run_offsets
+        sizes += found.sizes
+        chunks += found.chunks
+    head = encode_range_frames(
+        log_.end, log_.end_offset, first, lengths, timestamps, offsets, sizes, []
+    )
+    return head, chunks
 
 
 def _int_param(params: dict[str, list[str]], key: str, default: int) -> int:

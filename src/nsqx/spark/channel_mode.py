@@ -1,64 +1,309 @@
 """``mode=channel``: reading through an NSQ channel, for servers without range reads.
 
-The query's driver-side source runner holds one subscription (nsqx.client's blocking
-consumer). Each ``read(start)`` first FINs what the batches up to ``start`` took (Spark
-only advances ``start`` past a batch after its sink committed it), then takes what has
-arrived, up to ``maxBatchMessages``. ``commit(end)`` FINs as well. Nothing is FINed before
-its batch is committed, so nothing is lost; after a failure, unFINed messages come again
-(at-least-once: make the sink idempotent on ``id``).
+The query's driver-side source runner (one Python process per query) holds the
+subscription: nsqx.client consumers on an event loop thread of their own. A message is
+FINed only once Spark is past the micro-batch that took it, so nothing is lost; after a
+failure, what was not FINed comes again (at-least-once: make the sink idempotent on
+``id``).
+
+Batches as large as ``maxOffsetsPerTrigger``: every message of a batch stays in flight
+until the batch is committed, and nsqd lets one connection hold at most
+``--max-rdy-count`` messages in flight (2,500 by default, Go's and ours). So the source
+opens enough connections to each nsqd to hold two batches (the one Spark is running,
+the next one arriving), and builds each batch's Arrow columns from the frames with
+Arrow's kernels, with no Python work per row beyond receiving the message.
+
+Messages are held in flight with a short ``msgTimeout`` (30 s) and touched while they
+wait, so that a driver that dies gives them back within that time; a query that stops
+gives back (REQ, deferred by GIVE_BACK_DELAY) every message it has not committed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import atexit
+import logging
+import math
+import signal
+import sys
+import threading
 import time
+from array import array
+from collections import deque
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from itertools import accumulate, islice
 from typing import Any
 
 from pyspark.sql.datasource import SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
+from nsqx.client.message import finish_all
 from nsqx.spark.options import NsqOptions
 
-#: how long a read waits for the first message of a batch, and for the next one
+log = logging.getLogger("nsqx.spark")
+
+#: how long a read waits for the first message of a batch
 FIRST_WAIT = 1.0
-NEXT_WAIT = 0.05
+#: a batch is complete when nothing more arrived for this long (or it is full)
+IDLE_WAIT = 0.1
+#: how long nsqd may hold messages for a connection before it writes them (below
+#: IDLE_WAIT)
+OUTPUT_BUFFER_TIMEOUT = 0.05
+#: what a stopping query gives back is delivered again after this long (s): by then
+#: every connection of the query is closed
+GIVE_BACK_DELAY = 1.0
+#: how often a read looks at what arrived
+POLL = 0.005
+#: nsqd's default --max-rdy-count: messages one connection may hold in flight
+MAX_RDY_COUNT = 2500
+#: messages per micro-batch without maxOffsetsPerTrigger (big batches: Spark spends
+#: a fixed time on each)
+DEFAULT_BATCH = 50_000
+#: rows per Arrow batch handed to Spark
+CHUNK = 50_000
+#: connections to one nsqd at most (each holds MAX_RDY_COUNT messages in flight): two
+#: batches of 320,000
+MAX_CONNECTIONS = 256
+
+
+def connections_for(batch: int, max_rdy: int = MAX_RDY_COUNT) -> int:
+    """Connections to each nsqd that hold two batches in flight."""
+    return max(1, min(MAX_CONNECTIONS, math.ceil(2 * batch / max_rdy)))
+
+
+def messages_to_batch(payloads: list[bytes], topic: str, first_offset: int) -> Any:
+    """An Arrow record batch of the source's schema from message frames' data
+    (``[i64 timestamp][u16 attempts][16-byte hex id][body]``, as NSQ 1.3 sends them),
+    built column by column with Arrow's kernels."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from nsqx.spark.source import SCHEMA_NAMES
+
+    n = len(payloads)
+    # one join and the running sum of the lengths: the frames as an Arrow binary array
+    # without converting each message on its own
+    ends = array("i", [0])
+    ends.extend(accumulate(map(len, payloads)))
+    frames = pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(ends), pa.py_buffer(b"".join(payloads))]
+    )
+    if n and pc.min(pc.binary_length(frames)).as_py() < 26:
+        raise RuntimeError("nsq: a message frame shorter than its header")
+    longest = pc.max(pc.binary_length(frames)).as_py() or 26
+
+    def fixed(start: int, width: int, code: str) -> array[int]:
+        # n fields of ``width`` bytes, big-endian, now side by side in one buffer
+        values = array(code)
+        values.frombytes(
+            memoryview(pc.binary_slice(frames, start, start + width).buffers()[2])[: width * n]
+        )
+        if sys.byteorder == "little":
+            values.byteswap()
+        return values
+
+    stamps = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(fixed(0, 8, "q"))])
+    attempts = pa.Array.from_buffers(pa.uint16(), n, [None, pa.py_buffer(fixed(8, 2, "H"))])
+    ones = pa.repeat(pa.scalar(1, pa.int64()), n)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(topic, pa.string()), n),
+            pa.repeat(pa.scalar("", pa.string()), n),
+            pa.repeat(pa.scalar(0, pa.int32()), n),
+            pc.cumulative_sum(ones, start=first_offset - 1),
+            pc.binary_slice(frames, 10, 26).cast(pa.string()),
+            pa.repeat(pa.scalar(0, pa.int64()), n),
+            pc.divide(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
+            attempts.cast(pa.int32()),
+            pc.binary_slice(frames, 26, longest),
+            pa.nulls(n, pa.string()),
+        ],
+        names=SCHEMA_NAMES,
+    )
+
+
+class _Subscription:
+    """The consumers of one query's runner: messages arrive in ``inbox`` (on the loop
+    thread) and are answered in bulk, one loop call per batch of answers."""
+
+    def __init__(self, opts: NsqOptions, batch: int) -> None:
+        from nsqx.client import Consumer
+        from nsqx.client.sync import LoopThread
+
+        assert opts.topic is not None and opts.channel is not None
+        self.inbox: deque[Any] = deque()
+        #: messages put in the inbox and taken out of it, ever (to tell its old ones)
+        self.arrived = 0
+        self.taken = 0
+        #: (arrival time, messages) not yet answered, oldest first, for TOUCH
+        self.thread = LoopThread("nsqx-spark-channel")
+        self.msg_timeout = opts.msg_timeout_ms / 1000
+        per_conn = min(MAX_RDY_COUNT, math.ceil(2 * batch / connections_for(batch)))
+        nodes = max(1, len(opts.nsqd_tcp))
+        self.consumers = [
+            Consumer(
+                opts.topic,
+                opts.channel,
+                self._on_message,
+                nsqd_tcp_addresses=opts.nsqd_tcp,
+                lookupd_http_addresses=opts.lookupd_http,
+                max_in_flight=per_conn * nodes,
+                msg_timeout=self.msg_timeout,
+                # the query decides when a message is done; never given up on here
+                max_attempts=0,
+                # a handshake that gets no answer is retried after 15 s, not 60
+                heartbeat_interval=5.0,
+                read_timeout=15.0,
+                # nsqd sends what it buffered within 50 ms (its default, 250 ms, is
+                # longer than a read waits for more: a batch's tail would wait for
+                # the next one); a busy stream fills the buffer sooner anyway
+                output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
+            )
+            for _ in range(connections_for(batch))
+        ]
+        self.closed = False
+
+        async def start() -> None:
+            await asyncio.gather(*(c.start() for c in self.consumers))
+
+        try:
+            self.thread.run(start(), 120)
+        except BaseException:
+            self.thread.stop()
+            raise
+
+    def _on_message(self, msg: Any) -> None:
+        # on the loop thread, inline: the message is answered later, by the query
+        if self.closed:
+            msg.requeue(GIVE_BACK_DELAY, backoff=False)  # came after CLS: give it back
+            return
+        msg.enable_async()
+        self.inbox.append(msg)
+        self.arrived += 1
+
+    def answer(self, msgs: list[Any], how: str) -> None:
+        """FIN ("finish"), REQ at once ("requeue") or TOUCH ("touch") ``msgs`` on the
+        loop thread, in one call (nsqx.client writes a read's FINs together)."""
+        if not msgs or self.closed:
+            return
+
+        def run() -> None:
+            if how == "finish":
+                finish_all(msgs)  # one FIN list and one bookkeeping step per connection
+                return
+            for m in msgs:
+                if m.has_responded:
+                    continue
+                if how == "requeue":
+                    m.requeue(0, backoff=False)
+                else:
+                    m.touch()
+
+        self.thread.call(run)
+
+    def close(self, give_back: list[Any]) -> None:
+        """Give ``give_back`` (and whatever else arrived) back to nsqd, then close.
+
+        CLS first, on every connection: nsqd then sends nothing more. What is given back
+        is deferred by GIVE_BACK_DELAY: given back at once, a message could reach
+        another of these connections before nsqd took its CLS (Go's nsqd may send a
+        message it had already picked), after that connection's close, and stay in
+        flight there until msg_timeout."""
+        if self.closed:
+            return
+        self.closed = True  # from now on, a message that arrives goes straight back
+
+        async def shutdown() -> None:
+            closing = [asyncio.ensure_future(c.close(5.0)) for c in self.consumers]
+            await asyncio.sleep(0)  # the CLS commands are written
+            for m in [*give_back, *self.inbox]:
+                if not m.has_responded:
+                    m.requeue(GIVE_BACK_DELAY, backoff=False)
+            self.inbox.clear()
+            await asyncio.gather(*closing, return_exceptions=True)
+
+        try:
+            self.thread.run(shutdown(), 15)
+        except Exception as err:  # closing on the way out: say so, go on
+            log.warning("nsq: closing the channel subscription: %s", err)
+        finally:
+            self.thread.stop()
 
 
 class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Micro-batches taken from a channel; the offset counts messages taken."""
+    """Micro-batches taken from a channel; the offset counts the messages taken."""
 
     def __init__(self, opts: NsqOptions) -> None:
         self.opts = opts
-        self._consumer: Any = None
+        #: messages per micro-batch at most
+        self.batch = opts.max_offsets_per_trigger or opts.max_batch_messages or DEFAULT_BATCH
+        self._sub: _Subscription | None = None
         # end offset of a batch -> its messages, FINed once Spark is past that batch
         self._pending: dict[int, list[Any]] = {}
+        self._taken_at: dict[int, float] = {}
+        self._toucher: threading.Thread | None = None
+        self._lock = threading.Lock()
+        #: how often the toucher has looked (for tests)
+        self.touch_rounds = 0
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader for its planner: the subscription stays here
         state = dict(self.__dict__)
-        state["_consumer"] = None
-        state["_pending"] = {}
+        state.update(_sub=None, _pending={}, _taken_at={}, _toucher=None, _lock=None)
         return state
 
-    def _subscribe(self) -> Any:
-        if self._consumer is None:
-            from nsqx.client.sync import BlockingConsumer
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
-            opts = self.opts
-            assert opts.topic is not None and opts.channel is not None
-            self._consumer = BlockingConsumer(
-                opts.topic,
-                opts.channel,
-                nsqd_tcp_addresses=opts.nsqd_tcp,
-                lookupd_http_addresses=opts.lookupd_http,
-                # two batches may wait for their commit at once
-                max_in_flight=2 * opts.max_batch_messages,
-                msg_timeout=opts.msg_timeout_ms / 1000,
-                # the query decides; the client never gives up on a message by itself
-                max_attempts=0,
+    def _subscribe(self) -> _Subscription:
+        if self._sub is None:
+            self._sub = _Subscription(self.opts, self.batch)
+            # Spark ends the source's process when the query stops (SIGTERM) and
+            # never calls a simple reader's stop(): give back what is not committed
+            atexit.register(self.stop)
+            if threading.current_thread() is threading.main_thread():
+                previous = signal.getsignal(signal.SIGTERM)
+
+                def on_term(signum: int, frame: Any) -> None:
+                    # Spark may signal twice: the second must not cut the first short
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    self.stop()
+                    signal.signal(
+                        signal.SIGTERM, previous if callable(previous) else signal.SIG_DFL
+                    )
+                    signal.raise_signal(signal.SIGTERM)
+
+                signal.signal(signal.SIGTERM, on_term)
+            self._toucher = threading.Thread(
+                target=self._touch_loop, name="nsqx-spark-touch", daemon=True
             )
-        return self._consumer
+            self._toucher.start()
+        return self._sub
+
+    def _touch_loop(self) -> None:
+        """TOUCH what waits for its batch's commit, well before msgTimeout runs out."""
+        sub = self._sub
+        assert sub is not None
+        every = sub.msg_timeout / 3
+        arrived_before = 0  # messages that had arrived at the last look
+        while not sub.closed:
+            time.sleep(every)
+            self.touch_rounds += 1
+            now = time.monotonic()
+            with self._lock:
+                old = [
+                    m
+                    for end, msgs in self._pending.items()
+                    if now - self._taken_at.get(end, now) >= every
+                    for m in msgs
+                ]
+            # the inbox's oldest messages (it is taken from the left) that were there at
+            # the last look: waiting for at least ``every``; the others are fresh
+            waiting = max(0, arrived_before - sub.taken)
+            arrived_before = sub.arrived
+            old += list(islice(sub.inbox, waiting))
+            sub.answer(old, "touch")
 
     def initialOffset(self) -> dict[str, int]:
         return {"taken": 0}
@@ -67,52 +312,72 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         """availableNow ends when a read finds nothing new: nothing else to pin."""
 
     def _finish_upto(self, offset: int) -> None:
-        for end in sorted(k for k in self._pending if k <= offset):
-            for msg in self._pending.pop(end):
-                msg.finish()
+        with self._lock:
+            done = [k for k in self._pending if k <= offset]
+            msgs = [m for k in sorted(done) for m in self._pending.pop(k)]
+            for k in done:
+                self._taken_at.pop(k, None)
+        if self._sub is not None:
+            self._sub.answer(msgs, "finish")
 
-    def read(self, start: dict[str, int]) -> tuple[Iterator[tuple[Any, ...]], dict[str, int]]:
-        consumer = self._subscribe()
+    def _take(self, sub: _Subscription) -> list[Any]:
+        """Up to ``batch`` messages: waits FIRST_WAIT for the first one, then until
+        the batch is full or nothing more arrived for IDLE_WAIT."""
+        inbox = sub.inbox
+        start = time.monotonic()
+        seen, since = len(inbox), start
+        while len(inbox) < self.batch:
+            now = time.monotonic()
+            if len(inbox) != seen:
+                seen, since = len(inbox), now
+            elif now - (since if seen else start) >= (IDLE_WAIT if seen else FIRST_WAIT):
+                break
+            time.sleep(POLL)
+        n = min(self.batch, len(inbox))
+        sub.taken += n
+        return [inbox.popleft() for _ in range(n)]
+
+    def read(self, start: dict[str, int]) -> tuple[Iterator[Any], dict[str, int]]:
+        sub = self._subscribe()
         taken = int(start["taken"])
+        # Spark asks for the batch after ``start`` only once the batch that ended
+        # there is committed: its messages are done
         self._finish_upto(taken)
-        opts = self.opts
-        rows: list[tuple[Any, ...]] = []
-        msgs: list[Any] = []
-        wait = FIRST_WAIT
-        deadline = time.monotonic() + FIRST_WAIT
-        while len(msgs) < opts.max_batch_messages:
-            msg = consumer.get(timeout=wait)
-            if msg is None:
-                if msgs or time.monotonic() >= deadline:
-                    break
-                continue
-            msgs.append(msg)
-            rows.append(
-                (
-                    opts.topic,
-                    "",
-                    0,
-                    taken + len(rows),
-                    msg.id.decode("ascii"),
-                    0,
-                    datetime.fromtimestamp(msg.timestamp / 1e9, tz=UTC),
-                    msg.attempts,
-                    msg.body,
-                    None,
-                )
-            )
-            wait = NEXT_WAIT
-        end = taken + len(rows)
-        if msgs:
+        msgs = self._take(sub)
+        if not msgs:
+            return iter(()), {"taken": taken}
+        end = taken + len(msgs)
+        with self._lock:
             self._pending[end] = msgs
-        return iter(rows), {"taken": end}
+            self._taken_at[end] = time.monotonic()
+        # the frames' data as nsqx.client keeps it: see nsqx.client.message.Message
+        # Arrow batches of at most CHUNK rows: the JVM takes them in as they come
+        batches = []
+        for i in range(0, len(msgs), CHUNK):
+            batch = messages_to_batch(
+                [m._data for m in msgs[i : i + CHUNK]], self.opts.topic or "", taken + i
+            )
+            if self.opts.include_headers:  # NSQ 1.3 deliveries carry no ext header
+                from nsqx.spark.source import with_headers
 
-    def readBetweenOffsets(
-        self, start: dict[str, int], end: dict[str, int]
-    ) -> Iterator[tuple[Any, ...]]:
+                batch = with_headers(batch)
+            batches.append(batch)
+        return iter(batches), {"taken": end}
+
+    def readBetweenOffsets(self, start: dict[str, int], end: dict[str, int]) -> Iterator[Any]:
         # A channel cannot replay: after a restart the unFINed messages are delivered
         # again by nsqd (attempts > 1) and land in a later batch.
-        return iter([])
+        return iter(())
 
     def commit(self, end: dict[str, int]) -> None:
         self._finish_upto(int(end["taken"]))
+
+    def stop(self) -> None:
+        """Give back (REQ) every message not committed, and close the subscription."""
+        sub = self._sub
+        if sub is None or sub.closed:
+            return
+        with self._lock:
+            left = [m for msgs in self._pending.values() for m in msgs]
+            self._pending.clear()
+        sub.close(left)

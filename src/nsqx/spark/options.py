@@ -17,6 +17,10 @@ class NsqOptionError(ValueError):
 
 
 #: user-facing spelling of each option, by its lower-cased key
+#: options Spark itself passes to a source or sink along with the user's
+#: (``.option("checkpointLocation", ...)`` of a writeStream, ``load(path)``)
+SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
+
 OPTION_NAMES = {
     n.lower(): n
     for n in (
@@ -37,11 +41,64 @@ OPTION_NAMES = {
         "readBytes",
         "failOnDataLoss",
         "msgTimeout",
+        # Kafka's names for what Kafka's source does (docs/spark.md, the parity table)
+        "startingTimestamp",
+        "endingTimestamp",
+        "startingOffsetsByTimestamp",
+        "endingOffsetsByTimestamp",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "includeHeaders",
     )
 }
 
-#: an offset spec: "earliest", "latest", {partition: sequence}, or epoch milliseconds
+
+class ByTimestamp(dict[str, int]):
+    """``*OffsetsByTimestamp``: epoch milliseconds by ``host:httpport/partition``."""
+
+
+#: an offset spec: "earliest", "latest", {partition: sequence}, epoch milliseconds, or
+#: epoch milliseconds by partition (ByTimestamp)
 OffsetSpec = str | dict[str, int] | int
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def _duration(value: str | None, name: str, default: float) -> float:
+    """Seconds from a duration such as ``15m``, ``30s``, ``500ms`` (Kafka's
+    maxTriggerDelay); a bare number is milliseconds."""
+    if value is None or value.strip() == "":
+        return default
+    v = value.strip().lower()
+    num = v.rstrip("abcdefghijklmnopqrstuvwxyz ")
+    unit = v[len(num) :].strip() or "ms"
+    try:
+        seconds = float(num) * _DURATION_UNITS[unit]
+    except (ValueError, KeyError):
+        raise NsqOptionError(
+            f"option {name}: expected a duration such as 15m, 30s or 500ms, got {value!r}"
+        ) from None
+    if seconds < 0:
+        raise NsqOptionError(f"option {name}: a duration must be >= 0, got {value!r}")
+    return seconds
+
+
+def _by_timestamp(value: str | None, name: str) -> ByTimestamp | None:
+    if value is None or value.strip() == "":
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not all(
+        isinstance(k, str) and isinstance(t, int) and not isinstance(t, bool) and t >= 0
+        for k, t in parsed.items()
+    ):
+        raise NsqOptionError(
+            f'option {name}: JSON must map "host:httpport/partition" to epoch milliseconds, '
+            f"got {value!r}"
+        )
+    return ByTimestamp(parsed)
 
 
 def _addresses(value: str | None, name: str) -> list[str]:
@@ -122,20 +179,25 @@ class NsqOptions:
     max_offsets_per_trigger: int | None = None
     channel: str | None = None
     mode: str = "range"
-    max_batch_messages: int = 10_000
+    max_batch_messages: int | None = None
     topic_column: str | None = None
     body_column: str = "body"
     batch_size: int = 200
-    read_messages: int = 10_000
-    read_bytes: int = 8 * 1024 * 1024
+    read_messages: int = 50_000
+    read_bytes: int = 16 * 1024 * 1024
     fail_on_data_loss: bool = True
-    msg_timeout_ms: int = 60_000
+    msg_timeout_ms: int = 30_000
+    #: Kafka's minOffsetsPerTrigger / maxTriggerDelay (seconds; 15 minutes by default)
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay: float = 15 * 60.0
+    #: add the ``headers`` column (the JSON ext header as key/value pairs)
+    include_headers: bool = False
 
     @classmethod
     def parse(cls, raw: Any, *, for_write: bool = False) -> NsqOptions:
         """Check ``raw`` (Spark's options); raise NsqOptionError naming the bad one."""
         opts = {str(k).lower(): (None if v is None else str(v)) for k, v in dict(raw).items()}
-        unknown = [k for k in opts if k not in OPTION_NAMES and k != "path"]
+        unknown = [k for k in opts if k not in OPTION_NAMES and k not in SPARK_OPTIONS]
         if unknown:
             raise NsqOptionError(
                 f"unknown option(s) {', '.join(sorted(unknown))}; "
@@ -175,16 +237,34 @@ class NsqOptions:
             raise NsqOptionError("option nsqdHttpAddresses (or lookupdHttpAddresses) is required")
         o.starting = _offset_spec(opts.get("startingoffsets"), "startingOffsets", "earliest")
         o.ending = _offset_spec(opts.get("endingoffsets"), "endingOffsets", "latest")
+        # Kafka's precedence: by timestamp per partition, then one timestamp, then offsets
+        for side in ("starting", "ending"):
+            stamp = opts.get(f"{side}timestamp")
+            if stamp:
+                setattr(o, side, _offset_spec(stamp, f"{side}Timestamp", "latest"))
+                if not isinstance(getattr(o, side), int):
+                    raise NsqOptionError(
+                        f"option {side}Timestamp: expected epoch milliseconds, got {stamp!r}"
+                    )
+            by_time = _by_timestamp(
+                opts.get(f"{side}offsetsbytimestamp"), f"{side}OffsetsByTimestamp"
+            )
+            if by_time is not None:
+                setattr(o, side, by_time)
+        o.min_offsets_per_trigger = _positive_int(
+            opts.get("minoffsetspertrigger"), "minOffsetsPerTrigger", None
+        )
+        o.max_trigger_delay = _duration(opts.get("maxtriggerdelay"), "maxTriggerDelay", 15 * 60.0)
+        o.include_headers = _bool(opts.get("includeheaders"), "includeHeaders", False)
         o.max_offsets_per_trigger = _positive_int(
             opts.get("maxoffsetspertrigger"), "maxOffsetsPerTrigger", None
         )
-        o.max_batch_messages = (
-            _positive_int(opts.get("maxbatchmessages"), "maxBatchMessages", 10_000) or 10_000
-        )
+        # the older name of maxOffsetsPerTrigger in mode=channel
+        o.max_batch_messages = _positive_int(opts.get("maxbatchmessages"), "maxBatchMessages", None)
         o.body_column = opts.get("bodycolumn") or "body"
         o.batch_size = _positive_int(opts.get("batchsize"), "batchSize", 200) or 200
-        o.read_messages = _positive_int(opts.get("readmessages"), "readMessages", 10_000) or 10_000
-        o.read_bytes = _positive_int(opts.get("readbytes"), "readBytes", 8 << 20) or (8 << 20)
+        o.read_messages = _positive_int(opts.get("readmessages"), "readMessages", 50_000) or 50_000
+        o.read_bytes = _positive_int(opts.get("readbytes"), "readBytes", 16 << 20) or (16 << 20)
         o.fail_on_data_loss = _bool(opts.get("failondataloss"), "failOnDataLoss", True)
-        o.msg_timeout_ms = _positive_int(opts.get("msgtimeout"), "msgTimeout", 60_000) or 60_000
+        o.msg_timeout_ms = _positive_int(opts.get("msgtimeout"), "msgTimeout", 30_000) or 30_000
         return o

@@ -13,8 +13,10 @@ task publishes again).
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
+import time
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from nsqx.spark import rangeclient
-from nsqx.spark.options import NsqOptionError, NsqOptions
+from nsqx.spark.options import ByTimestamp, NsqOptionError, NsqOptions
 from nsqx.spark.publisher import BlockingPublisher
 from nsqx.wire.frames import (
     EXT_AT,
@@ -62,6 +64,44 @@ SCHEMA = (
 
 
 SCHEMA_NAMES = [c.split()[0] for c in SCHEMA.split(", ")]
+
+#: the column includeHeaders adds: the JSON ext header's pairs, as Kafka's ``headers``
+HEADERS_COLUMN = "headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
+
+
+def schema_for(opts: NsqOptions | None) -> str:
+    """The rows' schema: SCHEMA, and ``headers`` with includeHeaders=true."""
+    return f"{SCHEMA}, {HEADERS_COLUMN}" if opts is not None and opts.include_headers else SCHEMA
+
+
+def headers_column(exts: Any) -> Any:
+    """Kafka's ``headers`` from the ``ext`` column: each JSON ext header's keys and
+    values (a string value as its UTF-8 bytes, any other as its JSON text); null where
+    a message has none. Python runs only for the rows that have a header."""
+    import pyarrow as pa
+
+    kind = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    if exts.null_count == len(exts):
+        return pa.nulls(len(exts), kind)
+    out: list[Any] = []
+    for text in exts.to_pylist():
+        if text is None:
+            out.append(None)
+            continue
+        try:
+            header = json.loads(text)
+        except ValueError:
+            header = None
+        if not isinstance(header, dict):
+            out.append(None)
+            continue
+        out.append(
+            [
+                {"key": k, "value": v.encode() if isinstance(v, str) else json.dumps(v).encode()}
+                for k, v in header.items()
+            ]
+        )
+    return pa.array(out, kind)
 
 
 @dataclass(frozen=True)
@@ -104,6 +144,10 @@ def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int, *, ending:
         return lo
     if spec == "latest":
         return hi
+    if isinstance(spec, ByTimestamp):
+        if key not in spec:
+            return hi if ending else lo
+        spec = spec[key]
     if isinstance(spec, int):
         address, part = split_key(key)
         assert opts.topic is not None
@@ -151,7 +195,9 @@ def _bounds(opts: NsqOptions, *, tolerant: bool = False) -> dict[str, tuple[int,
     return out
 
 
-def frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int) -> Any:
+def frames_to_batch(
+    res: RangeFrames, topic: str, address: str, partition: int, *, headers: bool = False
+) -> Any:
     """An Arrow record batch of SCHEMA from a range read, built column by column with
     Arrow's kernels (no Python per record): ids and bodies are cut out of the frames,
     timestamps expanded from the runs' table, offsets (sequences) counted from the start;
@@ -160,9 +206,17 @@ def frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int) 
     import pyarrow as pa
 
     try:
-        return _frames_to_batch(res, topic, address, partition)
+        batch = _frames_to_batch(res, topic, address, partition)
     except pa.ArrowException as err:  # e.g. sizes that overflow, ids that are not text
         raise RuntimeError(f"nsq: a range read from {address} has malformed frames: {err}") from err
+    if headers:
+        batch = with_headers(batch)
+    return batch
+
+
+def with_headers(batch: Any) -> Any:
+    """``batch`` with the includeHeaders column appended."""
+    return batch.append_column("headers", headers_column(batch.column("ext")))
 
 
 def _frames_to_batch(res: RangeFrames, topic: str, address: str, partition: int) -> Any:
@@ -348,8 +402,42 @@ def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
                 )
             break
 
-        yield frames_to_batch(res, opts.topic, part.address, part.partition)
+        yield frames_to_batch(
+            res, opts.topic, part.address, part.partition, headers=opts.include_headers
+        )
         seq = res.next_sequence
+
+
+def offsets_behind_latest(source_progress: Any) -> dict[str, float]:
+    """Kafka's source metrics from one source's progress (``query.lastProgress
+    ["sources"][0]``): ``minOffsetsBehindLatest``, ``maxOffsetsBehindLatest`` and
+    ``avgOffsetsBehindLatest``, the rows each partition's end is past the micro-batch's
+    end offset. Spark's Python source API has no metrics hook; the source reports its
+    latest offsets instead (reportLatestOffset), from which these follow."""
+
+    def offsets(value: Any) -> dict[str, int]:
+        if isinstance(value, str):
+            value = json.loads(value) if value else {}
+        return {str(k): int(v) for k, v in (value or {}).items()}
+
+    latest = offsets(source_progress.get("latestOffset"))
+    end = offsets(source_progress.get("endOffset"))
+    behind = [max(v - end.get(k, v), 0) for k, v in latest.items()]
+    if not behind:
+        return {}
+    return {
+        "minOffsetsBehindLatest": float(min(behind)),
+        "maxOffsetsBehindLatest": float(max(behind)),
+        "avgOffsetsBehindLatest": sum(behind) / len(behind),
+    }
+
+
+def _read_partition(opts: NsqOptions, partition: InputPartition) -> Iterator[Any]:
+    """Executor side of both readers. Spark hands a plain ``InputPartition(None)`` to
+    read when planning found no range: that reads nothing."""
+    if not isinstance(partition, RangePartition):
+        return iter(())
+    return read_range(opts, partition)
 
 
 def share_budget(backlog: dict[str, int], budget: int) -> dict[str, int]:
@@ -375,9 +463,15 @@ class NsqBatchReader(DataSourceReader):
         self.opts = opts
 
     def partitions(self) -> Sequence[RangePartition]:
+        """One range per (nsqd, partition) with rows between the offsets; none at all
+        when every range is empty or no nsqd has the topic (Spark then reads one empty
+        partition: no rows, as Kafka's source gives for an empty range)."""
         opts = self.opts
         parts = []
-        for key, (lo, hi) in sorted(_bounds(opts).items()):
+        bounds = _bounds(opts)
+        if not bounds:
+            log.warning("nsq: no nsqd has a topic %r: the read has no rows", opts.topic)
+        for key, (lo, hi) in sorted(bounds.items()):
             start = _resolve(opts, opts.starting, key, lo, hi, ending=False)
             end = _resolve(opts, opts.ending, key, lo, hi, ending=True)
             if end > start:
@@ -386,8 +480,7 @@ class NsqBatchReader(DataSourceReader):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, RangePartition)
-        return read_range(self.opts, partition)
+        return _read_partition(self.opts, partition)
 
 
 class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -398,6 +491,12 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[str, int] | None = None
         # partitions found below the stream's offset, warned about once
         self._behind: set[str] = set()
+        #: the clock of maxTriggerDelay (a test may replace it)
+        self.clock = time.monotonic
+        # when the last micro-batch was planned (Kafka: the last trigger that ran one)
+        self._last_batch: float | None = None
+        # each partition's end as the last latestOffset saw it (reportLatestOffset)
+        self._latest: dict[str, int] = {}
 
     def initialOffset(self) -> dict[str, int]:
         opts = self.opts
@@ -444,14 +543,39 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     )
             else:
                 latest[k] = hi
+        self._latest = {k: hi for k, (_, hi) in bounds.items()}
         if self._target is not None:
             latest = {k: min(v, self._target.get(k, v)) for k, v in latest.items()}
+        elif self._too_few(start, latest):
+            return {**start, **{k: v for k, v in end.items() if k not in start}}
         end.update({k: max(v, start[k]) for k, v in latest.items()})
         if isinstance(limit, ReadMaxRows):
             backlog = {k: max(v - start[k], 0) for k, v in latest.items()}
             for k, share in share_budget(backlog, limit.max_rows).items():
                 end[k] = start[k] + share
+        if end != start:
+            self._last_batch = self.clock()
         return end
+
+    def _too_few(self, start: dict[str, int], latest: dict[str, int]) -> bool:
+        """Kafka's minOffsetsPerTrigger: wait (no micro-batch) while fewer rows than it
+        are available, unless maxTriggerDelay has passed since the last micro-batch
+        (or since the query started). availableNow reads what there is, as Kafka's."""
+        least = self.opts.min_offsets_per_trigger
+        if not least:
+            return False
+        now = self.clock()
+        if self._last_batch is None:
+            self._last_batch = now
+        available = sum(max(v - start[k], 0) for k, v in latest.items())
+        return available < least and now - self._last_batch < self.opts.max_trigger_delay
+
+    def reportLatestOffset(self) -> dict[str, int]:
+        """Each partition's end when the last micro-batch was planned: Spark shows it as
+        the source's ``latestOffset`` in the query's progress, beside ``endOffset``
+        (their difference is what Kafka's source reports as offsets behind latest; see
+        :func:`offsets_behind_latest`)."""
+        return dict(self._latest)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[RangePartition]:
         """One input partition per (nsqd, topic partition) with rows in [start, end).
@@ -468,8 +592,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        assert isinstance(partition, RangePartition)
-        return read_range(self.opts, partition)
+        return _read_partition(self.opts, partition)
 
     def commit(self, end: dict[str, int]) -> None:
         """Spark finished everything below ``end``: advance the named channel, if any,
@@ -565,7 +688,19 @@ class NsqDataSource(DataSource):
         return "nsq"
 
     def schema(self) -> str:
-        return SCHEMA
+        # only includeHeaders shapes the schema; a bad option is named by the reader
+        opts = {str(k).lower(): str(v) for k, v in dict(self.options).items()}
+        try:
+            include = NsqOptions.parse(
+                {
+                    "topic": "t",
+                    "nsqdhttpaddresses": "h:1",
+                    **{k: v for k, v in opts.items() if k == "includeheaders"},
+                }
+            ).include_headers
+        except NsqOptionError:
+            include = False
+        return f"{SCHEMA}, {HEADERS_COLUMN}" if include else SCHEMA
 
     def _opts(self, for_write: bool = False) -> NsqOptions:
         return NsqOptions.parse(self.options, for_write=for_write)
@@ -589,7 +724,16 @@ class NsqDataSource(DataSource):
         return NsqChannelStreamReader(self._opts())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """``df.write.format("nsq").mode("append").save()``: Spark asks Python sources
+        for "append" or "overwrite" only (its default, "errorifexists", is refused by
+        Spark itself); a topic is only ever appended to, so "overwrite" is refused."""
+        if overwrite:
+            raise NsqOptionError(
+                'nsq: a topic cannot be overwritten (messages are only appended): use .mode("append")'
+            )
         return NsqBatchWriter(self._opts(for_write=True))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """Every output mode publishes the rows of each micro-batch (Kafka's sink does
+        the same: "complete" publishes the whole result table each time)."""
         return NsqStreamWriter(self._opts(for_write=True))
