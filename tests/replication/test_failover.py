@@ -44,6 +44,17 @@ def _cluster(
     return lookupd, nodes, args
 
 
+def _replicated_topic(lookupd: Any, topic: str, replicator: int) -> tuple[Publisher, Consumer]:
+    """Create a one-partition topic with ``replicator`` replicas, wait for its leader in
+    /lookup; a publisher and a consumer (channel ``c``) that follow the leader."""
+    status, _, body = lookupd.post(
+        f"/topic/create?topic={topic}&partition_num=1&replicator={replicator}"
+    )
+    assert status == 200, body
+    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    return Publisher(lookupd, topic), Consumer(lookupd, topic, "c")
+
+
 def _holders(nodes: list[NsqdProcess], topic: str) -> dict[str, NsqdProcess]:
     """The nodes that hold the partition, by role."""
     out: dict[str, NsqdProcess] = {}
@@ -63,13 +74,7 @@ def test_leader_killed_nothing_acknowledged_is_lost(
 ) -> None:
     lookupd, nodes, args = _cluster(lookupd_factory, tmp_path)
     topic = f"rep{replicator}"
-    status, _, body = lookupd.post(
-        f"/topic/create?topic={topic}&partition_num=1&replicator={replicator}"
-    )
-    assert status == 200, body
-    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
-    pub = Publisher(lookupd, topic)
-    con = Consumer(lookupd, topic, "c")
+    pub, con = _replicated_topic(lookupd, topic, replicator)
     pub.publish(200)
     con.read_until(lambda: len(set(con.received)) >= 100)
     # every replica holds what was acknowledged
@@ -141,13 +146,7 @@ def test_follower_killed_writes_go_on(
     small to write (Youzan's rule), so the spare node catches up and joins it."""
     lookupd, nodes, _ = _cluster(lookupd_factory, tmp_path)
     topic = f"fol{replicator}"
-    status, _, body = lookupd.post(
-        f"/topic/create?topic={topic}&partition_num=1&replicator={replicator}"
-    )
-    assert status == 200, body
-    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
-    pub = Publisher(lookupd, topic)
-    con = Consumer(lookupd, topic, "c")
+    pub, con = _replicated_topic(lookupd, topic, replicator)
     pub.publish(150)
     holders = until(
         lambda: (h := _holders(nodes, topic)) and sum(1 for k in h if ":" in k) == replicator and h,
@@ -175,11 +174,7 @@ def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_
     ISR. /stats shows each partition's role, epoch, leader, ISR and lag."""
     lookupd, nodes, _ = _cluster(lookupd_factory, tmp_path)
     topic = "drained"
-    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=2")
-    assert status == 200, body
-    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
-    pub = Publisher(lookupd, topic)
-    con = Consumer(lookupd, topic, "c")
+    pub, con = _replicated_topic(lookupd, topic, 2)
     pub.publish(100)
     holders = until(
         lambda: (h := _holders(nodes, topic)) and "follower" in h and h, what="a follower"
@@ -268,11 +263,7 @@ def test_network_cut_between_leader_and_follower(lookupd_factory: Any, tmp_path:
         nodes.append(node)
     until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd")
     topic = "cut"
-    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=3")
-    assert status == 200, body
-    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
-    pub = Publisher(lookupd, topic)
-    con = Consumer(lookupd, topic, "c")
+    pub, con = _replicated_topic(lookupd, topic, 3)
     pub.publish(100)
     holders = until(
         lambda: (h := _holders(nodes, topic)) and sum(1 for k in h if ":" in k) == 3 and h,
@@ -312,11 +303,7 @@ def test_follower_back_after_the_leader_reclaimed_starts_over(
     the leader's log starts, and joins the ISR again."""
     lookupd, nodes, args = _cluster(lookupd_factory, tmp_path, "--max-bytes-per-file=4096")
     topic = "reclaimed"
-    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=3")
-    assert status == 200, body
-    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
-    pub = Publisher(lookupd, topic)
-    con = Consumer(lookupd, topic, "c")
+    pub, con = _replicated_topic(lookupd, topic, 3)
     pub.publish(20)
     holders = until(
         lambda: (h := _holders(nodes, topic)) and sum(1 for k in h if ":" in k) == 3 and h,
@@ -360,11 +347,7 @@ def test_leader_killed_and_restarted_at_once(lookupd_factory: Any, tmp_path: Pat
     acknowledged is lost."""
     lookupd, nodes, args = _cluster(lookupd_factory, tmp_path)
     topic = "quick"
-    status, _, body = lookupd.post(f"/topic/create?topic={topic}&partition_num=1&replicator=3")
-    assert status == 200, body
-    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
-    pub = Publisher(lookupd, topic)
-    con = Consumer(lookupd, topic, "c")
+    pub, con = _replicated_topic(lookupd, topic, 3)
     pub.publish(150)
     con.read_until(lambda: len(set(con.received)) >= 50)
     holders = until(
