@@ -132,6 +132,13 @@ class UpgradedRaw(Raw):
         ftype, payload = await self.read_frame_exactly()
         assert ftype == FRAME_RESPONSE, (ftype, payload)
         resp: dict[str, Any] = json.loads(payload)
+        await self.upgrade(resp, ssl_context)
+        return resp
+
+    async def upgrade(
+        self, resp: dict[str, Any], ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        """Do every upgrade an IDENTIFY response agreed to (TLS, then compression)."""
         if resp.get("tls_v1"):
             assert ssl_context is not None
             await asyncio.wait_for(
@@ -144,4 +151,3 @@ class UpgradedRaw(Raw):
         if pair is not None:
             self.compressor, self.decompressor = pair
             assert await self.response() == b"OK"
-        return resp

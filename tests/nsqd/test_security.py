@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nsqx.nsqd.nsqd import NSQD
@@ -445,6 +445,8 @@ identify_bodies = st.one_of(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(identify=identify_bodies, secret=st.binary(max_size=48), twice=st.booleans())
+@example(identify=b'{"feature_negotiation": true, "snappy": true}', secret=b"", twice=False)
+@example(identify=b'{"feature_negotiation": true, "deflate": true}', secret=b"x", twice=True)
 def test_fuzzed_identify_and_auth_never_grant_anything(
     identify: bytes, secret: bytes, twice: bool
 ) -> None:
@@ -456,6 +458,14 @@ def test_fuzzed_identify_and_auth_never_grant_anything(
             nsqd = await start_nsqd(auth_http_addresses=[address])
             raw = await UpgradedRaw.connect(nsqd)
             raw.send(b"IDENTIFY\n" + len(identify).to_bytes(4, "big") + identify)
+            # A body that negotiates snappy or deflate switches the stream: follow it,
+            # so that AUTH, PUB and SUB below are really read by nsqd.
+            try:
+                ftype, payload = await raw.read_frame_exactly()
+            except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+                ftype, payload = FRAME_ERROR, b""
+            if ftype == FRAME_RESPONSE and payload.startswith(b"{"):
+                await raw.upgrade(json.loads(payload))
             auth = c.auth(secret) * (2 if twice else 1)
             raw.send(auth + c.pub("orders", b"x") + c.sub("orders", "audit") + c.nop())
             try:
