@@ -31,6 +31,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = Path(__file__).resolve().parent
+# the commands of pip's metadata steps (each its own process): they need no decision
+METADATA_COMMANDS = {"egg_info", "dist_info", "sdist"}
 PACKAGE_DIR = HERE / "src" / "nsqx"
 
 
@@ -77,34 +79,48 @@ def _warn(reason: str) -> None:
     print(f"WARNING: nsqx: building pure Python, not compiled: {reason}", file=sys.stderr)
 
 
+class _Decision:
+    """What this build does, decided once: setuptools finalizes build_ext more than once."""
+
+    extensions: list[Extension] | None = None
+    reason = ""  # why not compiled ("" when compiled, or an editable install)
+
+    @classmethod
+    def fall_back(cls, reason: str) -> None:
+        if _mode() == "1":
+            raise SystemExit(f"NSQX_COMPILE=1 but nsqx cannot be compiled: {reason}")
+        _warn(reason)
+        cls.extensions, cls.reason = [], reason
+
+
 class BuildExt(build_ext):
     """Compiles the hot path with mypyc, or leaves the pure-Python package as it is."""
 
     def finalize_options(self) -> None:
-        self.nsqx_reason = ""
-        self.distribution.ext_modules = self._mypyc_extensions()
+        if self.editable_mode or self.inplace:
+            if _mode() == "1":
+                raise SystemExit("NSQX_COMPILE=1: an editable install is never compiled")
+            self.distribution.ext_modules = []
+        elif set(self.distribution.commands) <= METADATA_COMMANDS:
+            self.distribution.ext_modules = []  # egg_info lists sources: no need to compile
+        else:
+            if _Decision.extensions is None:
+                self._decide()
+            self.distribution.ext_modules = list(_Decision.extensions or [])
         super().finalize_options()
 
-    def _mypyc_extensions(self) -> list[Extension]:
-        mode = _mode()
-        if self.editable_mode or self.inplace:
-            if mode == "1":
-                raise SystemExit("NSQX_COMPILE=1: an editable install is never compiled")
-            return []
-        if mode == "0":
-            self.nsqx_reason = "NSQX_COMPILE=0"
-            return []
+    def _decide(self) -> None:
+        if _mode() == "0":
+            _Decision.extensions, _Decision.reason = [], "NSQX_COMPILE=0"
+            return
         missing = _missing_toolchain()
         if missing is None:
             try:
-                return self._mypycify()
+                _Decision.extensions = self._mypycify()
+                return
             except Exception as err:  # mypyc's type check or code generation
                 missing = f"mypyc failed: {type(err).__name__}: {err}".strip().rstrip(":")
-        if mode == "1":
-            raise SystemExit(f"NSQX_COMPILE=1 but nsqx cannot be compiled: {missing}")
-        _warn(missing)
-        self.nsqx_reason = missing
-        return []
+        _Decision.fall_back(missing)
 
     def _mypycify(self) -> list[Extension]:
         from mypyc.build import mypycify
@@ -115,7 +131,11 @@ class BuildExt(build_ext):
         # here) and only needs the types to generate code.
         options = ["--config-file=", "--ignore-missing-imports", "--follow-imports=silent"]
         extensions: list[Extension] = mypycify(
-            [*options, *paths], opt_level="3", group_name="nsqx.hotpath"
+            # the shared library beside the package: inside it, mypyc gets the __file__
+            # of some modules wrong (site-packages/nsqx/nsqx/...)
+            [*options, *paths],
+            opt_level="3",
+            group_name="nsqx",
         )
         return extensions
 
@@ -127,13 +147,10 @@ class BuildExt(build_ext):
             try:
                 super().run()
             except Exception as err:  # no working compiler or linker after all
-                if _mode() == "1":
-                    raise
-                reason = f"the C build failed: {type(err).__name__}: {err}"
-                _warn(reason)
-                self.nsqx_reason = reason
+                name = type(err).__name__
+                _Decision.fall_back(f"the C build failed ({name}; pip -v shows the compiler)")
                 compiled = False
-                self.extensions = []
+                self.extensions = self.distribution.ext_modules = []
                 self._remove_stale_extensions()
         if not (self.editable_mode or self.inplace):
             self._write_build_info(compiled)
@@ -146,20 +163,22 @@ class BuildExt(build_ext):
         if self.editable_mode or self.inplace:
             return
         keep = {Path(self.get_ext_fullpath(ext.name)).resolve() for ext in self.extensions}
+        build_lib = Path(self.build_lib)
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            for path in Path(self.build_lib, "nsqx").rglob(f"*{suffix}"):
+            found = [*build_lib.glob(f"nsqx__mypyc{suffix}"), *build_lib.glob(f"nsqx/**/*{suffix}")]
+            for path in found:
                 if path.resolve() not in keep:
                     path.unlink()
 
     def _write_build_info(self, compiled: bool) -> None:
         target = Path(self.build_lib, "nsqx", "build-info.json")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps({"compiled": compiled, "reason": self.nsqx_reason}) + "\n")
+        target.write_text(json.dumps({"compiled": compiled, "reason": _Decision.reason}) + "\n")
 
 
 # A placeholder so that setuptools runs build_ext (and tags the wheel per platform);
 # BuildExt.finalize_options replaces it with mypyc's extensions, or with none.
 setup(
-    ext_modules=[Extension("nsqx.hotpath__mypyc", sources=[])],
+    ext_modules=[Extension("nsqx__mypyc", sources=[])],
     cmdclass={"build_ext": BuildExt},
 )
