@@ -40,6 +40,8 @@ from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_RESPONSE, FrameDecoder
 
 _LISTEN = re.compile(r"(TCP|HTTP): listening on ([\d.]+):(\d+)")
+#: py-spy is a dev dependency: next to this interpreter when not on PATH
+PY_SPY = os.path.join(os.path.dirname(sys.executable), "py-spy")
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 
 
@@ -174,6 +176,13 @@ def main() -> None:
         help="where the three nsqd keep their data (default: a temporary directory;"
         " /dev/shm takes the shared disk out of the measurement)",
     )
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="record each nsqd with py-spy during the last round's ingests"
+        " (DIR/r<replicator>-<node>.txt, collapsed stacks)",
+    )
     args = ap.parse_args()
     base = tempfile.mkdtemp(prefix="nsqx-repl-bench-", dir=args.data_dir)
     lookupd = Proc(["nsqlookupd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"])
@@ -202,9 +211,26 @@ def main() -> None:
         for rnd in range(args.rounds):
             rates: dict[int, float] = {}
             for r in (1, 2, 3):
+                spies = []
+                if args.profile and rnd == args.rounds - 1:
+                    os.makedirs(args.profile, exist_ok=True)
+                    spies = [
+                        subprocess.Popen(
+                            [
+                                *(shutil.which("py-spy") or PY_SPY, "record", "--nonblocking"),
+                                *("--format", "raw", "-d", str(int(args.seconds))),
+                                *("-p", str(n.proc.pid), "-o", f"{args.profile}/r{r}-{i}.txt"),
+                            ],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )
+                        for i, n in enumerate(nodes)
+                    ]
                 cpu0 = sum(n.cpu() for n in nodes)
                 t0 = time.monotonic()
                 sent = ingest(lookupd, f"r{r}", args)
+                for spy in spies:
+                    spy.wait()
                 elapsed = time.monotonic() - t0
                 cpu = sum(n.cpu() for n in nodes) - cpu0
                 rates[r] = sent / elapsed

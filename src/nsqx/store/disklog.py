@@ -261,7 +261,7 @@ class _StagedBatch:
     """Batches staged together that become one batch record: their chunks, ids and
     frame layout (a common stride, else each chunk's stride or start positions)."""
 
-    __slots__ = ("chunks", "deliver_at", "ids", "kind", "parts", "size", "stride")
+    __slots__ = ("chunks", "deliver_at", "ids", "kind", "own", "parts", "size", "stride")
 
     def __init__(
         self,
@@ -282,6 +282,8 @@ class _StagedBatch:
         )
         self.deliver_at = deliver_at
         self.kind = kind
+        #: a record of its own (a replicated record): nothing is merged into it
+        self.own = False
 
     def add(self, chunk: bytes, ids: list[bytes], stride: int, starts: array[int] | None) -> None:
         chunks = self.chunks
@@ -638,6 +640,7 @@ class DiskLog:
         deliver_at_ns: int = 0,
         stride: int = 0,
         kind: int = 0,
+        merge: bool = True,
     ) -> int:
         """Add a batch to the group that the next :meth:`commit` writes with one system
         call; returns the virtual offset its first frame will have. Readers see it once
@@ -645,8 +648,10 @@ class DiskLog:
         the same deliver-at time and ``kind`` (frames of different kinds never share a
         stored batch) become one batch record: one header, one crc, one cache entry
         (small ones, up to 64 KiB: a batch of 16 KiB or more, an MPUB, is a record of
-        its own, written without a copy).
-        Raises ValueError (nothing staged) if the frames do not tile the chunk."""
+        its own, written without a copy). ``merge=False`` keeps the batch a record of
+        its own (a follower stores its leader's records as they are, at the same
+        offsets). Raises ValueError (nothing staged) if the frames do not tile the
+        chunk."""
         if not ids:
             raise ValueError("an empty batch")  # a record holds one message or more
         count = len(ids)
@@ -662,7 +667,9 @@ class DiskLog:
             self._staged_offset = self.end_offset
         last = staged[-1] if staged else None
         if (
-            last is not None
+            merge
+            and last is not None
+            and not last.own
             and last.deliver_at == deliver_at_ns
             and last.kind == kind
             and len(chunk) < _MERGE_CHUNK
@@ -673,7 +680,9 @@ class DiskLog:
             last.add(chunk, ids, stride, starts)
         else:
             offset = self._staged_offset + BATCH_HEAD_SIZE
-            staged.append(_StagedBatch(chunk, ids, stride, starts, deliver_at_ns, kind))
+            batch = _StagedBatch(chunk, ids, stride, starts, deliver_at_ns, kind)
+            batch.own = not merge
+            staged.append(batch)
         self._staged_offset = offset + len(chunk)
         self._staged_end += count
         return offset

@@ -104,12 +104,13 @@ class MessageLog(Protocol):
         deliver_at_ns: int = 0,
         stride: int = 0,
         kind: int = 0,
+        merge: bool = True,
     ) -> int:
         """Like :meth:`append`, but a DiskLog only stages the batch for the next
         :meth:`commit`, which writes everything staged at once (a group commit; readers
         see staged records once committed). Batches of different ``kind`` (vanilla or
-        extended frames) never share a stored batch. Returns the virtual offset of the
-        batch's first frame."""
+        extended frames) never share a stored batch; ``merge=False`` keeps it a record
+        of its own. Returns the virtual offset of the batch's first frame."""
         ...
 
     def commit(self) -> int:

@@ -80,6 +80,7 @@ class MemoryLog:
         deliver_at_ns: int = 0,
         stride: int = 0,
         kind: int = 0,
+        merge: bool = True,
     ) -> int:
         """Append now (there is nothing to write); returns the first frame's offset."""
         offset = self._end_offset
