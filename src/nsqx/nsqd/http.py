@@ -546,12 +546,16 @@ class HTTPServer:
         else:
             start = ints["start"]
         start = max(start, log_.start)
-        end = ints["end"] if "end" in params else None
+        # a replicated partition is read up to its commit point only
+        readable = part.readable_end
+        end = min(ints["end"], readable) if "end" in params else readable
         max_messages = (
             min(ints["max_messages"], MAX_RANGE_MESSAGES) if "max_messages" in params else 10_000
         )
         max_bytes = min(ints["max_bytes"], MAX_RANGE_BYTES) if "max_bytes" in params else 8 << 20
-        head, chunks = await range_steps(log_, start, max_messages, max_bytes, end)
+        head, chunks = await range_steps(
+            log_, start, max_messages, max_bytes, end, readable if part.replica else None
+        )
         resp = web.StreamResponse(
             headers={"Content-Type": "application/octet-stream", **NSQ_HEADERS}
         )
@@ -1079,11 +1083,17 @@ RANGE_STEP_BYTES = 1 << 18
 
 
 async def range_steps(
-    log_: DiskLog, start: int, max_messages: int, max_bytes: int, end: int | None = None
+    log_: DiskLog,
+    start: int,
+    max_messages: int,
+    max_bytes: int,
+    end: int | None = None,
+    readable_end: int | None = None,
 ) -> tuple[bytes, list[bytes]]:
     """A range read of ``log_`` (the body of :func:`range_body`, as its header and
     tables, then the frames as chunks), taken in steps of at most RANGE_STEP_BYTES of
-    frames that yield to the event loop between them.
+    frames that yield to the event loop between them. ``readable_end`` (a replicated
+    partition's commit point) is the end the header reports instead of the log's.
 
     The log may change between steps: appends only add records after the ones read,
     and a step that finds its next record deleted (reclaimed meanwhile) or a gap ends
@@ -1123,9 +1133,11 @@ async def range_steps(
         offsets += found.run_offsets
         sizes += found.sizes
         chunks += found.chunks
-    head = encode_range_frames(
-        log_.end, log_.end_offset, first, lengths, timestamps, offsets, sizes, []
-    )
+    end_seq, end_offset = log_.end, log_.end_offset
+    if readable_end is not None and readable_end < end_seq:
+        # the offset of the first record past the commit point
+        end_seq, end_offset = readable_end, log_.offset_of(readable_end) or end_offset
+    head = encode_range_frames(end_seq, end_offset, first, lengths, timestamps, offsets, sizes, [])
     return head, chunks
 
 

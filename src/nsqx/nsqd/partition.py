@@ -349,6 +349,21 @@ class Partition:
             return replica.leader.commit
         return self.visible_end
 
+    @property
+    def readable_end(self) -> int:
+        """Where reads that bypass the channels (GET /range: Spark) stop: the log's end,
+        or on a replicated partition its commit point (what the ISR holds: the leader's
+        later records may still be cut by a failover)."""
+        end = self.log.end
+        rep = self.replica
+        if rep is None:
+            return end
+        if rep.leader is not None:
+            return min(rep.leader.commit, end)
+        if rep.follower is not None:
+            return min(rep.follower.commit, end)
+        return min(self.visible_end, end)
+
     def committed(self, seq: int) -> None:
         """The commit point moved to ``seq``: channels may deliver up to it."""
         if self.paused or seq <= self.visible_end:
