@@ -1123,6 +1123,16 @@ class DiskLog:
             self._damaged(seg, pos, first, err)
         return None
 
+    def batch_start(self, seq: int) -> int | None:
+        """The first sequence of the stored batch that holds ``seq`` (None if no record
+        holds it: gone, in a gap, or past the end)."""
+        if not self.start <= seq < self.end:
+            return None
+        if seq >= self.cache.start:
+            return self.cache.batch_at(seq)[1]
+        found = self._find(seq)
+        return found[2] if found is not None else None
+
     def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
         """Whole stored batches from ``seq`` on, as they were appended (replication ships
         them so a follower stores the same bytes at the same offsets), until at least

@@ -206,6 +206,11 @@ class MessageLog(Protocol):
         """Close and delete everything (the topic was deleted)."""
         ...
 
+    def batch_start(self, seq: int) -> int | None:
+        """The first sequence of the stored batch that holds ``seq`` (None if no record
+        holds it: gone, in a gap, or past the end)."""
+        ...
+
     def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
         """Whole stored batches from ``seq`` (where a batch starts; ValueError if not,
         or if it is gone) until ``max_bytes`` of frames are taken (at least one)."""

@@ -163,6 +163,10 @@ class MemoryLog:
                 lo = mid + 1
         return self._base + lo
 
+    def batch_start(self, seq: int) -> int | None:
+        """Every record is a batch of its own here."""
+        return seq if self.start <= seq < self.end else None
+
     def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
         """Records from ``seq`` as one-record batches (a MemoryLog keeps no batches)."""
         out: list[StoredBatch] = []

@@ -152,12 +152,29 @@ class LeaderReplication:
         cut = rp.divergence(role.history, log_.end, hello.history, hello.end)
         cut = min(cut, hello.end)
         history = [tuple(h) for h in role.history]
-        if cut < log_.start:
-            # reclaimed since the follower left: it starts over where this log starts
-            first = log_.read_batches(log_.start, 1)
+        floor = self.copy_floor()
+        if cut < floor:
+            # It lacks records that a reader still needs (or that are reclaimed since it
+            # left): it starts over at the floor rather than copying what every channel
+            # is done with (a new spare would copy the whole retained log, and with
+            # replicator 2 writes wait for that copy).
+            first = log_.read_batches(floor, 1)
             offset = first[0].offset if first else log_.next_offset
-            return rp.Welcome(role.epoch, history, log_.start, (log_.start, offset))  # type: ignore[arg-type]
+            return rp.Welcome(role.epoch, history, floor, (floor, offset))  # type: ignore[arg-type]
         return rp.Welcome(role.epoch, history, cut)  # type: ignore[arg-type]
+
+    def copy_floor(self) -> int:
+        """Where a replica that lacks records starts: the stored batch that holds the
+        partition's low water (the oldest position a channel, an in-flight message or a
+        topic without channels still needs), or the log's start."""
+        log_ = self.part.log
+        low = min(self.part.low_water(), log_.end)
+        if low <= log_.start:
+            return log_.start
+        if low >= log_.end:
+            return log_.end
+        first = log_.batch_start(low)
+        return log_.start if first is None else first
 
     async def serve(self, node: str, ws: web.WebSocketResponse, start: int) -> None:
         """Run one follower's stream until it closes or the leadership ends."""
