@@ -1159,36 +1159,48 @@ class DiskLog:
                 taken += len(batch.chunk)
                 seq += count
                 continue
-            found = self._disk_batch(seq)
+            try:
+                found = self._disk_batch(seq)
+            except ValueError:
+                if not out:
+                    raise
+                break  # a gap (damage set aside): what comes before it goes first
             out.append(found)
             taken += len(found.chunk)
             seq += found.messages
         return out
 
     def _disk_batch(self, seq: int) -> StoredBatch:
-        """The stored batch that starts at ``seq``, read from its segment file."""
+        """The stored batch that starts at ``seq``, read from its segment file and
+        crc-checked (replication ships it as it is). Damage found on the way is set
+        aside as any read does (a gap, see :meth:`_damaged`): ValueError then."""
         seg = self._segment_for(seq)
         if seg is None or seg.base_seq > seq:
             raise ValueError(f"sequence {seq} is not in the log")
-        pos = seg.start_at(seq)[0]
-        while pos < seg.size:
-            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
-            off = pos - base
-            plen, crc, first, count, deliver_at, _f = _BATCH_HEAD.unpack_from(buf, off)
-            rec_end = pos + BATCH_HEAD_SIZE + plen
-            if first + count <= seq:
-                pos = rec_end
-                continue
-            if first != seq:
-                raise ValueError(f"sequence {seq} is inside a batch starting at {first}")
-            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-            off = pos - base
-            check_batch(buf, off, plen, crc)
-            p0 = off + BATCH_HEAD_SIZE
-            chunk = bytes(buf[p0 : p0 + plen])
-            stride = _equal_frames(buf, p0, plen, count)
-            offset = seg.base_offset + pos + BATCH_HEAD_SIZE - SEG_HEAD_SIZE
-            return StoredBatch(first, count, offset, deliver_at, stride, chunk)
+        pos, first = seg.start_at(seq)
+        try:
+            while pos < seg.size:
+                plen, crc, count = self._head_at(seg, pos, first)
+                if first + count <= seq:
+                    pos += BATCH_HEAD_SIZE + plen
+                    first += count
+                    continue
+                if first != seq:
+                    raise ValueError(f"sequence {seq} is inside a batch starting at {first}")
+                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
+                off = pos - base
+                if off + BATCH_HEAD_SIZE + plen > len(buf):
+                    raise CorruptRecord("the file is shorter than its records")
+                check_batch(buf, off, plen, crc)
+                deliver_at = _BATCH_HEAD.unpack_from(buf, off)[4]
+                p0 = off + BATCH_HEAD_SIZE
+                chunk = bytes(buf[p0 : p0 + plen])
+                stride = _equal_frames(buf, p0, plen, count)
+                offset = seg.base_offset + pos + BATCH_HEAD_SIZE - SEG_HEAD_SIZE
+                return StoredBatch(first, count, offset, deliver_at, stride, chunk)
+        except CorruptRecord as err:
+            self._damaged(seg, pos, first, err)
+            raise ValueError(f"sequence {seq} was in damaged records (set aside)") from None
         raise ValueError(f"sequence {seq} is not in {seg.path}")
 
     def reset(self, seq: int, offset: int) -> None:

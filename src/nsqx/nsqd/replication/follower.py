@@ -60,9 +60,11 @@ class FollowerReplication:
         )
         while True:
             try:
+                before = part.log.end
                 async with session.ws_connect(url, heartbeat=5.0, max_msg_size=0) as ws:
                     await self._follow(ws)
-                    delay = RETRY_MIN  # the leader closed a working stream: at once
+                    if part.log.end != before:
+                        delay = RETRY_MIN  # the leader closed a working stream: at once
             except asyncio.CancelledError:
                 raise
             except (aiohttp.ClientError, OSError, TimeoutError, ReplicationError) as err:
@@ -106,7 +108,7 @@ class FollowerReplication:
         if welcome.reset is not None:
             seq, offset = welcome.reset
             log.warning(
-                "REPL: %s: the leader's log starts at %d, past this one's end %d: starting over",
+                "REPL: %s: the leader starts this replica over at %d (this log ends at %d)",
                 part,
                 seq,
                 log_.end,

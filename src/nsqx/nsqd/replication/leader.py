@@ -153,6 +153,18 @@ class LeaderReplication:
         cut = min(cut, hello.end)
         history = [tuple(h) for h in role.history]
         floor = self.copy_floor()
+        if floor <= cut < log_.end and log_.batch_start(cut) is None:
+            # this log lost records there (a damaged segment set aside, see the store's
+            # corruption policy): the follower cannot copy them, so it starts over after
+            # the gap (its copy of older records goes; this log keeps its own)
+            floor = log_.resume_at(cut)
+            log.warning(
+                "REPL: %s: %s needs sequences from %d that this log lost; it starts over at %d",
+                self.part,
+                hello.node,
+                cut,
+                floor,
+            )
         if cut < floor:
             # It lacks records that a reader still needs (or that are reclaimed since it
             # left): it starts over at the floor rather than copying what every channel
@@ -228,7 +240,8 @@ class LeaderReplication:
                 if stream.sent_commit != self.commit and not self.closed:
                     stream.sent_commit = self.commit
                     await ws.send_bytes(rp.encode_batches(self.commit, []))
-        except (ConnectionError, RuntimeError, ValueError) as err:
+        except (OSError, RuntimeError, ValueError) as err:
+            # (a read of this log that failed too: the follower's next HELLO decides)
             log.warning("REPL: %s: sending to %s failed: %s", self.part, stream.node, err)
             await ws.close()
 
