@@ -239,6 +239,14 @@ def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_
         method="POST",
     )
     assert (status, json.loads(body)) == (400, {"message": "E_FAILED_ON_NOT_LEADER"})
+    # and so is emptying its channel or its topic (as Youzan's nsqd answers)
+    until(
+        lambda: "c" in (partition_state(leader, topic) or {}).get("channels", {}),
+        what="the channel's position on the follower",
+    )
+    for path in (f"/channel/empty?topic={topic}&channel=c", f"/topic/empty?topic={topic}"):
+        status, _, body = http_request(f"{leader.http_url}{path}", method="POST")
+        assert (status, json.loads(body)) == (400, {"message": "E_FAILED_ON_NOT_LEADER"}), path
     for n in nodes:
         n.stop(signal.SIGKILL)
 

@@ -872,7 +872,8 @@ class HTTPServer:
         topic = self.nsqd.topics.get(self._topic_name(params))
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
-        topic.empty()
+        for part in _writable(self._partitions(topic, params)):
+            part.empty()
         return ok_empty()
 
     async def topic_pause(
@@ -911,8 +912,11 @@ class HTTPServer:
     async def channel_empty(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
-        for ch in self._existing_channels(params):
-            ch.empty()
+        found = self._existing_channels(params)
+        writable = _writable([ch.partition for ch in found])
+        for ch in found:
+            if any(ch.partition is p for p in writable):
+                ch.empty()
         return ok_empty()
 
     async def channel_pause(
@@ -1139,6 +1143,17 @@ async def range_steps(
         end_seq, end_offset = readable_end, log_.offset_of(readable_end) or end_offset
     head = encode_range_frames(end_seq, end_offset, first, lengths, timestamps, offsets, sizes, [])
     return head, chunks
+
+
+def _writable(parts: list[Partition]) -> list[Partition]:
+    """The partitions whose positions this node decides: not a replicated partition's
+    followers (their channels' positions come from the leader, which would undo a
+    change within half a second). 400 E_FAILED_ON_NOT_LEADER if none is left, as
+    Youzan's nsqd answers on a follower."""
+    out = [p for p in parts if p.replica is None or p.replica.leader is not None]
+    if parts and not out:
+        raise HTTPError(400, E_FAILED_ON_NOT_LEADER)
+    return out
 
 
 def _int_param(params: dict[str, list[str]], key: str, default: int) -> int:
