@@ -15,7 +15,8 @@ a temporary directory), creates one single-partition topic per replicator settin
     first acknowledged write; then restart the killed node and wait until the ISR is
     whole again. Prints every time, the median and the worst.
 
-    python bench/replication_bench.py --rounds 3 --seconds 5 --kills 10
+    python bench/replication_bench.py --rounds 3 --seconds 2 --kills 10
+    python bench/replication_bench.py --replicators 1,3 --kills 0 --profile /tmp/prof
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_RESPONSE, FrameDecoder
 
 _LISTEN = re.compile(r"(TCP|HTTP): listening on ([\d.]+):(\d+)")
+#: py-spy is a dev dependency: next to this interpreter when not on PATH
+PY_SPY = os.path.join(os.path.dirname(sys.executable), "py-spy")
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 
 
@@ -168,13 +171,22 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=200)
     ap.add_argument("--window", type=int, default=4)
     ap.add_argument("--kills", type=int, default=10)
+    ap.add_argument("--replicators", default="1,2,3", help="the settings to ingest with, in turn")
     ap.add_argument(
         "--data-dir",
         default=None,
         help="where the three nsqd keep their data (default: a temporary directory;"
         " /dev/shm takes the shared disk out of the measurement)",
     )
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="record each nsqd with py-spy during the last round's ingests"
+        " (DIR/r<replicator>-<node>.txt, collapsed stacks)",
+    )
     args = ap.parse_args()
+    replicators = [int(r) for r in args.replicators.split(",")]
     base = tempfile.mkdtemp(prefix="nsqx-repl-bench-", dir=args.data_dir)
     lookupd = Proc(["nsqlookupd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"])
     node_args = [
@@ -201,17 +213,34 @@ def main() -> None:
         print(f"ingest: MPUB x{args.batch}, {args.size} B, window {args.window}, 3 nsqd")
         for rnd in range(args.rounds):
             rates: dict[int, float] = {}
-            for r in (1, 2, 3):
+            for r in replicators:
+                spies = []
+                if args.profile and rnd == args.rounds - 1:
+                    os.makedirs(args.profile, exist_ok=True)
+                    spies = [
+                        subprocess.Popen(
+                            [
+                                *(shutil.which("py-spy") or PY_SPY, "record", "--nonblocking"),
+                                *("--format", "raw", "-d", str(int(args.seconds))),
+                                *("-p", str(n.proc.pid), "-o", f"{args.profile}/r{r}-{i}.txt"),
+                            ],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )
+                        for i, n in enumerate(nodes)
+                    ]
                 cpu0 = sum(n.cpu() for n in nodes)
                 t0 = time.monotonic()
                 sent = ingest(lookupd, f"r{r}", args)
+                for spy in spies:
+                    spy.wait()
                 elapsed = time.monotonic() - t0
                 cpu = sum(n.cpu() for n in nodes) - cpu0
                 rates[r] = sent / elapsed
                 print(
                     f"  round {rnd + 1} replicator {r}: {rates[r]:,.0f} msgs/s, "
-                    f"{cpu / sent * 1e6:.2f} us CPU/msg (all nsqd), "
-                    f"ratio to replicator 1: {rates[r] / rates[1]:.2f}"
+                    f"{cpu / sent * 1e6:.2f} us CPU/msg (all nsqd)"
+                    + (f", ratio to replicator 1: {rates[r] / rates[1]:.2f}" if 1 in rates else "")
                 )
         times: list[float] = []
         print(f"failover: replicator 2, {args.kills} leader kills")

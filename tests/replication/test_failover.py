@@ -239,6 +239,14 @@ def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_
         method="POST",
     )
     assert (status, json.loads(body)) == (400, {"message": "E_FAILED_ON_NOT_LEADER"})
+    # and so is emptying its channel or its topic (as Youzan's nsqd answers)
+    until(
+        lambda: "c" in (partition_state(leader, topic) or {}).get("channels", {}),
+        what="the channel's position on the follower",
+    )
+    for path in (f"/channel/empty?topic={topic}&channel=c", f"/topic/empty?topic={topic}"):
+        status, _, body = http_request(f"{leader.http_url}{path}", method="POST")
+        assert (status, json.loads(body)) == (400, {"message": "E_FAILED_ON_NOT_LEADER"}), path
     for n in nodes:
         n.stop(signal.SIGKILL)
 
@@ -362,3 +370,101 @@ def test_leader_killed_and_restarted_at_once(lookupd_factory: Any, tmp_path: Pat
     assert lost == 0
     ends = {(partition_state(n, topic) or {}).get("end") for n in STARTED if n.alive()}
     assert ends == {300}, ends  # every live replica holds every acknowledged message
+
+
+def test_a_spare_copies_from_what_readers_still_need(lookupd_factory: Any, tmp_path: Path) -> None:
+    """A spare that replaces a dead follower starts at the partition's low water (the
+    oldest message a channel still needs), not at the start of the retained log, so
+    that replicator 2 writes again sooner; after a failover onto it, nothing that was
+    not consumed is missing."""
+    lookupd, nodes, args = _cluster(lookupd_factory, tmp_path)
+    pub, con = _replicated_topic(lookupd, "floor", 2)
+    pub.publish(300)
+    con.read_until(lambda: len(set(con.received)) == 300)
+    assert con.conn is not None
+    con.conn.close()  # nothing more in flight: the channel's low water is its cursor
+    con.conn = None
+    pub.publish(50)
+    holders = until(
+        lambda: (h := _holders(nodes, "floor")) and "follower" in h and "leader" in h and h,
+        what="both replicas",
+    )
+    leader, follower = holders["leader"], holders["follower"]
+    until(
+        lambda: (partition_state(leader, "floor") or {}).get("channels", {}).get("c") == 300,
+        what="the channel's cursor at 300 on the leader",
+    )
+    follower.stop(signal.SIGKILL)
+    spare = next(n for n in nodes if n is not leader and n is not follower)
+    state = until(
+        lambda: (
+            (s := partition_state(spare, "floor")) is not None
+            and s.get("role") == "follower"
+            and s["end"] == 350
+            and len((partition_state(leader, "floor") or {}).get("isr", [])) == 2
+            and s
+        ),
+        what="the spare in the ISR",
+    )
+    assert 0 < state["start"] <= 300, state  # not the 300 messages consumed already
+    assert (partition_state(leader, "floor") or {})["start"] == 0  # the leader kept them
+    pub.publish(10)  # writes go on with the spare in the ISR
+
+    leader.stop(signal.SIGKILL)
+    until(lambda: leader_port(lookupd, "floor") == spare.tcp_port, what="the spare leads")
+    # replicator 2 needs a second replica again before the newest records count as
+    # committed (the new leader may not have heard the last commit point): no node is
+    # free, until one starts and takes the dead leader's place
+    late = start_node(tmp_path / "nsqd3", *args)
+    nodes.append(late)
+    con.read_until(lambda: set(range(360)) <= set(con.received))
+    state = partition_state(late, "floor")
+    assert state is not None and state["role"] == "follower" and state["start"] >= 300, state
+    lost, _ = report("replicator 2, spare from the low water, then failover", pub, con)
+    assert lost == 0
+
+
+def test_a_follower_behind_a_gap_in_the_leaders_log_starts_after_it(
+    lookupd_factory: Any, tmp_path: Path
+) -> None:
+    """The leader finds a damaged segment while a returning follower catches up through
+    it (the store sets the records aside: a gap). The follower cannot copy them: it
+    starts over after the gap, catches up and joins the ISR, instead of retrying the
+    same read for ever."""
+    lookupd, nodes, args = _cluster(
+        lookupd_factory, tmp_path, "--max-bytes-per-file=4096", "--mem-queue-size=10"
+    )
+    pub, _ = _replicated_topic(lookupd, "gap", 3)
+    pub.publish(20)
+    holders = until(
+        lambda: (h := _holders(nodes, "gap")) and sum(1 for k in h if ":" in k) == 3 and h,
+        what="every replica",
+    )
+    leader, follower = holders["leader"], holders["follower"]
+    follower.stop(signal.SIGKILL)
+    pub.publish(300)
+    # damage a sealed segment of the leader in the range the follower lacks (read from
+    # the file: the leader's cache holds the last 10 records only)
+    segments = sorted(
+        p for p in leader.data_path.rglob("*.seg") if "gap" in str(p.relative_to(leader.data_path))
+    )
+    base = [int(p.name.split(".")[0]) for p in segments]
+    victim = next(p for p, b, nxt in zip(segments, base, base[1:], strict=False) if b < 150 <= nxt)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+
+    back = start_node(follower.data_path, *args)
+    nodes.append(back)
+    state = until(
+        lambda: (
+            (s := partition_state(back, "gap")) is not None
+            and s.get("role") == "follower"
+            and s["end"] == 320
+            and len((partition_state(leader, "gap") or {}).get("isr", [])) == 3
+            and s
+        ),
+        what="the follower past the gap and in the ISR",
+    )
+    assert state["start"] > 20, state  # it started over after the gap
+    pub.publish(10)  # and writes go on with it

@@ -103,7 +103,7 @@ def fill(node: NsqdProcess, topic: str, partition: int, n: int, tag: str) -> lis
 
 def test_lookup_finds_producers_and_partition_nodes() -> None:
     """NSQ 1.3's /lookup (producers), Youzan's (plus the partitions map) and its V1
-    envelope: every nsqd once."""
+    envelope, plus the holders of the topic's partitions in /nodes: every nsqd once."""
 
     def peer(port: int) -> dict[str, Any]:
         return {"broadcast_address": "127.0.0.1", "tcp_port": port - 1, "http_port": port}
@@ -118,12 +118,24 @@ def test_lookup_finds_producers_and_partition_nodes() -> None:
         },
         {"status_code": 200, "status_txt": "OK", "data": {"producers": [peer(4351)]}},
     ]
+    # /nodes: the nodes that registered the topic's partitions (followers of replicated
+    # ones too); a node of another topic and an NSQ 1.3 node (no map) are not taken
+    nodes = {
+        "producers": [
+            {**peer(4451), "partitions": {"t": ["1"]}},
+            {**peer(4551), "partitions": {"other": ["0"]}},
+            peer(4651),
+        ]
+    }
     asked: list[str] = []
 
     class Lookupd(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            asked.append(self.path)
-            body = json.dumps(answers[len(asked) - 1]).encode()
+            if self.path.startswith("/nodes"):
+                body = json.dumps(nodes).encode()
+            else:
+                asked.append(self.path)
+                body = json.dumps(answers[len(asked) - 1]).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -137,8 +149,12 @@ def test_lookup_finds_producers_and_partition_nodes() -> None:
     try:
         lookupd = f"127.0.0.1:{server.server_address[1]}"
         opts = NsqOptions.parse({"topic": "t", "lookupdHttpAddresses": lookupd})
-        assert nsqd_http_addresses(opts) == ["127.0.0.1:4151"]
-        assert nsqd_http_addresses(opts) == ["127.0.0.1:4151", "127.0.0.1:4251"]
+        assert nsqd_http_addresses(opts) == ["127.0.0.1:4151", "127.0.0.1:4451"]
+        assert nsqd_http_addresses(opts) == [
+            "127.0.0.1:4151",
+            "127.0.0.1:4251",
+            "127.0.0.1:4451",
+        ]
         assert [p["tcp_port"] for p in rangeclient.lookup(lookupd, "t")] == [4350]
         assert all(a.startswith("/lookup?topic=t") for a in asked)
     finally:
@@ -358,3 +374,60 @@ def test_stream_picks_up_a_partition_created_while_it_runs(spark: Any, tmp_path:
             q.stop()
     finally:
         node.stop(signal.SIGKILL)
+
+
+def _role(node: NsqdProcess, topic: str) -> str | None:
+    """The replica role of the topic's partition 0 on ``node`` once confirmed."""
+    stats = json.loads(urllib.request.urlopen(f"{node.http_url}/stats?format=json").read())
+    for t in stats["topics"] or ():
+        rep = t.get("replication") or {}
+        if t["topic_name"] == topic and rep.get("confirmed"):
+            return str(rep["role"])
+    return None
+
+
+def test_a_replicated_topic_is_read_once_through_spark(
+    spark: Any, lookupd_factory: Any, tmp_path: Path
+) -> None:
+    """Replicator 2: both nsqd hold the partition (and are named), Spark reads each
+    message once, from the leader, under the key "*/0"."""
+    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
+    started = [
+        start_nsqd(
+            tmp_path / f"r{i}",
+            f"--lookupd-tcp-address={lookupd.tcp_address}",
+            "--http-address=127.0.0.1:0",
+            "--broadcast-address=127.0.0.1",
+        )
+        for i in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 30
+        while len(lookupd.json("/nodes")["producers"]) < 2:
+            assert time.monotonic() < deadline, "two nsqd registered"
+            time.sleep(0.05)
+        status, _, body = lookupd.post("/topic/create?topic=rp&partition_num=1&replicator=2")
+        assert status == 200, body
+        bodies = [b"r%d" % i for i in range(40)]
+        leader = None
+        while leader is None:  # until nsqlookupd told the roles
+            assert time.monotonic() < deadline, "a confirmed leader"
+            leader = next((n for n in started if _role(n, "rp") == "leader"), None)
+            time.sleep(0.05)
+        publish(leader, "rp", 0, bodies)  # answered once both replicas hold it
+        both = ",".join(http(n) for n in started)
+        df = spark.read.format("nsq").option("topic", "rp").option("nsqdHttpAddresses", both).load()
+        rows = df.select("nsqd", "partition", "body").collect()
+        assert sorted(r.body for r in rows) == sorted(bodies)
+        assert {r.nsqd for r in rows} == {http(leader)}
+        keyed = (
+            spark.read.format("nsq")
+            .option("topic", "rp")
+            .option("lookupdHttpAddresses", lookupd.http_address)
+            .option("startingOffsets", '{"*/0": 30}')
+            .load()
+        )
+        assert sorted(r.body for r in keyed.select("body").collect()) == bodies[30:]
+    finally:
+        for n in started:
+            n.stop(signal.SIGKILL)

@@ -236,6 +236,7 @@ class Coordinator:
             self._seen[peer.id] = set()
             self._identified_at[peer.id] = asyncio.get_running_loop().time()
             self._wake.set()
+            self.replicas.peer_arrived(peer)
 
     def peer_registered(self, peer: Peer, topic: str, partition: int, channel: str | None) -> None:
         """The connection registered a partition (or a channel on it)."""

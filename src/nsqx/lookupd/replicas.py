@@ -185,6 +185,48 @@ class Replicas:
         for node_id in gone:
             self._spawn(self._maybe_lost(node_id))
 
+    def peer_arrived(self, peer: Peer) -> None:
+        """A node connected: partitions that lost a replica when no spare was free may
+        take one now."""
+        if peer.speaks_partitions and self.coord.leading:
+            self._spawn(self._fill_gaps())
+
+    async def _fill_gaps(self) -> None:
+        """Partitions too small to write (ISR at or below half of the replicas) with a
+        replica on a node that is gone get a spare in its place, in a new epoch: it
+        copies the log from the leader and joins the ISR. (node_lost does this when a
+        node goes; this is for when no spare was free then.)"""
+        await asyncio.sleep(self.lost_grace)  # registered and active by then
+        coord = self.coord
+        if not coord.leading:
+            return
+        async with coord._admin:
+            nodes = coord.nodes()
+            for topic, record in list(coord.records.items()):
+                if record.meta.replica < 2:
+                    continue
+                for pid, placement in list(record.placements.items()):
+                    isr = record.isr_of(pid)
+                    if len(isr) > record.meta.replica // 2 or placement[0] not in nodes:
+                        continue
+                    gone = [n for n in placement if n not in nodes and n not in isr]
+                    spare = self._spare(record, placement, nodes) if gone else None
+                    if spare is None:
+                        continue
+                    new_placement = tuple(spare if n == gone[0] else n for n in placement)
+                    record = record.with_replicas(pid, new_placement, isr)
+                    await coord._save(topic, record)
+                    log.warning(
+                        "REPL: %s:%d epoch %d: isr %s is too small to write; %s replaces %s",
+                        topic,
+                        pid,
+                        record.epoch_of(pid),
+                        ",".join(isr),
+                        spare,
+                        gone[0],
+                    )
+                    await self._apply(topic, record, pid)
+
     async def _maybe_lost(self, node_id: str) -> None:
         await asyncio.sleep(self.lost_grace)
         if node_id in self.coord.nodes() or not self.coord.leading:

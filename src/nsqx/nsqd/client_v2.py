@@ -12,8 +12,10 @@ import logging
 import random
 import struct
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import TYPE_CHECKING, cast
 
 from nsqx.nsqd import clock
@@ -76,6 +78,10 @@ STATE_INIT = 0
 STATE_SUBSCRIBED = 2
 STATE_CLOSING = 3
 
+#: reads of one connection whose answers may wait for their acknowledgement at once
+#: (replication round trips, fsyncs) before it stops reading
+MAX_ACK_GROUPS = 32
+
 _OK_FRAME = encode_response(OK)
 _HEARTBEAT_FRAME = encode_response(HEARTBEAT)
 _CLOSE_WAIT_FRAME = encode_response(CLOSE_WAIT)
@@ -135,13 +141,16 @@ class ClientV2(asyncio.Protocol):
         #: durable partitions published to during this read: its answers (and all output
         #: after them) wait until each acknowledged (Partition.when_acknowledged)
         self._awaiting: list[Partition] = []
-        #: acknowledgements still awaited: output is held until none is
+        #: acknowledgements still awaited, in all groups
         self._acks_due = 0
-        #: reading stopped until the acknowledgements came (--sync-before-ack)
+        #: one group per read that published: [acknowledgements due, end of its answers
+        #: in _out]. Output is written in order, a group's answers once all of its
+        #: publishes (and every earlier group's) are acknowledged.
+        self._groups: deque[list[int]] = deque()
+        #: reading stopped: too many reads wait for their acknowledgements
         self._paused_for_ack = False
         self._close_after_ack = False
         self._ack_failed = False
-        self._ack_callback = self._acknowledged
         self._pub_verb = "PUB"
         #: Youzan's message layout for this client (see nsqx.wire.frames): binary ids,
         #: the ext part (ext topic, extend_support), (offset, size) before the body
@@ -209,27 +218,31 @@ class ClientV2(asyncio.Protocol):
         """Hold the answers of this read, and everything after them, until every
         partition it published to acknowledged the publishes: written by the loop
         iteration's group commit (one write for all connections), fsynced with
-        --sync-before-ack, held by the ISR if replicated (for those two this connection
-        reads nothing more meanwhile)."""
+        --sync-before-ack, held by the ISR if replicated.
+
+        The connection goes on reading meanwhile (a publisher's next commands need not
+        wait for a replication round trip or an fsync): each read's answers are a group,
+        written in order once it and every earlier group are acknowledged. Past
+        MAX_ACK_GROUPS groups waiting, reading stops until the oldest is answered."""
         parts, self._awaiting = self._awaiting, []
+        group = [len(parts), len(self._out)]
+        self._groups.append(group)
         self._acks_due += len(parts)
-        if not self._paused_for_ack:
-            slow = self.nsqd.options.sync_before_ack
-            for part in parts:
-                slow = slow or part.replica is not None
-            if slow:
-                assert self._transport is not None
-                self._paused_for_ack = True
-                self._transport.pause_reading()
-        acknowledged = self._ack_callback
+        if len(self._groups) >= MAX_ACK_GROUPS and not self._paused_for_ack:
+            assert self._transport is not None
+            self._paused_for_ack = True
+            self._transport.pause_reading()
+        acknowledged = partial(self._acknowledged, group)
         for part in parts:
             part.when_acknowledged(acknowledged)
 
-    def _acknowledged(self, err: BaseException | None) -> None:
+    def _acknowledged(self, group: list[int], err: BaseException | None) -> None:
         self._acks_due -= 1
+        group[0] -= 1
         if err is not None and not self._ack_failed:
             self._ack_failed = True
             self._out.clear()
+            self._groups.clear()  # none of the held answers goes out
             if isinstance(err, OSError):
                 # the write or the fsync failed: E_PUB_FAILED / E_MPUB_FAILED /
                 # E_DPUB_FAILED, then close
@@ -243,13 +256,32 @@ class ClientV2(asyncio.Protocol):
                 log.error("[%s] - %s; closing without acknowledging", self, err)
             self._close_after_ack = True
             self.closed = self._halt = True
-        if self._acks_due:
+        if self._ack_failed:
+            if not self._acks_due:
+                self._flush_closing()  # the fatal error that closed us
             return
-        if self._close_after_ack:
+        groups = self._groups
+        if groups[0][0]:
+            return  # the oldest group still waits (answers go out in order)
+        end = 0
+        while groups and not groups[0][0]:
+            end = groups.popleft()[1]
+        if groups:
+            # write the answers of the groups acknowledged; later ones stay held
+            out = self._out
+            transport = self._transport
+            if end and transport is not None and not transport.is_closing():
+                transport.write(b"".join(out[:end]))
+            del out[:end]
+            for g in groups:
+                g[1] -= end
+            self._out_size = sum(map(len, out)) if out else 0
+        elif self._close_after_ack:
             self._flush_closing()  # the answers, then the fatal error that closed us
             return
-        self.flush()
-        if self._paused_for_ack:
+        else:
+            self.flush()
+        if self._paused_for_ack and len(groups) < MAX_ACK_GROUPS:
             self._paused_for_ack = False
             self._resume_reading()
 

@@ -549,12 +549,16 @@ class HTTPServer:
         else:
             start = ints["start"]
         start = max(start, log_.start)
-        end = ints["end"] if "end" in params else None
+        # a replicated partition is read up to its commit point only
+        readable = part.readable_end
+        end = min(ints["end"], readable) if "end" in params else readable
         max_messages = (
             min(ints["max_messages"], MAX_RANGE_MESSAGES) if "max_messages" in params else 10_000
         )
         max_bytes = min(ints["max_bytes"], MAX_RANGE_BYTES) if "max_bytes" in params else 8 << 20
-        head, chunks = await range_steps(log_, start, max_messages, max_bytes, end)
+        head, chunks = await range_steps(
+            log_, start, max_messages, max_bytes, end, readable if part.replica else None
+        )
         resp = web.StreamResponse(
             headers={"Content-Type": "application/octet-stream", **NSQ_HEADERS}
         )
@@ -871,7 +875,8 @@ class HTTPServer:
         topic = self.nsqd.topics.get(self._topic_name(params))
         if topic is None:
             raise HTTPError(404, "TOPIC_NOT_FOUND")
-        topic.empty()
+        for part in _writable(self._partitions(topic, params)):
+            part.empty()
         return ok_empty()
 
     async def topic_pause(
@@ -910,8 +915,11 @@ class HTTPServer:
     async def channel_empty(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
-        for ch in self._existing_channels(params):
-            ch.empty()
+        found = self._existing_channels(params)
+        writable = _writable([ch.partition for ch in found])
+        for ch in found:
+            if any(ch.partition is p for p in writable):
+                ch.empty()
         return ok_empty()
 
     async def channel_pause(
@@ -1082,11 +1090,17 @@ RANGE_STEP_BYTES = 1 << 18
 
 
 async def range_steps(
-    log_: DiskLog, start: int, max_messages: int, max_bytes: int, end: int | None = None
+    log_: DiskLog,
+    start: int,
+    max_messages: int,
+    max_bytes: int,
+    end: int | None = None,
+    readable_end: int | None = None,
 ) -> tuple[bytes, list[bytes]]:
     """A range read of ``log_`` (the body of :func:`range_body`, as its header and
     tables, then the frames as chunks), taken in steps of at most RANGE_STEP_BYTES of
-    frames that yield to the event loop between them.
+    frames that yield to the event loop between them. ``readable_end`` (a replicated
+    partition's commit point) is the end the header reports instead of the log's.
 
     The log may change between steps: appends only add records after the ones read,
     and a step that finds its next record deleted (reclaimed meanwhile) or a gap ends
@@ -1126,10 +1140,23 @@ async def range_steps(
         offsets += found.run_offsets
         sizes += found.sizes
         chunks += found.chunks
-    head = encode_range_frames(
-        log_.end, log_.end_offset, first, lengths, timestamps, offsets, sizes, []
-    )
+    end_seq, end_offset = log_.end, log_.end_offset
+    if readable_end is not None and readable_end < end_seq:
+        # the offset of the first record past the commit point
+        end_seq, end_offset = readable_end, log_.offset_of(readable_end) or end_offset
+    head = encode_range_frames(end_seq, end_offset, first, lengths, timestamps, offsets, sizes, [])
     return head, chunks
+
+
+def _writable(parts: list[Partition]) -> list[Partition]:
+    """The partitions whose positions this node decides: not a replicated partition's
+    followers (their channels' positions come from the leader, which would undo a
+    change within half a second). 400 E_FAILED_ON_NOT_LEADER if none is left, as
+    Youzan's nsqd answers on a follower."""
+    out = [p for p in parts if p.replica is None or p.replica.leader is not None]
+    if parts and not out:
+        raise HTTPError(400, E_FAILED_ON_NOT_LEADER)
+    return out
 
 
 def _int_param(params: dict[str, list[str]], key: str, default: int) -> int:

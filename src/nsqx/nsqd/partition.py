@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from nsqx.nsqd import clock
@@ -21,6 +21,7 @@ from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import PARTITION_SHIFT, make_ids
 from nsqx.store.disklog import DiskLog
 from nsqx.store.memlog import MemoryLog
+from nsqx.wire.batch import StoredBatch
 from nsqx.wire.commands import (
     OFFSET_MSGCOUNT,
     OFFSET_SPECIAL,
@@ -29,7 +30,7 @@ from nsqx.wire.commands import (
     ConsumeStart,
 )
 from nsqx.wire.frames import MESSAGE_FRAME_OVERHEAD as FRAME_OVERHEAD
-from nsqx.wire.frames import encode_extended_batch, encode_message_batch
+from nsqx.wire.frames import encode_extended_batch, encode_message_batch, is_extended
 
 if TYPE_CHECKING:
     from nsqx.nsqd.nsqd import NSQD
@@ -348,6 +349,21 @@ class Partition:
             return replica.leader.commit
         return self.visible_end
 
+    @property
+    def readable_end(self) -> int:
+        """Where reads that bypass the channels (GET /range: Spark) stop: the log's end,
+        or on a replicated partition its commit point (what the ISR holds: the leader's
+        later records may still be cut by a failover)."""
+        end = self.log.end
+        rep = self.replica
+        if rep is None:
+            return end
+        if rep.leader is not None:
+            return min(rep.leader.commit, end)
+        if rep.follower is not None:
+            return min(rep.follower.commit, end)
+        return min(self.visible_end, end)
+
     def committed(self, seq: int) -> None:
         """The commit point moved to ``seq``: channels may deliver up to it."""
         if self.paused or seq <= self.visible_end:
@@ -356,12 +372,42 @@ class Partition:
         for ch in self.channels.values():
             ch.notify()
 
-    def append_replicated(
-        self, chunk: bytes, ids: list[bytes], deliver_at: int, stride: int, extended: bool
-    ) -> None:
-        """A follower appends a batch its leader stored, exactly as stored."""
-        self.log.append(chunk, ids, deliver_at, stride)
-        self.message_count += len(ids)
+    def append_replicated(self, batches: Sequence[StoredBatch]) -> None:
+        """A follower stores batches its leader stored, exactly as stored (the same
+        records at the same sequences and offsets), with one write. Raises ValueError,
+        storing none of them, if one does not follow the log."""
+        log_ = self.log
+        # publishes staged while this node led, unwritten, are not the leader's
+        self._drop_staged("made a follower")
+        messages = 0
+        extended = False
+        try:
+            for b in batches:
+                if b.first != log_.next_seq:
+                    raise ValueError(
+                        f"batch at {b.first} does not follow the log end {log_.next_seq}"
+                    )
+                ext = is_extended(b.chunk)
+                offset = log_.stage(
+                    b.chunk,
+                    make_ids(b.first, b.messages, self.id),
+                    b.deliver_at,
+                    b.stride,
+                    1 if ext else 0,
+                    merge=False,
+                )
+                if offset != b.offset:
+                    raise ValueError(
+                        f"batch at {b.first} (offset {b.offset}) does not follow the log"
+                        f" end (offset {offset})"
+                    )
+                messages += b.messages
+                extended = extended or ext
+        except ValueError:
+            log_.drop_staged()
+            raise
+        log_.commit()
+        self.message_count += messages
         if extended and not self.extended:
             self.extended = True
             self.save_state()

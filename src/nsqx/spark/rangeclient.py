@@ -113,8 +113,9 @@ def set_channel_offset(address: str, topic: str, channel: str, partition: int, s
     )
 
 
-def local_partitions(address: str, topic: str) -> list[int]:
-    """The partitions of ``topic`` that the nsqd at ``address`` hosts (empty if none).
+def local_partitions(address: str, topic: str) -> dict[int, dict[str, Any] | None]:
+    """The partitions of ``topic`` that the nsqd at ``address`` hosts (empty if none),
+    each with its replication state (role, epoch, ...; None if not replicated).
 
     Asked of nsqd's own /stats, which works with any lookupd or none: a partitioned
     topic has one entry per local partition with its ``topic_partition``; an NSQ 1.3
@@ -124,12 +125,14 @@ def local_partitions(address: str, topic: str) -> list[int]:
     data = json.loads(request(address, "GET", "/stats", params))
     if isinstance(data.get("data"), dict):  # the V1 envelope of older servers
         data = data["data"]
-    found = {
-        int(t.get("topic_partition") or 0)
-        for t in data.get("topics") or ()
-        if t.get("topic_name") == topic
-    }
-    return sorted(found)
+    found: dict[int, dict[str, Any] | None] = {}
+    for t in data.get("topics") or ():
+        if t.get("topic_name") == topic:
+            replication = t.get("replication")
+            found[int(t.get("topic_partition") or 0)] = (
+                replication if isinstance(replication, dict) else None
+            )
+    return dict(sorted(found.items()))
 
 
 def lookup(lookupd: str, topic: str) -> list[dict[str, Any]]:
@@ -157,3 +160,18 @@ def lookup(lookupd: str, topic: str) -> list[dict[str, Any]]:
             seen.add(node)
             out.append(p)
     return out
+
+
+def holders(lookupd: str, topic: str) -> list[dict[str, Any]]:
+    """Every nsqd that holds a partition of ``topic`` by one nsqlookupd's /nodes (the
+    partitions each node registered): with replicated topics, /lookup lists only the
+    leaders, and a reader also wants the other replicas to fall back on. Empty from a
+    lookupd without that map (NSQ 1.3's)."""
+    data = json.loads(request(lookupd, "GET", "/nodes", {}))
+    if isinstance(data.get("data"), dict):  # the V1 envelope
+        data = data["data"]
+    return [
+        p
+        for p in data.get("producers") or ()
+        if isinstance(p.get("partitions"), dict) and topic in p["partitions"]
+    ]

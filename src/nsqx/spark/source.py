@@ -6,7 +6,9 @@ each (nsqd, topic partition), a range of message sequences; executors fetch exac
 range with nsqd's stateless range reads (GET /range), one task per range, in sequence
 order. A streaming query's offset is ``{"host:httpport/partition": sequence}``; it lives
 in Spark's checkpoint, so a query restarted from its checkpoint resumes with no gap and
-no repeat. A partition that appears while a stream runs joins at its first retained
+no repeat. A replicated partition (replicator 2 or more) has the same sequences on
+every replica: it is read once, from its leader up to its commit point, and its key is
+``"*/partition"``, so its offsets survive a failover. A partition that appears while a stream runs joins at its first retained
 sequence. Writing publishes each task's rows with MPUB batches (at-least-once: a retried
 task publishes again).
 """
@@ -106,17 +108,43 @@ def headers_column(exts: Any) -> Any:
 
 @dataclass(frozen=True)
 class RangePartition(InputPartition):
-    """One executor task: sequences [start, end) of one nsqd's topic partition."""
+    """One executor task: sequences [start, end) of one nsqd's topic partition (of a
+    replicated partition: read from ``address``, its leader, or else from one of the
+    ``alternates``, its other replicas, which hold the same sequences)."""
 
     key: str
     address: str
     partition: int
     start: int
     end: int
+    alternates: tuple[str, ...] = ()
+
+
+#: the "address" in the key of a replicated partition: any of its replicas
+ANY_REPLICA = "*"
+
+#: driver side: a replicated partition's replicas by (topic, key), its leader first
+#: (_bounds)
+_replicas: dict[tuple[str, str], list[str]] = {}
 
 
 def partition_key(address: str, partition: int) -> str:
     return f"{address}/{partition}"
+
+
+def replicas_of(opts: NsqOptions, key: str) -> list[str]:
+    """The nsqd to read ``key`` from: its own, or a replicated partition's replicas
+    (the leader first) as the last look found them (looked up now if never)."""
+    address, p = split_key(key)
+    if address != ANY_REPLICA:
+        return [address]
+    assert opts.topic is not None
+    if not _replicas.get((opts.topic, key)):
+        _bounds(opts, tolerant=True)
+    found = _replicas.get((opts.topic, key))
+    if not found:
+        raise RuntimeError(f"nsq: no nsqd holds partition {p} of {opts.topic!r} now")
+    return found
 
 
 def split_key(key: str) -> tuple[str, int]:
@@ -129,7 +157,13 @@ def nsqd_http_addresses(opts: NsqOptions) -> list[str]:
     found = list(opts.nsqd_http)
     assert opts.topic is not None
     for lookupd in opts.lookupd_http:
-        for p in rangeclient.lookup(lookupd, opts.topic):
+        peers = rangeclient.lookup(lookupd, opts.topic)
+        try:
+            # the followers of replicated partitions too (/lookup lists the leaders)
+            peers += rangeclient.holders(lookupd, opts.topic)
+        except rangeclient.NsqHttpError:
+            pass  # an old lookupd: the readers have no replica to fall back on
+        for p in peers:
             addr = f"{p['broadcast_address']}:{p['http_port']}"
             if addr not in found:
                 found.append(addr)
@@ -149,7 +183,7 @@ def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int, *, ending:
             return hi if ending else lo
         spec = spec[key]
     if isinstance(spec, int):
-        address, part = split_key(key)
+        address, part = replicas_of(opts, key)[0], split_key(key)[1]
         assert opts.topic is not None
         return max(lo, min(hi, rangeclient.sequence_at_time(address, opts.topic, part, spec)))
     assert isinstance(spec, dict)
@@ -168,30 +202,54 @@ def _resolve(opts: NsqOptions, spec: Any, key: str, lo: int, hi: int, *, ending:
 
 def _bounds(opts: NsqOptions, *, tolerant: bool = False) -> dict[str, tuple[int, int]]:
     """(first retained, end) sequences of every partition of the topic on every nsqd,
-    by ``host:httpport/partition`` key.
+    by ``host:httpport/partition`` key (``*/partition`` for a replicated one).
 
     Each nsqd is asked which partitions it hosts (its /stats), then for their bounds: so
     every partition of a partitioned topic is found wherever it lives, with any lookupd
-    or none. ``tolerant`` (a running stream) skips an nsqd that cannot be reached, with
-    a warning: its partitions keep their offsets and are read again once it answers.
+    or none. A replicated partition counts once, with its leader's bounds (the newest
+    epoch's, should an old leader not know yet), whose end is its commit point; its
+    replicas are remembered for the readers (replicas_of). ``tolerant`` (a running
+    stream) skips an nsqd that cannot be reached, with a warning: its partitions keep
+    their offsets and are read again once it answers.
     """
     assert opts.topic is not None
     out = {}
+    leaders: dict[str, tuple[int, str]] = {}
+    holders: dict[str, list[str]] = {}
     for address in nsqd_http_addresses(opts):
         try:
-            for p in rangeclient.local_partitions(address, opts.topic):
+            for p, replication in rangeclient.local_partitions(address, opts.topic).items():
+                if replication is not None:
+                    key = partition_key(ANY_REPLICA, p)
+                    holders.setdefault(key, []).append(address)
+                    epoch = int(replication.get("epoch") or 0)
+                    if replication.get("role") != "leader" or not replication.get("confirmed"):
+                        continue
+                    if key in leaders and leaders[key][0] >= epoch:
+                        continue
+                    leaders[key] = (epoch, address)
+                else:
+                    key = partition_key(address, p)
                 try:
-                    out[partition_key(address, p)] = rangeclient.bounds(address, opts.topic, p)
+                    out[key] = rangeclient.bounds(address, opts.topic, p)
                 except rangeclient.NsqHttpError as err:
                     # deleted since /stats listed it (a server without /range says
                     # NOT_FOUND alone: that is an error)
                     if "TOPIC_NOT_FOUND" in str(err) or "PARTITION_NOT_FOUND" in str(err):
+                        out.pop(key, None)
+                        leaders.pop(key, None)
                         continue
                     raise
         except rangeclient.NsqUnreachable as err:
             if not tolerant:
                 raise
             log.warning("nsq: %s skipped in this micro-batch: %s", address, err)
+    for key, found in holders.items():
+        if key not in leaders:
+            log.warning("nsq: partition %s of %r has no leader now: not read", key, opts.topic)
+            continue
+        leader = leaders[key][1]
+        _replicas[opts.topic, key] = [leader, *(a for a in found if a != leader)]
     return out
 
 
@@ -375,16 +433,26 @@ def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
     """Executor side: fetch [start, end) in chunks and yield Arrow record batches."""
     assert opts.topic is not None
     seq = part.start
+    address = part.address
     while seq < part.end:
-        res = rangeclient.fetch_range(
-            part.address,
-            opts.topic,
-            part.partition,
-            seq,
-            part.end,
-            max_messages=min(opts.read_messages, part.end - seq),
-            max_bytes=opts.read_bytes,
-        )
+        try:
+            res = rangeclient.fetch_range(
+                address,
+                opts.topic,
+                part.partition,
+                seq,
+                part.end,
+                max_messages=min(opts.read_messages, part.end - seq),
+                max_bytes=opts.read_bytes,
+            )
+        except rangeclient.NsqUnreachable:
+            if not part.alternates:
+                raise
+            # the leader went away: another replica holds the same sequences
+            address, res = _read_replica(opts, part, seq)
+        if not res.size and res.end_sequence <= seq and part.alternates:
+            # no longer the leader (its commit point lags): the others hold the range
+            address, res = _read_replica(opts, part, seq)
         if res.start_sequence > seq:
             msg = (
                 f"nsq: {part.key} sequences {seq}..{res.start_sequence - 1} were deleted "
@@ -403,9 +471,44 @@ def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
             break
 
         yield frames_to_batch(
-            res, opts.topic, part.address, part.partition, headers=opts.include_headers
+            res, opts.topic, address, part.partition, headers=opts.include_headers
         )
         seq = res.next_sequence
+
+
+#: how long a read waits for another replica to hold the planned range (its commit
+#: point follows the leader's within a heartbeat; a new leader's at once)
+REPLICA_WAIT_S = 10.0
+
+
+def _read_replica(opts: NsqOptions, part: RangePartition, seq: int) -> tuple[str, RangeFrames]:
+    """Read from ``seq`` of a replicated partition from any of its replicas that holds
+    records there (the planned range is committed: it is on every ISR member)."""
+    assert opts.topic is not None
+    deadline = time.monotonic() + REPLICA_WAIT_S
+    while True:
+        for address in (part.address, *part.alternates):
+            try:
+                res = rangeclient.fetch_range(
+                    address,
+                    opts.topic,
+                    part.partition,
+                    seq,
+                    part.end,
+                    max_messages=min(opts.read_messages, part.end - seq),
+                    max_bytes=opts.read_bytes,
+                )
+            except rangeclient.NsqHttpError:
+                continue
+            if res.size or res.start_sequence > seq:
+                log.info("nsq: %s read from %s from sequence %d", part.key, address, seq)
+                return address, res
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"nsq: no replica of {part.key} ({', '.join((part.address, *part.alternates))})"
+                f" served sequence {seq} within {REPLICA_WAIT_S:g} s"
+            )
+        time.sleep(0.2)
 
 
 def offsets_behind_latest(source_progress: Any) -> dict[str, float]:
@@ -430,6 +533,13 @@ def offsets_behind_latest(source_progress: Any) -> dict[str, float]:
         "maxOffsetsBehindLatest": float(max(behind)),
         "avgOffsetsBehindLatest": sum(behind) / len(behind),
     }
+
+
+def _range_partition(opts: NsqOptions, key: str, start: int, end: int) -> RangePartition:
+    """The task that reads [start, end) of ``key`` (a replicated partition's: from its
+    leader, or else its other replicas)."""
+    found = replicas_of(opts, key)
+    return RangePartition(key, found[0], split_key(key)[1], start, end, tuple(found[1:]))
 
 
 def _read_partition(opts: NsqOptions, partition: InputPartition) -> Iterator[Any]:
@@ -475,8 +585,7 @@ class NsqBatchReader(DataSourceReader):
             start = _resolve(opts, opts.starting, key, lo, hi, ending=False)
             end = _resolve(opts, opts.ending, key, lo, hi, ending=True)
             if end > start:
-                address, p = split_key(key)
-                parts.append(RangePartition(key, address, p, start, end))
+                parts.append(_range_partition(opts, key, start, end))
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -587,8 +696,7 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for key, hi in sorted(end.items()):
             lo = start.get(key, hi)
             if hi > lo:
-                address, p = split_key(key)
-                parts.append(RangePartition(key, address, p, lo, hi))
+                parts.append(_range_partition(self.opts, key, lo, hi))
         return parts
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -602,10 +710,11 @@ class NsqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         assert opts.topic is not None
         for key, seq in end.items():
-            address, p = split_key(key)
+            p = split_key(key)[1]
             try:
+                address = replicas_of(opts, key)[0]  # (a replicated one's: its leader)
                 rangeclient.set_channel_offset(address, opts.topic, opts.channel, p, seq)
-            except rangeclient.NsqHttpError as err:
+            except (rangeclient.NsqHttpError, RuntimeError) as err:
                 log.warning("nsq: could not advance channel %s on %s: %s", opts.channel, key, err)
 
     def stop(self) -> None:

@@ -262,7 +262,7 @@ class _StagedBatch:
     """Batches staged together that become one batch record: their chunks, ids and
     frame layout (a common stride, else each chunk's stride or start positions)."""
 
-    __slots__ = ("chunks", "deliver_at", "ids", "kind", "parts", "size", "stride")
+    __slots__ = ("chunks", "deliver_at", "ids", "kind", "own", "parts", "size", "stride")
 
     def __init__(
         self,
@@ -283,6 +283,8 @@ class _StagedBatch:
         )
         self.deliver_at = deliver_at
         self.kind = kind
+        #: a record of its own (a replicated record): nothing is merged into it
+        self.own = False
 
     def add(self, chunk: bytes, ids: list[bytes], stride: int, starts: array[int] | None) -> None:
         chunks = self.chunks
@@ -639,6 +641,7 @@ class DiskLog:
         deliver_at_ns: int = 0,
         stride: int = 0,
         kind: int = 0,
+        merge: bool = True,
     ) -> int:
         """Add a batch to the group that the next :meth:`commit` writes with one system
         call; returns the virtual offset its first frame will have. Readers see it once
@@ -646,8 +649,10 @@ class DiskLog:
         the same deliver-at time and ``kind`` (frames of different kinds never share a
         stored batch) become one batch record: one header, one crc, one cache entry
         (small ones, up to 64 KiB: a batch of 16 KiB or more, an MPUB, is a record of
-        its own, written without a copy).
-        Raises ValueError (nothing staged) if the frames do not tile the chunk."""
+        its own, written without a copy). ``merge=False`` keeps the batch a record of
+        its own (a follower stores its leader's records as they are, at the same
+        offsets). Raises ValueError (nothing staged) if the frames do not tile the
+        chunk."""
         if not ids:
             raise ValueError("an empty batch")  # a record holds one message or more
         count = len(ids)
@@ -663,7 +668,9 @@ class DiskLog:
             self._staged_offset = self.end_offset
         last = staged[-1] if staged else None
         if (
-            last is not None
+            merge
+            and last is not None
+            and not last.own
             and last.deliver_at == deliver_at_ns
             and last.kind == kind
             and len(chunk) < _MERGE_CHUNK
@@ -674,7 +681,9 @@ class DiskLog:
             last.add(chunk, ids, stride, starts)
         else:
             offset = self._staged_offset + BATCH_HEAD_SIZE
-            staged.append(_StagedBatch(chunk, ids, stride, starts, deliver_at_ns, kind))
+            batch = _StagedBatch(chunk, ids, stride, starts, deliver_at_ns, kind)
+            batch.own = not merge
+            staged.append(batch)
         self._staged_offset = offset + len(chunk)
         self._staged_end += count
         return offset
@@ -1115,6 +1124,16 @@ class DiskLog:
             self._damaged(seg, pos, first, err)
         return None
 
+    def batch_start(self, seq: int) -> int | None:
+        """The first sequence of the stored batch that holds ``seq`` (None if no record
+        holds it: gone, in a gap, or past the end)."""
+        if not self.start <= seq < self.end:
+            return None
+        if seq >= self.cache.start:
+            return self.cache.batch_at(seq)[1]
+        found = self._find(seq)
+        return found[2] if found is not None else None
+
     def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
         """Whole stored batches from ``seq`` on, as they were appended (replication ships
         them so a follower stores the same bytes at the same offsets), until at least
@@ -1141,36 +1160,48 @@ class DiskLog:
                 taken += len(batch.chunk)
                 seq += count
                 continue
-            found = self._disk_batch(seq)
+            try:
+                found = self._disk_batch(seq)
+            except ValueError:
+                if not out:
+                    raise
+                break  # a gap (damage set aside): what comes before it goes first
             out.append(found)
             taken += len(found.chunk)
             seq += found.messages
         return out
 
     def _disk_batch(self, seq: int) -> StoredBatch:
-        """The stored batch that starts at ``seq``, read from its segment file."""
+        """The stored batch that starts at ``seq``, read from its segment file and
+        crc-checked (replication ships it as it is). Damage found on the way is set
+        aside as any read does (a gap, see :meth:`_damaged`): ValueError then."""
         seg = self._segment_for(seq)
         if seg is None or seg.base_seq > seq:
             raise ValueError(f"sequence {seq} is not in the log")
-        pos = seg.start_at(seq)[0]
-        while pos < seg.size:
-            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE)
-            off = pos - base
-            plen, crc, first, count, deliver_at, _f = _BATCH_HEAD.unpack_from(buf, off)
-            rec_end = pos + BATCH_HEAD_SIZE + plen
-            if first + count <= seq:
-                pos = rec_end
-                continue
-            if first != seq:
-                raise ValueError(f"sequence {seq} is inside a batch starting at {first}")
-            buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
-            off = pos - base
-            check_batch(buf, off, plen, crc)
-            p0 = off + BATCH_HEAD_SIZE
-            chunk = bytes(buf[p0 : p0 + plen])
-            stride = _equal_frames(buf, p0, plen, count)
-            offset = seg.base_offset + pos + BATCH_HEAD_SIZE - SEG_HEAD_SIZE
-            return StoredBatch(first, count, offset, deliver_at, stride, chunk)
+        pos, first = seg.start_at(seq)
+        try:
+            while pos < seg.size:
+                plen, crc, count = self._head_at(seg, pos, first)
+                if first + count <= seq:
+                    pos += BATCH_HEAD_SIZE + plen
+                    first += count
+                    continue
+                if first != seq:
+                    raise ValueError(f"sequence {seq} is inside a batch starting at {first}")
+                buf, base = self._chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
+                off = pos - base
+                if off + BATCH_HEAD_SIZE + plen > len(buf):
+                    raise CorruptRecord("the file is shorter than its records")
+                check_batch(buf, off, plen, crc)
+                deliver_at = _BATCH_HEAD.unpack_from(buf, off)[4]
+                p0 = off + BATCH_HEAD_SIZE
+                chunk = bytes(buf[p0 : p0 + plen])
+                stride = _equal_frames(buf, p0, plen, count)
+                offset = seg.base_offset + pos + BATCH_HEAD_SIZE - SEG_HEAD_SIZE
+                return StoredBatch(first, count, offset, deliver_at, stride, chunk)
+        except CorruptRecord as err:
+            self._damaged(seg, pos, first, err)
+            raise ValueError(f"sequence {seq} was in damaged records (set aside)") from None
         raise ValueError(f"sequence {seq} is not in {seg.path}")
 
     def reset(self, seq: int, offset: int) -> None:

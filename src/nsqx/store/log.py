@@ -104,12 +104,13 @@ class MessageLog(Protocol):
         deliver_at_ns: int = 0,
         stride: int = 0,
         kind: int = 0,
+        merge: bool = True,
     ) -> int:
         """Like :meth:`append`, but a DiskLog only stages the batch for the next
         :meth:`commit`, which writes everything staged at once (a group commit; readers
         see staged records once committed). Batches of different ``kind`` (vanilla or
-        extended frames) never share a stored batch. Returns the virtual offset of the
-        batch's first frame."""
+        extended frames) never share a stored batch; ``merge=False`` keeps it a record
+        of its own. Returns the virtual offset of the batch's first frame."""
         ...
 
     def commit(self) -> int:
@@ -203,6 +204,11 @@ class MessageLog(Protocol):
 
     def destroy(self) -> None:
         """Close and delete everything (the topic was deleted)."""
+        ...
+
+    def batch_start(self, seq: int) -> int | None:
+        """The first sequence of the stored batch that holds ``seq`` (None if no record
+        holds it: gone, in a gap, or past the end)."""
         ...
 
     def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:

@@ -80,6 +80,7 @@ class MemoryLog:
         deliver_at_ns: int = 0,
         stride: int = 0,
         kind: int = 0,
+        merge: bool = True,
     ) -> int:
         """Append now (there is nothing to write); returns the first frame's offset."""
         offset = self._end_offset
@@ -161,6 +162,10 @@ class MemoryLog:
             else:
                 lo = mid + 1
         return self._base + lo
+
+    def batch_start(self, seq: int) -> int | None:
+        """Every record is a batch of its own here."""
+        return seq if self.start <= seq < self.end else None
 
     def read_batches(self, seq: int, max_bytes: int) -> list[StoredBatch]:
         """Records from ``seq`` as one-record batches (a MemoryLog keeps no batches)."""

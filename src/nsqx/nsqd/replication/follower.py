@@ -15,9 +15,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from nsqx.nsqd.guid import make_ids
 from nsqx.wire import replication as rp
-from nsqx.wire.frames import is_extended
 
 if TYPE_CHECKING:
     from nsqx.nsqd.replication.replica import PartitionReplica
@@ -62,9 +60,11 @@ class FollowerReplication:
         )
         while True:
             try:
+                before = part.log.end
                 async with session.ws_connect(url, heartbeat=5.0, max_msg_size=0) as ws:
                     await self._follow(ws)
-                    delay = RETRY_MIN  # the leader closed a working stream: at once
+                    if part.log.end != before:
+                        delay = RETRY_MIN  # the leader closed a working stream: at once
             except asyncio.CancelledError:
                 raise
             except (aiohttp.ClientError, OSError, TimeoutError, ReplicationError) as err:
@@ -108,7 +108,7 @@ class FollowerReplication:
         if welcome.reset is not None:
             seq, offset = welcome.reset
             log.warning(
-                "REPL: %s: the leader's log starts at %d, past this one's end %d: starting over",
+                "REPL: %s: the leader starts this replica over at %d (this log ends at %d)",
                 part,
                 seq,
                 log_.end,
@@ -157,19 +157,11 @@ class FollowerReplication:
                 raise ReplicationError(f"stream ended ({msg.type.name})")
             ev = rp.decode(msg.data)
             if isinstance(ev, rp.Batches):
-                for b in ev.batches:
-                    if b.first != log_.end or b.offset != log_.next_offset:
-                        raise ReplicationError(
-                            f"batch at {b.first} (offset {b.offset}) does not follow the log"
-                            f" end {log_.end} (offset {log_.next_offset})"
-                        )
-                    part.append_replicated(
-                        b.chunk,
-                        make_ids(b.first, b.messages, part.id),
-                        b.deliver_at,
-                        b.stride,
-                        is_extended(b.chunk),
-                    )
+                if ev.batches:
+                    try:
+                        part.append_replicated(ev.batches)
+                    except ValueError as err:
+                        raise ReplicationError(str(err)) from None
                 self.commit = ev.commit
                 part.committed(min(ev.commit, log_.end))
                 if ev.batches:

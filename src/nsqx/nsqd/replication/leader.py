@@ -152,12 +152,41 @@ class LeaderReplication:
         cut = rp.divergence(role.history, log_.end, hello.history, hello.end)
         cut = min(cut, hello.end)
         history = [tuple(h) for h in role.history]
-        if cut < log_.start:
-            # reclaimed since the follower left: it starts over where this log starts
-            first = log_.read_batches(log_.start, 1)
+        floor = self.copy_floor()
+        if floor <= cut < log_.end and log_.batch_start(cut) is None:
+            # this log lost records there (a damaged segment set aside, see the store's
+            # corruption policy): the follower cannot copy them, so it starts over after
+            # the gap (its copy of older records goes; this log keeps its own)
+            floor = log_.resume_at(cut)
+            log.warning(
+                "REPL: %s: %s needs sequences from %d that this log lost; it starts over at %d",
+                self.part,
+                hello.node,
+                cut,
+                floor,
+            )
+        if cut < floor:
+            # It lacks records that a reader still needs (or that are reclaimed since it
+            # left): it starts over at the floor rather than copying what every channel
+            # is done with (a new spare would copy the whole retained log, and with
+            # replicator 2 writes wait for that copy).
+            first = log_.read_batches(floor, 1)
             offset = first[0].offset if first else log_.next_offset
-            return rp.Welcome(role.epoch, history, log_.start, (log_.start, offset))  # type: ignore[arg-type]
+            return rp.Welcome(role.epoch, history, floor, (floor, offset))  # type: ignore[arg-type]
         return rp.Welcome(role.epoch, history, cut)  # type: ignore[arg-type]
+
+    def copy_floor(self) -> int:
+        """Where a replica that lacks records starts: the stored batch that holds the
+        partition's low water (the oldest position a channel, an in-flight message or a
+        topic without channels still needs), or the log's start."""
+        log_ = self.part.log
+        low = min(self.part.low_water(), log_.end)
+        if low <= log_.start:
+            return log_.start
+        if low >= log_.end:
+            return log_.end
+        first = log_.batch_start(low)
+        return log_.start if first is None else first
 
     async def serve(self, node: str, ws: web.WebSocketResponse, start: int) -> None:
         """Run one follower's stream until it closes or the leadership ends."""
@@ -211,7 +240,8 @@ class LeaderReplication:
                 if stream.sent_commit != self.commit and not self.closed:
                     stream.sent_commit = self.commit
                     await ws.send_bytes(rp.encode_batches(self.commit, []))
-        except (ConnectionError, RuntimeError, ValueError) as err:
+        except (OSError, RuntimeError, ValueError) as err:
+            # (a read of this log that failed too: the follower's next HELLO decides)
             log.warning("REPL: %s: sending to %s failed: %s", self.part, stream.node, err)
             await ws.close()
 

@@ -1,0 +1,108 @@
+"""A publisher's connection keeps reading while its publishes wait for the ISR, and
+its answers still come in the order of its commands."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+from pathlib import Path
+from typing import Any
+
+from cluster import Conn, leader_port, partition_state, start_node, until
+
+from nsqx.wire import commands as c
+from nsqx.wire.frames import FRAME_RESPONSE
+
+from lookupdproc import http_request
+from nsqdproc import NsqdProcess
+
+
+def _message_count(node: NsqdProcess, topic: str) -> int:
+    _, _, body = http_request(f"{node.http_url}/stats?format=json&topic={topic}")
+    return sum(
+        t["message_count"] for t in json.loads(body)["topics"] or [] if t["topic_name"] == topic
+    )
+
+
+def test_reads_go_on_while_answers_wait_for_the_isr(lookupd_factory: Any, tmp_path: Path) -> None:
+    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
+    args = [
+        f"--lookupd-tcp-address={lookupd.tcp_address}",
+        "--http-address=127.0.0.1:0",
+        "--broadcast-address=127.0.0.1",
+        "--replication-lag-timeout=60s",  # the stopped follower stays in the ISR
+    ]
+    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(2)]
+    until(lambda: len(lookupd.json("/nodes")["producers"]) == 2, what="two nsqd registered")
+    status, _, body = lookupd.post("/topic/create?topic=rt&partition_num=1&replicator=2")
+    assert status == 200, body
+    port = until(lambda: leader_port(lookupd, "rt"), what="a leader in /lookup")
+    leader = next(n for n in nodes if n.tcp_port == port)
+    follower = next(n for n in nodes if n is not leader)
+
+    conn = Conn(port)
+    try:
+        conn.send(c.pub("rt", b"warm"))
+        assert conn.frame() == (FRAME_RESPONSE, b"OK")  # the ISR is complete and streaming
+
+        follower.proc.send_signal(signal.SIGSTOP)
+        try:
+            # The first PUB waits for the stopped follower; the connection reads on: the
+            # second PUB (a topic of this node alone) is stored at once...
+            conn.send(c.pub("rt", b"held"))
+            until(lambda: _message_count(leader, "rt") == 2, what="the first PUB read")
+            conn.send(c.pub("local", b"next"))  # (another read)
+            until(lambda: _message_count(leader, "local") == 1, what="the second PUB stored")
+            # ...but its answer waits behind the first one's.
+            conn.sock.settimeout(0.3)
+            try:
+                data = conn.sock.recv(1 << 16)
+            except TimeoutError:
+                data = None
+            assert data is None, f"an answer overtook the publish waiting for the ISR: {data!r}"
+            conn.sock.settimeout(10)
+        finally:
+            follower.proc.send_signal(signal.SIGCONT)
+        assert conn.frame() == (FRAME_RESPONSE, b"OK")
+        assert conn.frame() == (FRAME_RESPONSE, b"OK")
+        state = partition_state(leader, "rt")
+        assert state is not None and state["role"] == "leader"
+        assert _message_count(leader, "rt") == 2
+    finally:
+        conn.close()
+
+
+def test_many_pipelined_publishes_to_a_replicated_topic_are_all_answered(
+    lookupd_factory: Any, tmp_path: Path
+) -> None:
+    """More reads in flight than a connection may hold (it stops reading, then goes on):
+    every PUB answered once, in order, and every message held by the follower."""
+    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
+    args = [
+        f"--lookupd-tcp-address={lookupd.tcp_address}",
+        "--http-address=127.0.0.1:0",
+        "--broadcast-address=127.0.0.1",
+    ]
+    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(2)]
+    until(lambda: len(lookupd.json("/nodes")["producers"]) == 2, what="two nsqd registered")
+    status, _, body = lookupd.post("/topic/create?topic=rt&partition_num=1&replicator=2")
+    assert status == 200, body
+    port = until(lambda: leader_port(lookupd, "rt"), what="a leader in /lookup")
+    follower = next(n for n in nodes if n.tcp_port != port)
+
+    conn = Conn(port)
+    sock = conn.sock
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        n = 2000
+        for i in range(n):
+            conn.send(c.pub("rt", b"m%d" % i))  # one segment each: many reads
+        answers = [conn.frame() for _ in range(n)]
+        assert answers == [(FRAME_RESPONSE, b"OK")] * n
+        until(
+            lambda: (partition_state(follower, "rt") or {}).get("end", 0) >= n,
+            what="the follower holds every message",
+        )
+    finally:
+        conn.close()
