@@ -36,7 +36,7 @@ test: lint typecheck unit compiled
 # The wheel `pip install .` builds, its hot path compiled with mypyc (setup.py), in a venv
 # of its own (.venv-compiled) running the tests of the compiled layers; one line says it
 # is skipped on a machine without a C compiler (tests/compiled_build.py).
-COMPILED_TESTS ?= tests/wire tests/store tests/nsqd
+COMPILED_TESTS ?= tests/wire tests/store tests/nsqd tests/fuzz tests/youzan tests/replication
 compiled: $(STAMP)
 	$(BIN)/python tests/compiled_build.py $(COMPILED_TESTS)
 
