@@ -163,6 +163,8 @@ class BenchConfig:
     deflate: bool = False
     #: CA to verify the server with (--tls); None: not verified
     tls_ca: str | None = None
+    #: the interpreter whose nsqx runs our own server (None: this one), e.g. a wheel's venv
+    nsqd_python: str | None = None
 
     @property
     def transport(self) -> str:
@@ -980,9 +982,11 @@ async def _publisher_main(
 # --- our own server ---------------------------------------------------------------------
 
 
-def server_command(data_path: str, extra: Sequence[str] = ()) -> list[str]:
+def server_command(
+    data_path: str, extra: Sequence[str] = (), python: str | None = None
+) -> list[str]:
     return [
-        sys.executable,
+        python or sys.executable,
         "-m",
         "nsqx",
         "nsqd",
@@ -1022,6 +1026,7 @@ class OwnServer:
         self.startup_timeout = startup_timeout
         self.tmp = tempfile.mkdtemp(prefix="nsqx-bench-")
         self.extra: list[str] = []
+        self.python = cfg.nsqd_python if cfg is not None else None
         if cfg is not None and cfg.tls:
             cfg.tls_ca, cert, key = make_certificates(self.tmp)
             self.extra = [f"--tls-cert={cert}", f"--tls-key={key}"]
@@ -1039,7 +1044,7 @@ class OwnServer:
     def start(self) -> tuple[str, int]:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(
-            server_command(self.tmp, self.extra),
+            server_command(self.tmp, self.extra, self.python),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -1279,6 +1284,11 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, bool]:
         metavar="FILE",
         help="CA to verify --nsqd-tcp-address's certificate with (else not verified)",
     )
+    p.add_argument(
+        "--nsqd-python",
+        metavar="PATH",
+        help="run our own nsqd with this interpreter's nsqx (e.g. .venv-compiled/bin/python)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
     if args.snappy and args.deflate:
@@ -1293,6 +1303,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, bool]:
         p.error("--http-concurrency must be positive")
     cfg = BenchConfig(
         nsqd_tcp_address=args.nsqd_tcp_address,
+        nsqd_python=args.nsqd_python,
         server_pid=args.server_pid,
         pub_seconds=args.pub_seconds,
         sub_seconds=args.sub_seconds,

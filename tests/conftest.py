@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -65,3 +66,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`make compiled` (tests/compiled_build.py) must test the compiled modules, not the
+    source: with NSQX_EXPECT_COMPILED=1 every module of the list has to load compiled."""
+    if os.environ.get("NSQX_EXPECT_COMPILED") != "1":
+        return
+    from nsqx.compiled import COMPILED_MODULES, compiled_modules
+
+    missing = sorted(set(COMPILED_MODULES) - set(compiled_modules()))
+    if missing:
+        raise pytest.UsageError(f"NSQX_EXPECT_COMPILED=1 but not compiled here: {missing}")

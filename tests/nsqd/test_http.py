@@ -67,6 +67,7 @@ def test_ping_and_info() -> None:
                 "max_output_buffer_size",
                 "max_output_buffer_timeout",
                 "max_deflate_level",
+                "build",  # nsqx's own: compiled or pure Python
             }
             # the Accept header of old clients changes nothing (no envelope)
             for accept in ("application/vnd.nsq; version=1.0", "application/vnd.nsq version=1.0"):

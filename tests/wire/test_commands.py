@@ -348,3 +348,15 @@ def test_pubs_run_keeps_the_checks() -> None:
     assert events[0] == c.Pub("t", b"fine")
     assert isinstance(events[1], ProtocolError)
     assert events[1].code == "E_BAD_MESSAGE"
+
+
+def test_binary_id_req_without_a_timeout_requeues_at_once() -> None:
+    """Youzan's binary ids: ``REQ <16 bytes>\\n`` is a REQ of 0 ms. Its empty timeout is a
+    slice whose start is past its end, which mypyc's runtime turned into a SystemError
+    (setup.py patches it)."""
+    parser = CommandParser()
+    parser.binary_ids = True
+    parser.feed(MAGIC_V2)
+    events = parser.feed(b"REQ 0123456789abcdef\nNOP\n")
+    assert [type(e).__name__ for e in events] == ["Req", "Nop"]
+    assert events[0].timeout_ms == 0  # type: ignore[union-attr]

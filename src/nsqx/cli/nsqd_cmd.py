@@ -6,12 +6,12 @@ import asyncio
 import logging
 import sys
 
-from nsqx import NSQ_VERSION
 from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
 from nsqx.cli.goflags import FlagError
 from nsqx.cli.nsqd_flags import nsqd_usage, parse_nsqd_args, wants_help, wants_version
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.stats import version_string
 
 
 async def serve(options: NsqdOptions) -> int:
@@ -33,7 +33,7 @@ def run_nsqd(argv: list[str]) -> int:
         print(nsqd_usage())
         return 0
     if wants_version(argv):
-        print(f"nsqd v{NSQ_VERSION} (nsqx)")
+        print(version_string("nsqd"))
         return 0
     try:
         options = parse_nsqd_args(argv)

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("nsqx.nsqd")
 
 # a message's id inside its frame: size(4) type(4) timestamp(8) attempts(2) id(16)
-_ID = slice(18, 34)
+# (written [18:34] where used: mypyc, setup.py, compiles bytes[slice object] as an
+# index by int, a TypeError)
 
 
 def _without(ids: list[bytes], missing: list[bytes]) -> list[bytes]:
@@ -386,8 +387,8 @@ class Channel:
                 continue  # dropped (emptied, or an ephemeral overflow)
             if attempts:
                 frame = with_attempts(frame, attempts + 1)
-                self.attempts[frame[_ID]] = attempts + 1
-            return frame, frame[_ID]
+                self.attempts[frame[18:34]] = attempts + 1
+            return frame, frame[18:34]
         end = self.partition.visible_end
         while self.cursor < end:
             lo = self.cursor
@@ -516,9 +517,9 @@ class Channel:
                     continue
                 if attempts:
                     frame = with_attempts(frame, attempts + 1)
-                    self.attempts[frame[_ID]] = attempts + 1
+                    self.attempts[frame[18:34]] = attempts + 1
                 frames.append(frame)
-                ids.append(frame[_ID])
+                ids.append(frame[18:34])
         end = self.partition.visible_end
         while len(ids) < k and self.cursor < end:
             lo = self.cursor

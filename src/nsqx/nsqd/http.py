@@ -26,6 +26,7 @@ from urllib.parse import unquote_plus
 from aiohttp import web
 
 from nsqx import NSQ_VERSION
+from nsqx.compiled import build_description
 from nsqx.nsqd import stats as st
 from nsqx.nsqd.guid import PARTITION_SHIFT, SEQ_MASK
 from nsqx.nsqd.metrics import Metrics
@@ -419,6 +420,8 @@ class HTTPServer:
                 "max_output_buffer_size": o.max_output_buffer_size,
                 "max_output_buffer_timeout": _ns(o.max_output_buffer_timeout),
                 "max_deflate_level": o.max_deflate_level,
+                # nsqx's own: whether the hot path runs compiled (docs/install.md)
+                "build": build_description(),
             }
         )
 

@@ -26,7 +26,7 @@ from nsqx.nsqd.metadata import (
 )
 from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.replication.manager import ReplicationManager
-from nsqx.nsqd.stats import GcPauses
+from nsqx.nsqd.stats import GcPauses, version_string
 from nsqx.nsqd.statsd import statsd_loop
 from nsqx.nsqd.syncer import Checkpointer, LogSyncer
 from nsqx.nsqd.tls import build_server_context
@@ -355,6 +355,7 @@ class NSQD:
 
     async def start(self) -> None:
         """Lock the data directory, restore metadata, bind the listeners, start timers."""
+        log.info("%s", version_string())  # as nsqd's first line, plus compiled or not
         # a bad certificate or key stops the start, as in nsqd
         self.tls_context = build_server_context(self.options)
         if self.tls_context is None and self.tls_required:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nsqx import NSQ_VERSION
+from nsqx.compiled import build_description
 from nsqx.nsqd.client_v2 import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED
 from nsqx.nsqd.e2e import E2eResult
 
@@ -477,8 +478,11 @@ def rfc3339(ts: float) -> str:
 
 
 def version_string(app: str = "nsqd") -> str:
+    """As Go's ``nsqd v1.3.0 (built w/go1.x)``, plus whether the hot path is compiled."""
     v = sys.version_info
-    return f"{app} v{NSQ_VERSION} (built w/python{v.major}.{v.minor}.{v.micro})"
+    return (
+        f"{app} v{NSQ_VERSION} (built w/python{v.major}.{v.minor}.{v.micro}; {build_description()})"
+    )
 
 
 def format_text(stats: Stats, mem: dict[str, int] | None, health: str, start_time: float) -> str:

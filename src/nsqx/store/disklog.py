@@ -62,7 +62,8 @@ INDEX_INTERVAL = 4096
 _READ_CHUNK = 256 * 1024
 _SCAN_CHUNK = 4 * 1024 * 1024
 # frame layout: size(4) type(4) timestamp(8) attempts(2) id(16) body
-_ID = slice(18, 34)
+# (written [18:34] where used: mypyc, setup.py, compiles bytes[slice object] as an
+# index by int, a TypeError)
 #: the smallest frame (an empty body)
 MIN_FRAME_SIZE = 34
 #: a batch header announcing more is not believed (nsqd's --max-body-size is far less)
@@ -1009,7 +1010,7 @@ class DiskLog:
             return
         frames = split_frames(memoryview(buf)[p0:end], count)[skip : skip + take]
         chunks.extend(frames)
-        ids.extend([f[_ID] for f in frames])
+        ids.extend([f[18:34] for f in frames])
 
     def read_range(
         self, seq: int, max_messages: int, max_bytes: int = 1 << 62, end: int | None = None
