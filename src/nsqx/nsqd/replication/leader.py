@@ -152,7 +152,11 @@ class LeaderReplication:
         cut = rp.divergence(role.history, log_.end, hello.history, hello.end)
         cut = min(cut, hello.end)
         history = [tuple(h) for h in role.history]
-        floor = self.copy_floor()
+        # a new replica (a spare: nothing stored) starts where readers need it; one
+        # that holds records keeps them (replays on it reach as far back) and copies
+        # from its end, unless this log no longer has what follows it
+        fresh = hello.end == 0 and not hello.history
+        floor = self.copy_floor() if fresh else log_.start
         if floor <= cut < log_.end and log_.batch_start(cut) is None:
             # this log lost records there (a damaged segment set aside, see the store's
             # corruption policy): the follower cannot copy them, so it starts over after
@@ -166,10 +170,9 @@ class LeaderReplication:
                 floor,
             )
         if cut < floor:
-            # It lacks records that a reader still needs (or that are reclaimed since it
-            # left): it starts over at the floor rather than copying what every channel
-            # is done with (a new spare would copy the whole retained log, and with
-            # replicator 2 writes wait for that copy).
+            # reclaimed since it left, or a spare: it starts over at the floor (a spare
+            # need not copy what every channel is done with; with replicator 2 writes
+            # wait for its copy)
             first = log_.read_batches(floor, 1)
             offset = first[0].offset if first else log_.next_offset
             return rp.Welcome(role.epoch, history, floor, (floor, offset))  # type: ignore[arg-type]
