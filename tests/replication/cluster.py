@@ -42,6 +42,44 @@ def start_node(data_path: Path, *args: str) -> NsqdProcess:
 HEARTBEAT = b"_heartbeat_"
 
 
+def start_cluster(
+    lookupd_factory: Callable[..., LookupdProcess],
+    tmp_path: Path,
+    *extra: str,
+    count: int = 3,
+    lag_timeout: str | None = "1s",
+) -> tuple[LookupdProcess, list[NsqdProcess], list[str]]:
+    """One nsqlookupd and ``count`` nsqd registered with it (``extra`` flags for each;
+    ``lag_timeout`` is --replication-lag-timeout, None for the default); returns them
+    and the nsqd's flags, to start another node or restart one."""
+    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
+    args = [
+        *extra,
+        f"--lookupd-tcp-address={lookupd.tcp_address}",
+        "--http-address=127.0.0.1:0",
+        "--broadcast-address=127.0.0.1",
+    ]
+    if lag_timeout is not None:
+        args.append(f"--replication-lag-timeout={lag_timeout}")
+    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(count)]
+    until(
+        lambda: len(lookupd.json("/nodes")["producers"]) == count,
+        what=f"{count} nsqd registered",
+    )
+    return lookupd, nodes, args
+
+
+def create_replicated(lookupd: LookupdProcess, topic: str, replicator: int) -> int:
+    """Create a one-partition topic with ``replicator`` replicas through nsqlookupd;
+    the TCP port of its leader once /lookup lists one."""
+    status, _, body = lookupd.post(
+        f"/topic/create?topic={topic}&partition_num=1&replicator={replicator}"
+    )
+    assert status == 200, body
+    port: int = until(lambda: leader_port(lookupd, topic), what="a leader in /lookup")
+    return port
+
+
 def until(cond: Callable[[], Any], timeout: float = 30, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -10,24 +10,14 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from cluster import leader_port, start_node, until
+from cluster import create_replicated, leader_port, start_cluster
 
 from nsqx.client import Consumer, Message, PartitionProducer
 
 
 def test_nsqx_client_follows_the_new_leader(lookupd_factory: Any, tmp_path: Path) -> None:
-    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
-    args = [
-        f"--lookupd-tcp-address={lookupd.tcp_address}",
-        "--http-address=127.0.0.1:0",
-        "--broadcast-address=127.0.0.1",
-        "--replication-lag-timeout=1s",
-    ]
-    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(3)]
-    until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd")
-    status, _, body = lookupd.post("/topic/create?topic=cl&partition_num=1&replicator=2")
-    assert status == 200, body
-    until(lambda: leader_port(lookupd, "cl") is not None, what="a leader")
+    lookupd, nodes, _ = start_cluster(lookupd_factory, tmp_path)
+    create_replicated(lookupd, "cl", 2)
 
     async def body_() -> tuple[set[bytes], set[bytes]]:
         acked: set[bytes] = set()

@@ -16,9 +16,11 @@ from cluster import (
     STARTED,
     Consumer,
     Publisher,
+    create_replicated,
     leader_port,
     partition_state,
     report,
+    start_cluster,
     start_node,
     until,
 )
@@ -28,30 +30,10 @@ from lookupdproc import http_request
 from nsqdproc import NsqdProcess
 
 
-def _cluster(
-    lookupd_factory: Any, tmp_path: Path, *extra: str
-) -> tuple[Any, list[NsqdProcess], list[str]]:
-    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
-    args = [
-        *extra,
-        f"--lookupd-tcp-address={lookupd.tcp_address}",
-        "--http-address=127.0.0.1:0",
-        "--broadcast-address=127.0.0.1",
-        "--replication-lag-timeout=1s",
-    ]
-    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(3)]
-    until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd registered")
-    return lookupd, nodes, args
-
-
 def _replicated_topic(lookupd: Any, topic: str, replicator: int) -> tuple[Publisher, Consumer]:
     """Create a one-partition topic with ``replicator`` replicas, wait for its leader in
     /lookup; a publisher and a consumer (channel ``c``) that follow the leader."""
-    status, _, body = lookupd.post(
-        f"/topic/create?topic={topic}&partition_num=1&replicator={replicator}"
-    )
-    assert status == 200, body
-    until(lambda: leader_port(lookupd, topic) is not None, what="a leader in /lookup")
+    create_replicated(lookupd, topic, replicator)
     return Publisher(lookupd, topic), Consumer(lookupd, topic, "c")
 
 
@@ -72,7 +54,7 @@ def _holders(nodes: list[NsqdProcess], topic: str) -> dict[str, NsqdProcess]:
 def test_leader_killed_nothing_acknowledged_is_lost(
     lookupd_factory: Any, tmp_path: Path, replicator: int
 ) -> None:
-    lookupd, nodes, args = _cluster(lookupd_factory, tmp_path)
+    lookupd, nodes, args = start_cluster(lookupd_factory, tmp_path)
     topic = f"rep{replicator}"
     pub, con = _replicated_topic(lookupd, topic, replicator)
     pub.publish(200)
@@ -144,7 +126,7 @@ def test_follower_killed_writes_go_on(
 ) -> None:
     """A follower SIGKILLed: it leaves the ISR; with replicator 2 the ISR alone is too
     small to write (Youzan's rule), so the spare node catches up and joins it."""
-    lookupd, nodes, _ = _cluster(lookupd_factory, tmp_path)
+    lookupd, nodes, _ = start_cluster(lookupd_factory, tmp_path)
     topic = f"fol{replicator}"
     pub, con = _replicated_topic(lookupd, topic, replicator)
     pub.publish(150)
@@ -172,7 +154,7 @@ def test_drain_moves_leaderships_and_stats_show_roles(lookupd_factory: Any, tmp_
     """Before maintenance: /cluster/node/drain moves the node's leaderships to in-sync
     replicas; publishing goes on there and the drained node follows and rejoins the
     ISR. /stats shows each partition's role, epoch, leader, ISR and lag."""
-    lookupd, nodes, _ = _cluster(lookupd_factory, tmp_path)
+    lookupd, nodes, _ = start_cluster(lookupd_factory, tmp_path)
     topic = "drained"
     pub, con = _replicated_topic(lookupd, topic, 2)
     pub.publish(100)
@@ -309,7 +291,7 @@ def test_follower_back_after_the_leader_reclaimed_starts_over(
     """A follower down while the leader deleted the segments it lacks (consumed, no
     retention) cannot catch up from its own end: it empties its log, starts over where
     the leader's log starts, and joins the ISR again."""
-    lookupd, nodes, args = _cluster(lookupd_factory, tmp_path, "--max-bytes-per-file=4096")
+    lookupd, nodes, args = start_cluster(lookupd_factory, tmp_path, "--max-bytes-per-file=4096")
     topic = "reclaimed"
     pub, con = _replicated_topic(lookupd, topic, 3)
     pub.publish(20)
@@ -353,7 +335,7 @@ def test_leader_killed_and_restarted_at_once(lookupd_factory: Any, tmp_path: Pat
     gives a lost node (where Youzan's nsqd lost acknowledged messages): it keeps its
     leadership after nsqlookupd confirms it, its followers catch up from it, and nothing
     acknowledged is lost."""
-    lookupd, nodes, args = _cluster(lookupd_factory, tmp_path)
+    lookupd, nodes, args = start_cluster(lookupd_factory, tmp_path)
     topic = "quick"
     pub, con = _replicated_topic(lookupd, topic, 3)
     pub.publish(150)
@@ -377,7 +359,7 @@ def test_a_spare_copies_from_what_readers_still_need(lookupd_factory: Any, tmp_p
     oldest message a channel still needs), not at the start of the retained log, so
     that replicator 2 writes again sooner; after a failover onto it, nothing that was
     not consumed is missing."""
-    lookupd, nodes, args = _cluster(lookupd_factory, tmp_path)
+    lookupd, nodes, args = start_cluster(lookupd_factory, tmp_path)
     pub, con = _replicated_topic(lookupd, "floor", 2)
     pub.publish(300)
     con.read_until(lambda: len(set(con.received)) == 300)
@@ -431,7 +413,7 @@ def test_a_follower_behind_a_gap_in_the_leaders_log_starts_after_it(
     it (the store sets the records aside: a gap). The follower cannot copy them: it
     starts over after the gap, catches up and joins the ISR, instead of retrying the
     same read for ever."""
-    lookupd, nodes, args = _cluster(
+    lookupd, nodes, args = start_cluster(
         lookupd_factory, tmp_path, "--max-bytes-per-file=4096", "--mem-queue-size=10"
     )
     pub, _ = _replicated_topic(lookupd, "gap", 3)

@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from cluster import Conn, leader_port, partition_state, start_node, until
+from cluster import Conn, create_replicated, partition_state, start_cluster, until
 
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_RESPONSE
@@ -26,18 +26,9 @@ def _message_count(node: NsqdProcess, topic: str) -> int:
 
 
 def test_reads_go_on_while_answers_wait_for_the_isr(lookupd_factory: Any, tmp_path: Path) -> None:
-    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
-    args = [
-        f"--lookupd-tcp-address={lookupd.tcp_address}",
-        "--http-address=127.0.0.1:0",
-        "--broadcast-address=127.0.0.1",
-        "--replication-lag-timeout=60s",  # the stopped follower stays in the ISR
-    ]
-    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(2)]
-    until(lambda: len(lookupd.json("/nodes")["producers"]) == 2, what="two nsqd registered")
-    status, _, body = lookupd.post("/topic/create?topic=rt&partition_num=1&replicator=2")
-    assert status == 200, body
-    port = until(lambda: leader_port(lookupd, "rt"), what="a leader in /lookup")
+    # (a long lag timeout: the stopped follower stays in the ISR)
+    lookupd, nodes, _ = start_cluster(lookupd_factory, tmp_path, count=2, lag_timeout="60s")
+    port = create_replicated(lookupd, "rt", 2)
     leader = next(n for n in nodes if n.tcp_port == port)
     follower = next(n for n in nodes if n is not leader)
 
@@ -78,17 +69,8 @@ def test_many_pipelined_publishes_to_a_replicated_topic_are_all_answered(
 ) -> None:
     """More reads in flight than a connection may hold (it stops reading, then goes on):
     every PUB answered once, in order, and every message held by the follower."""
-    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
-    args = [
-        f"--lookupd-tcp-address={lookupd.tcp_address}",
-        "--http-address=127.0.0.1:0",
-        "--broadcast-address=127.0.0.1",
-    ]
-    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(2)]
-    until(lambda: len(lookupd.json("/nodes")["producers"]) == 2, what="two nsqd registered")
-    status, _, body = lookupd.post("/topic/create?topic=rt&partition_num=1&replicator=2")
-    assert status == 200, body
-    port = until(lambda: leader_port(lookupd, "rt"), what="a leader in /lookup")
+    lookupd, nodes, _ = start_cluster(lookupd_factory, tmp_path, count=2, lag_timeout=None)
+    port = create_replicated(lookupd, "rt", 2)
     follower = next(n for n in nodes if n.tcp_port != port)
 
     conn = Conn(port)

@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster import Publisher, leader_port, partition_state, start_node, until
+from cluster import (
+    Publisher,
+    create_replicated,
+    leader_port,
+    partition_state,
+    start_cluster,
+    until,
+)
 
 from nsqdproc import NsqdProcess
 
@@ -34,18 +41,8 @@ def _bodies(opts: NsqOptions, parts: list[RangePartition]) -> list[bytes]:
 def test_stream_reads_each_message_once_across_a_failover(
     lookupd_factory: Any, tmp_path: Path
 ) -> None:
-    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
-    args = [
-        f"--lookupd-tcp-address={lookupd.tcp_address}",
-        "--http-address=127.0.0.1:0",
-        "--broadcast-address=127.0.0.1",
-        "--replication-lag-timeout=1s",
-    ]
-    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(3)]
-    until(lambda: len(lookupd.json("/nodes")["producers"]) == 3, what="three nsqd registered")
-    status, _, body = lookupd.post("/topic/create?topic=sp&partition_num=1&replicator=3")
-    assert status == 200, body
-    until(lambda: leader_port(lookupd, "sp") is not None, what="a leader in /lookup")
+    lookupd, nodes, _ = start_cluster(lookupd_factory, tmp_path)
+    create_replicated(lookupd, "sp", 3)
     pub = Publisher(lookupd, "sp")
     pub.publish(300)
 
@@ -94,18 +91,8 @@ def test_stream_reads_each_message_once_across_a_failover(
 def test_range_reads_stop_at_the_commit_point(lookupd_factory: Any, tmp_path: Path) -> None:
     """While a follower is stopped, the leader stores a publish that the ISR does not
     hold yet: /range does not show it (a failover could still cut it)."""
-    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
-    args = [
-        f"--lookupd-tcp-address={lookupd.tcp_address}",
-        "--http-address=127.0.0.1:0",
-        "--broadcast-address=127.0.0.1",
-        "--replication-lag-timeout=60s",
-    ]
-    nodes = [start_node(tmp_path / f"nsqd{i}", *args) for i in range(2)]
-    until(lambda: len(lookupd.json("/nodes")["producers"]) == 2, what="two nsqd registered")
-    status, _, body = lookupd.post("/topic/create?topic=sc&partition_num=1&replicator=2")
-    assert status == 200, body
-    port = until(lambda: leader_port(lookupd, "sc"), what="a leader in /lookup")
+    lookupd, nodes, _ = start_cluster(lookupd_factory, tmp_path, count=2, lag_timeout="60s")
+    port = create_replicated(lookupd, "sc", 2)
     leader = next(n for n in nodes if n.tcp_port == port)
     follower: NsqdProcess = next(n for n in nodes if n is not leader)
     Publisher(lookupd, "sc").publish(10)

@@ -429,6 +429,20 @@ def _int32s(column: Any) -> array[int]:
     return out
 
 
+def _fetch(opts: NsqOptions, part: RangePartition, address: str, seq: int) -> RangeFrames:
+    """One range read of ``part`` from ``seq`` on the nsqd at ``address``."""
+    assert opts.topic is not None
+    return rangeclient.fetch_range(
+        address,
+        opts.topic,
+        part.partition,
+        seq,
+        part.end,
+        max_messages=min(opts.read_messages, part.end - seq),
+        max_bytes=opts.read_bytes,
+    )
+
+
 def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
     """Executor side: fetch [start, end) in chunks and yield Arrow record batches."""
     assert opts.topic is not None
@@ -436,15 +450,7 @@ def read_range(opts: NsqOptions, part: RangePartition) -> Iterator[Any]:
     address = part.address
     while seq < part.end:
         try:
-            res = rangeclient.fetch_range(
-                address,
-                opts.topic,
-                part.partition,
-                seq,
-                part.end,
-                max_messages=min(opts.read_messages, part.end - seq),
-                max_bytes=opts.read_bytes,
-            )
+            res = _fetch(opts, part, address, seq)
         except rangeclient.NsqUnreachable:
             if not part.alternates:
                 raise
@@ -484,20 +490,11 @@ REPLICA_WAIT_S = 10.0
 def _read_replica(opts: NsqOptions, part: RangePartition, seq: int) -> tuple[str, RangeFrames]:
     """Read from ``seq`` of a replicated partition from any of its replicas that holds
     records there (the planned range is committed: it is on every ISR member)."""
-    assert opts.topic is not None
     deadline = time.monotonic() + REPLICA_WAIT_S
     while True:
         for address in (part.address, *part.alternates):
             try:
-                res = rangeclient.fetch_range(
-                    address,
-                    opts.topic,
-                    part.partition,
-                    seq,
-                    part.end,
-                    max_messages=min(opts.read_messages, part.end - seq),
-                    max_bytes=opts.read_bytes,
-                )
+                res = _fetch(opts, part, address, seq)
             except rangeclient.NsqHttpError:
                 continue
             if res.size or res.start_sequence > seq:
