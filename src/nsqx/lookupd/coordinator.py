@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, replace
 
 from nsqx.lookupd.meta_store import MemoryMetaStore, MetaStore
+from nsqx.lookupd.node_sessions import NodeSessions
 from nsqx.lookupd.nsqd_client import NsqdCallError, NsqdClient
 from nsqx.lookupd.placement import NoNodeAvailable, enough_nodes, place_partitions
 from nsqx.lookupd.registration_db import (
@@ -123,6 +124,9 @@ class Coordinator:
         self._closed = False
         #: leaders, ISRs, epochs and elections of replicated topics
         self.replicas = Replicas(self)
+        #: which nodes are alive: this nsqlookupd's connections, and with etcd every
+        #: nsqlookupd's (set before :meth:`start`)
+        self.sessions: NodeSessions = NodeSessions()
         #: True while this nsqlookupd administers the topics: always for a single one;
         #: for one of several sharing a store, while it holds the leadership.
         self.leading = False
@@ -134,6 +138,7 @@ class Coordinator:
         one of several waits for :meth:`start_leading` and meanwhile follows the store's
         changes (:meth:`record_changed`)."""
         self.store = store
+        self.sessions.on_ended(self.replicas.session_ended)
         if leading:
             await self.start_leading()
 
@@ -145,6 +150,7 @@ class Coordinator:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.replicas.close()
+        await self.sessions.close()
         await self.client.close()
         await self.store.close()
 
@@ -233,6 +239,7 @@ class Coordinator:
     def peer_identified(self, peer: Peer) -> None:
         """A connection identified; if partition-aware, it may need asking later."""
         if peer.speaks_partitions:
+            self.sessions.opened(peer)
             self._seen[peer.id] = set()
             self._identified_at[peer.id] = asyncio.get_running_loop().time()
             self._wake.set()
@@ -251,6 +258,8 @@ class Coordinator:
     def peer_gone(self, peer: Peer) -> None:
         """The connection closed: forget what it registered and its pending asks; a
         node that does not come back loses its leaderships (replicated topics)."""
+        if peer.speaks_partitions:
+            self.sessions.closed(peer)
         self.replicas.peer_gone(peer)
         self._seen.pop(peer.id, None)
         self._identified_at.pop(peer.id, None)

@@ -107,6 +107,14 @@ class EtcdKeys:
     def node(self, node_id: str) -> bytes:
         return self.nodes_prefix + node_id.encode()
 
+    @property
+    def node_sessions_prefix(self) -> bytes:
+        """nsqd nodes' sessions (nsqx.lookupd.node_sessions)."""
+        return self.root + b"nodes/"
+
+    def node_session(self, node_id: str, lookupd_id: str) -> bytes:
+        return self.node_sessions_prefix + f"{node_id}/{lookupd_id}".encode()
+
 
 def _decode(kv: KeyValue) -> TopicRecord | None:
     try:

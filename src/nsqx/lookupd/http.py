@@ -116,6 +116,7 @@ class LookupdHTTP:
             "/partition/isr/join": {post: self.partitions.isr_join},
             "/topic/partition/move": {post: self.partitions.move_partition},
             "/cluster/node/drain": {post: self.partitions.drain_node},
+            "/cluster/nodes": {get: self.cluster_nodes},
         }
         self._lower = {path.lower(): path for path in self.routes}
 
@@ -224,6 +225,12 @@ class LookupdHTTP:
                 k for k in keys if any(p.partition == pid for p in self.db.partition_producers(k))
             ]
         return {"channels": [k.subkey for k in keys]}
+
+    async def cluster_nodes(self, request: web.Request) -> dict[str, Any]:
+        """The partition-aware nsqd with a session, and which nsqlookupd hold it
+        (``local``: this one; with etcd, the others by id)."""
+        view = self.lookupd.coordinator.sessions.view()
+        return {"nodes": [{"node_id": n, "sessions": held} for n, held in view.items()]}
 
     async def listlookup(self, request: web.Request) -> Negotiated:
         return await self.partitions.listlookup()

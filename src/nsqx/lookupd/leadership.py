@@ -115,6 +115,7 @@ class Leadership:
         ttl: int,
         on_elected: Callable[[], Awaitable[None]],
         on_deposed: Callable[[], Awaitable[None]],
+        on_lease: Callable[[int], None] | None = None,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -125,6 +126,8 @@ class Leadership:
         self.margin = max(0.5, ttl / 10)
         self._on_elected = on_elected
         self._on_deposed = on_deposed
+        # told each new lease (and 0 when it is gone): the node sessions go under it
+        self._on_lease = on_lease or (lambda lease: None)
         #: True while this nsqlookupd leads.
         self.leading = False
         #: The leader as last seen (this node included), None while unknown.
@@ -199,6 +202,7 @@ class Leadership:
             self.leader = None
             if self._lease:
                 self._stale_lease, self._lease = self._lease, 0
+                self._on_lease(0)
             # a session that lasted was a good one: start again quickly
             delay = 0.1 if loop.time() - began > self.ttl else min(delay * 2, 2.0)
             await asyncio.sleep(delay)
@@ -216,6 +220,7 @@ class Leadership:
         self._lease = lease
         self._deadline = sent + ttl - self.margin
         await self.client.put(self.keys.node(self.node.id), self.node.encode(), lease)
+        self._on_lease(lease)
         keep = asyncio.create_task(self._keepalive(lease), name="lookupd-lease-keepalive")
         campaign = asyncio.create_task(self._campaign(lease), name="lookupd-campaign")
         try:

@@ -14,6 +14,7 @@ from nsqx.lookupd.http import LookupdHTTP
 from nsqx.lookupd.leadership import Leadership, LookupdNode
 from nsqx.lookupd.lookup_protocol_v1 import LookupProtocolV1
 from nsqx.lookupd.meta_store import FileMetaStore, MemoryMetaStore, MetaStore
+from nsqx.lookupd.node_sessions import EtcdNodeSessions
 from nsqx.lookupd.nsqd_client import NsqdClient
 from nsqx.lookupd.options import LookupdOptions
 from nsqx.lookupd.registration_db import RegistrationDB
@@ -77,6 +78,8 @@ class NSQLookupd:
             )
             if opts.data_path:
                 log.info("META: --data-path is not used for the meta with --etcd-endpoints")
+            # node sessions in etcd too, under this node's lease (its id once bound)
+            self.coordinator.sessions = EtcdNodeSessions(self.etcd, keys, "")
             return EtcdMetaStore(self.etcd, keys)
         if self.options.data_path:
             store = FileMetaStore.open(self.options.data_path)
@@ -103,6 +106,10 @@ class NSQLookupd:
             raise
         if isinstance(store, EtcdMetaStore) and self.etcd is not None:
             node = LookupdNode.make(self.options.broadcast_address, self.tcp_port, self.http_port)
+            sessions = self.coordinator.sessions
+            assert isinstance(sessions, EtcdNodeSessions)
+            sessions.lookupd_id = node.id
+            sessions.start()
             self.leadership = Leadership(
                 self.etcd,
                 store.keys,
@@ -110,6 +117,7 @@ class NSQLookupd:
                 int(self.options.etcd_lease_ttl),
                 self.coordinator.start_leading,
                 self.coordinator.stop_leading,
+                sessions.use_lease,
             )
             store.fence = self.leadership.fence
             self.leadership.start()

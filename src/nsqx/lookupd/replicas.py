@@ -7,7 +7,10 @@ registers the partition (so a node that restarted learns the current role before
 accepts a write).
 
 * **A node is lost** when its registration connection closes and it has not come back
-  within ``lost_grace`` seconds. For each partition it led, the coordinator asks the
+  within ``lost_grace`` seconds, and (several nsqlookupd over etcd) no other nsqlookupd
+  holds a session of it (:mod:`nsqx.lookupd.node_sessions`): a node cut off from the
+  leading nsqlookupd only keeps its roles, and a node whose last session ends anywhere
+  is judged even if it never connected to the leading one. For each partition it led, the coordinator asks the
   other live ISR members for their log end (``GET nsqd/partition/state``), elects the one
   with the newest log, moves the old leader to the end of the placement (it will catch
   up when it returns, after cutting what the new leader never had) and bumps the epoch.
@@ -55,6 +58,8 @@ class Replicas:
         # nodes whose connection closed while this nsqlookupd did not lead (several
         # nsqlookupd over etcd): judged when it starts leading
         self._gone_unjudged: set[str] = set()
+        # nodes being judged (lost or not)
+        self._judging: set[str] = set()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -227,11 +232,36 @@ class Replicas:
                     )
                     await self._apply(topic, record, pid)
 
+    def session_ended(self, node_id: str) -> None:
+        """The node's last session with any nsqlookupd ended (several nsqlookupd over
+        etcd: it may never have been connected to this one)."""
+        if self.coord.leading:
+            self._spawn(self._maybe_lost(node_id))
+        else:
+            self._gone_unjudged.add(node_id)
+
     async def _maybe_lost(self, node_id: str) -> None:
-        await asyncio.sleep(self.lost_grace)
-        if node_id in self.coord.nodes() or not self.coord.leading:
-            return  # it came back, or another nsqlookupd decides now
-        await self.node_lost(node_id)
+        if node_id in self._judging:
+            return  # its connection here and its last session elsewhere both ended
+        self._judging.add(node_id)
+        try:
+            await asyncio.sleep(self.lost_grace)
+            if node_id in self.coord.nodes() or not self.coord.leading:
+                return  # it came back, or another nsqlookupd decides now
+            held = self.coord.sessions.holders(node_id)
+            if held:
+                # cut off from this nsqlookupd only: it still serves, so its roles stay
+                # (and it hears them again when it reconnects)
+                log.warning(
+                    "REPL: node %s left this nsqlookupd but holds a session with %s: "
+                    "its roles stay",
+                    node_id,
+                    ",".join(held),
+                )
+                return
+            await self.node_lost(node_id)
+        finally:
+            self._judging.discard(node_id)
 
     async def node_lost(self, node_id: str) -> None:
         """Move every leadership of ``node_id`` away and take it out of every ISR."""
