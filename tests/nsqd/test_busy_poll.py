@@ -31,8 +31,11 @@ def test_a_lone_publisher_keeps_the_loop_polling_until_the_window_ends() -> None
             # a window the test cannot miss: the poll is still on when the OK is read
             nsqd._busy_poll = 30.0
             raw = await Raw.connect(nsqd)
-            await publish(raw, b"a")
-            assert nsqd._polling
+            for i in range(5):
+                # polling goes on across the publishes (a read that comes while it
+                # polls has its answer held until the iteration's commit, due next)
+                await publish(raw, b"%d" % i)
+                assert nsqd._polling, i
             # and it ends by itself once the window since the last read is over
             nsqd._busy_poll = 0.001
             await wait_for(lambda: not nsqd._polling, what="the poll window to end")

@@ -204,9 +204,10 @@ class NSQD:
         if (
             time.monotonic() - self._last_read_at < self._busy_poll
             and not self._exiting
-            # answers waiting for a write, an fsync or the ISR: nsqd has the next move,
-            # and polling would take the CPU its followers and fsyncs need
-            and (reader is None or not reader.answers_held)
+            # answers waiting for an fsync or the ISR: nsqd has the next move, and
+            # polling would take the CPU its followers and fsyncs need (answers that
+            # wait for this iteration's group commit, due next, do not count)
+            and (reader is None or self._turn_end_scheduled or not reader.answers_held)
         ):
             assert self._loop is not None
             self._loop.call_soon(self._poll_on)
