@@ -185,6 +185,12 @@ def main() -> None:
         help="record each nsqd with py-spy during the last round's ingests"
         " (DIR/r<replicator>-<node>.txt, collapsed stacks)",
     )
+    ap.add_argument(
+        "--nsqd-arg",
+        action="append",
+        default=[],
+        help="an extra flag for each nsqd (repeatable), e.g. --nsqd-arg=--busy-poll=0",
+    )
     args = ap.parse_args()
     replicators = [int(r) for r in args.replicators.split(",")]
     base = tempfile.mkdtemp(prefix="nsqx-repl-bench-", dir=args.data_dir)
@@ -195,6 +201,7 @@ def main() -> None:
         "--http-address=127.0.0.1:0",
         "--https-address=",
         "--broadcast-address=127.0.0.1",
+        *args.nsqd_arg,
     ]
     nodes = [Proc(["nsqd", f"--data-path={base}/n{i}", *node_args]) for i in range(3)]
     try:

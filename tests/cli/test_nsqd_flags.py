@@ -140,6 +140,7 @@ NSQX_EXTRA_FLAGS = {
     "replication-lag-timeout",
     "http-admin-allow",
     "replication-address",
+    "busy-poll",
     # Youzan's nsqd options
     "allow-ext-compatible",
     "allow-sub-ext-compatible",
@@ -436,6 +437,17 @@ def test_node_id_range(value: str, ok: bool) -> None:
             parse_nsqd_args([f"--node-id={value}"])
 
 
+@pytest.mark.parametrize(
+    ("value", "seconds"), [("0", 0.0), ("200us", 0.0002), ("10ms", 0.01), ("11ms", None)]
+)
+def test_busy_poll_range(value: str, seconds: float | None) -> None:
+    if seconds is not None:
+        assert parse_nsqd_args([f"--busy-poll={value}"]).busy_poll == seconds
+    else:
+        with pytest.raises(FlagError, match="--busy-poll must be from 0 to 10ms"):
+            parse_nsqd_args([f"--busy-poll={value}"])
+
+
 def test_validation_errors_become_flag_errors() -> None:
     with pytest.raises(FlagError, match="max-deflate-level"):
         parse_nsqd_args(["--max-deflate-level=10"])
@@ -644,6 +656,8 @@ def test_every_option_is_settable_from_flags_and_config(tmp_path: Path) -> None:
             text, value, toml = "10.0.0.0/8", ["10.0.0.0/8"], '["10.0.0.0/8"]'
         if spec.name in ("msg-timeout", "max-msg-timeout"):
             text, value, toml = "30s", 30.0, '"30s"'
+        if spec.name == "busy-poll":
+            text, value, toml = "7ms", 0.007, '"7ms"'
         argv.append(f"--{spec.name}={text}")
         lines.append(f"{spec.config_keys[0]} = {toml}")
         expected[spec.dest] = value

@@ -258,6 +258,14 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         " (default: the broadcast address and HTTP port)",
     ),
     FlagSpec(
+        "busy-poll",
+        _D,
+        "busy_poll",
+        0.0002,
+        "[nsqx] after a read, keep polling this long without sleeping while one client"
+        " connection is active (a lone request/response publisher); 0: off",
+    ),
+    FlagSpec(
         "queue-scan-worker-pool-max",
         _I,
         "queue_scan_worker_pool_max",

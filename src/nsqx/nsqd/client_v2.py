@@ -206,13 +206,19 @@ class ClientV2(asyncio.Protocol):
             self._await_acks()
         elif self._out and not self._acks_due:
             self.flush()
-        if self.nsqd.spend_read_budget(len(data)) and not self._write_paused:
+        if self.nsqd.spend_read_budget(len(data), self) and not self._write_paused:
             # libuv keeps reading a busy socket (up to 32 reads) before the loop runs
             # anything else; a publisher flooding MPUBs would starve every channel's
             # pump. Past the loop iteration's budget, yield until the next one.
             assert self._transport is not None
             self._transport.pause_reading()
             asyncio.get_running_loop().call_soon(self._resume_reading)
+
+    @property
+    def answers_held(self) -> bool:
+        """Whether answers of this connection wait for acknowledgements (a write, an
+        fsync, the ISR): then it is nsqd, not the client, that has the next move."""
+        return bool(self._groups)
 
     def _await_acks(self) -> None:
         """Hold the answers of this read, and everything after them, until every

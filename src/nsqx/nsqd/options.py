@@ -54,6 +54,9 @@ class NsqdOptions:
     #: nsqx: host:port where followers reach this node's HTTP API for replication
     #: (empty: the broadcast address and HTTP port)
     replication_address: str = ""
+    #: nsqx: seconds the event loop keeps polling without sleeping after a read while a
+    #: single client connection is active (0: off); see nsqx.nsqd.nsqd.NSQD.busy_poll
+    busy_poll: float = 0.0002
     queue_scan_interval: float = 0.1
     queue_scan_worker_pool_max: int = 4
     queue_scan_selection_count: int = 20
@@ -121,6 +124,8 @@ class NsqdOptions:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")
+        if not 0 <= self.busy_poll <= 0.01:
+            raise ValueError("--busy-poll must be from 0 to 10ms")
         if self.msg_timeout <= 0 or self.max_msg_timeout < self.msg_timeout:
             raise ValueError("--msg-timeout must be positive and at most --max-msg-timeout")
         for net in self.http_admin_allow:
