@@ -11,9 +11,10 @@ accepts a write).
   holds a session of it (:mod:`nsqx.lookupd.node_sessions`): a node cut off from the
   leading nsqlookupd only keeps its roles, and a node whose last session ends anywhere
   is judged even if it never connected to the leading one. For each partition it led,
-  the coordinator asks the other live ISR members for their log end (``GET nsqd/partition/state``), elects the one
-  with the newest log, moves the old leader to the end of the placement (it will catch
-  up when it returns, after cutting what the new leader never had) and bumps the epoch.
+  the coordinator asks the other live ISR members for their log end (``GET
+  nsqd/partition/state``), elects the one with the newest log, moves the old leader to
+  the end of the placement (it will catch up when it returns, after cutting what the
+  new leader never had) and bumps the epoch.
   An ISR member that is lost leaves the ISR.
 * **Write quorum** (Youzan's rule): writes need an ISR of more than half of the
   replicas. When a lost node leaves an ISR too small for writes, a live node that holds
