@@ -83,3 +83,33 @@ def test_off_never_polls() -> None:
             await nsqd.close()
 
     run(body())
+
+
+def test_a_lone_consumer_does_not_start_polling() -> None:
+    """Reads without publishes (a consumer's SUB, RDY, FIN) have no answer anyone waits
+    for: a lone consumer never makes the loop poll."""
+
+    async def body() -> None:
+        nsqd = await start_nsqd(busy_poll=0.01)
+        try:
+            nsqd._busy_poll = 30.0
+            pub = await Raw.connect(nsqd)
+            for i in range(3):
+                await publish(pub, b"%d" % i)
+            await pub.close()
+            await stop_polling(nsqd, 30.0)
+            con = await Raw.connect(nsqd)
+            con.send(c.sub("busy", "ch"))
+            assert await con.response() == b"OK"
+            con.send(c.rdy(3))
+            for _ in range(3):
+                msg = await con.message()
+                con.send(c.fin(msg.id))
+            channel = nsqd.topics["busy"].partitions[0].channels["ch"]
+            await wait_for(lambda: channel.in_flight_count == 0, what="the FINs read")
+            assert not nsqd._polling
+            await con.close()
+        finally:
+            await nsqd.close()
+
+    run(body())

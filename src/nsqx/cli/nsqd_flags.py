@@ -262,8 +262,9 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         _D,
         "busy_poll",
         0.0002,
-        "[nsqx] after a read, keep polling this long without sleeping while one client"
-        " connection is active (a lone request/response publisher); 0: off",
+        "[nsqx] after a read with publishes, keep polling this long without sleeping"
+        " while one client connection is active (a lone request/response publisher);"
+        " 0: off",
     ),
     FlagSpec(
         "queue-scan-worker-pool-max",

@@ -202,11 +202,12 @@ class ClientV2(asyncio.Protocol):
                 assert self._held is not None
                 self._held.extend(events)
                 break
-        if self._awaiting:
+        published = bool(self._awaiting)
+        if published:
             self._await_acks()
         elif self._out and not self._acks_due:
             self.flush()
-        if self.nsqd.spend_read_budget(len(data), self) and not self._write_paused:
+        if self.nsqd.spend_read_budget(len(data), self, published) and not self._write_paused:
             # libuv keeps reading a busy socket (up to 32 reads) before the loop runs
             # anything else; a publisher flooding MPUBs would starve every channel's
             # pump. Past the loop iteration's budget, yield until the next one.

@@ -124,6 +124,7 @@ class NSQD:
         self._busy_poll = options.busy_poll
         self._last_reader: ClientV2 | None = None
         self._last_read_at = 0.0
+        self._last_publish_at = 0.0
         self._shared_until = 0.0
         self._polling = False
         #: partitions with publishes staged in this loop iteration
@@ -160,13 +161,16 @@ class NSQD:
         #: how nsqlookupd knows this node (set by start(); see _node_id)
         self.node_id = ""
 
-    def spend_read_budget(self, nbytes: int, reader: ClientV2 | None = None) -> bool:
-        """Count bytes ``reader`` (a client connection) read in this loop iteration;
-        True once over the budget."""
+    def spend_read_budget(
+        self, nbytes: int, reader: ClientV2 | None = None, published: bool = False
+    ) -> bool:
+        """Count bytes ``reader`` (a client connection) read in this loop iteration
+        (``published``: the read carried publishes to be answered); True once over the
+        budget."""
         if not self._turn_end_scheduled:
             self._schedule_turn_end()
         if self._busy_poll:
-            self._note_read(reader)
+            self._note_read(reader, published)
         self._read_this_turn += nbytes
         return self._read_this_turn >= READ_BUDGET_PER_ITERATION
 
@@ -177,21 +181,26 @@ class NSQD:
     # to sleep in epoll_wait and the kernel waking it when the next command comes: on
     # the 2-core test machine that was a third of the round trip (a minimal uvloop
     # server answering OK made 16-17k round trips/s, Go's nsqd 20-21k; the same server
-    # polling on for 200 us after each read made 27-29k). So after a read, while a
-    # single connection is active, the loop keeps polling (a ready callback makes it
-    # poll without blocking) for ``busy_poll`` seconds. With several active
-    # connections their reads overlap and the loop rarely sleeps, and polling would
-    # only take CPU from the clients: it stays off until one connection has been alone
-    # for BUSY_POLL_ALONE seconds. Nor does it poll while that connection's answers wait
-    # for nsqd's own work (replication, --sync-before-ack).
+    # polling on for 200 us after each read made 27-29k). So after a read that
+    # published, while a single connection is active, the loop keeps polling (a ready
+    # callback makes it poll without blocking) for ``busy_poll`` seconds. Other reads
+    # (a lone consumer's FINs and RDYs) do not start it: nothing waits on an answer to
+    # them, and a consumer at 1k msgs/s would keep a fifth of a core busy. With several
+    # active connections their reads overlap and the loop rarely sleeps, and polling
+    # would only take CPU from the clients: it stays off until one connection has been
+    # alone for BUSY_POLL_ALONE seconds. Nor does it poll while that connection's
+    # answers wait for nsqd's own work (replication, --sync-before-ack).
 
-    def _note_read(self, reader: ClientV2 | None) -> None:
+    def _note_read(self, reader: ClientV2 | None, published: bool) -> None:
         now = time.monotonic()
         if reader is not self._last_reader:
             if now - self._last_read_at < BUSY_POLL_ALONE:
                 self._shared_until = now + BUSY_POLL_ALONE
             self._last_reader = reader
         self._last_read_at = now
+        if not published:
+            return
+        self._last_publish_at = now
         if not self._polling and now >= self._shared_until:
             self._polling = True
             loop = self._loop
@@ -202,7 +211,7 @@ class NSQD:
     def _poll_on(self) -> None:
         reader = self._last_reader
         if (
-            time.monotonic() - self._last_read_at < self._busy_poll
+            time.monotonic() - self._last_publish_at < self._busy_poll
             and not self._exiting
             # answers waiting for an fsync or the ISR: nsqd has the next move, and
             # polling would take the CPU its followers and fsyncs need (answers that
