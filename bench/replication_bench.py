@@ -236,17 +236,24 @@ def main() -> None:
                         )
                         for i, n in enumerate(nodes)
                     ]
-                cpu0 = sum(n.cpu() for n in nodes)
+                port = leader(lookupd, f"r{r}")
+                cpu0 = [n.cpu() for n in nodes]
+                own0 = time.process_time()
                 t0 = time.monotonic()
                 sent = ingest(lookupd, f"r{r}", args)
                 for spy in spies:
                     spy.wait()
                 elapsed = time.monotonic() - t0
-                cpu = sum(n.cpu() for n in nodes) - cpu0
+                own = time.process_time() - own0
+                used = [n.cpu() - c0 for n, c0 in zip(nodes, cpu0, strict=True)]
+                cpu = sum(used)
+                lead = sum(u for n, u in zip(nodes, used, strict=True) if n.tcp == port)
                 rates[r] = sent / elapsed
+                us = 1e6 / sent
                 print(
                     f"  round {rnd + 1} replicator {r}: {rates[r]:,.0f} msgs/s, "
-                    f"{cpu / sent * 1e6:.2f} us CPU/msg (all nsqd)"
+                    f"{cpu * us:.2f} us CPU/msg (all nsqd: leader {lead * us:.2f}, others "
+                    f"{(cpu - lead) * us:.2f}; load generator {own * us:.2f})"
                     + (f", ratio to replicator 1: {rates[r] / rates[1]:.2f}" if 1 in rates else "")
                 )
         times: list[float] = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -86,5 +87,38 @@ def test_many_pipelined_publishes_to_a_replicated_topic_are_all_answered(
             lambda: (partition_state(follower, "rt") or {}).get("end", 0) >= n,
             what="the follower holds every message",
         )
+    finally:
+        conn.close()
+
+
+def test_followers_keeping_pace_with_a_steady_stream_stay_in_the_isr(
+    lookupd_factory: Any, tmp_path: Path
+) -> None:
+    """Publishes without a pause, for several lag timeouts: the leader's log always
+    holds records its followers have not acknowledged yet, but they keep pace (each
+    acknowledgement covers what the leader had a moment before), so none leaves the
+    ISR and no write is refused. (A follower used to count as in sync only when an
+    acknowledgement reached the leader's very end: under a steady load it left the ISR
+    after the lag timeout, and with replicator 3 writes failed E_FAILED_ON_NOT_WRITABLE.)"""
+    lookupd, nodes, _ = start_cluster(lookupd_factory, tmp_path, lag_timeout="1s")
+    port = create_replicated(lookupd, "steady", 3)
+    leader = next(n for n in nodes if n.tcp_port == port)
+    conn = Conn(port)
+    body = c.mpub("steady", [b"x" * 200] * 100)
+    window, sent, answered = 256, 0, 0
+    stop = time.monotonic() + 4.0  # four lag timeouts
+    try:
+        while True:
+            while sent - answered < window and time.monotonic() < stop:
+                conn.send(body)
+                sent += 1
+            if answered == sent:
+                break
+            assert conn.frame() == (FRAME_RESPONSE, b"OK"), f"MPUB {answered} refused"
+            answered += 1
+        state = partition_state(leader, "steady")
+        assert state is not None and len(state["isr"]) == 3, state
+        assert not [line for line in leader.log if "asking the coordinator: leave" in line]
+        assert state["end"] == 100 * sent
     finally:
         conn.close()

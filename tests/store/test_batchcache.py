@@ -14,7 +14,7 @@ from nsqx.wire.frames import encode_message_batch
 bodies_st = st.lists(st.binary(max_size=12), min_size=1, max_size=8)
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("append"), bodies_st, st.booleans()),
+        st.tuples(st.just("append"), bodies_st, st.booleans(), st.booleans()),
         st.tuples(st.just("trim"), st.integers(0, 80)),
         st.tuples(st.just("trim_to"), st.integers(0, 80)),
     ),
@@ -39,7 +39,9 @@ def test_cache_reads_what_a_list_would(
                 bodies = [b.ljust(4, b"x")[:4] for b in bodies]
             ids = make_ids(cache.end, len(bodies))
             chunk, stride = encode_message_batch(7, ids, bodies)
-            first = cache.append(CachedBatch(chunk, ids, stride))
+            # (ids None: read from the frames, as a follower's records are)
+            lazy = bool(op[3])
+            first = cache.append(CachedBatch(chunk, None if lazy else ids, stride, count=len(ids)))
             for k, frame in enumerate(split_chunk(chunk, len(ids), stride)):
                 frames[first + k] = frame
                 ids_of[first + k] = ids[k]
@@ -76,3 +78,15 @@ def test_unequal_frames_that_do_not_tile_the_chunk_are_refused() -> None:
         CachedBatch(chunk[:-1], ids, 0)
     with pytest.raises(ValueError):
         CachedBatch(chunk, ids, 5)  # a stride that does not fit
+
+
+def test_a_batch_without_ids_reads_them_from_its_frames() -> None:
+    for bodies in ([b"aa", b"bb", b"cc"], [b"a", b"bbb", b""]):
+        ids = make_ids(1 << 20, len(bodies), 3)
+        chunk, stride = encode_message_batch(1, ids, bodies)
+        batch = CachedBatch(chunk, None, stride, count=len(bodies))
+        assert batch.count == 3 and batch.ids == ids
+        cache = BatchCache(1 << 20)
+        cache.append(CachedBatch(chunk, None, stride, count=len(bodies)))
+        assert cache.read(1 << 20, 10) == ([chunk], ids)
+        assert cache.read((1 << 20) + 1, 1)[1] == ids[1:2]

@@ -9,6 +9,7 @@ import pytest
 
 from nsqx.nsqd.guid import make_ids
 from nsqx.store.disklog import DiskLog
+from nsqx.store.log import split_chunks
 from nsqx.store.memlog import MemoryLog
 from nsqx.wire.frames import encode_message_batch
 
@@ -25,7 +26,9 @@ def copy(src: DiskLog | MemoryLog, dst: DiskLog | MemoryLog, max_bytes: int = 30
     while dst.end < src.end:
         for b in src.read_batches(dst.end, max_bytes):
             assert (b.first, b.offset) == (dst.end, dst.next_offset)
-            dst.append(b.chunk, make_ids(b.first, b.messages, 0), b.deliver_at, b.stride)
+            # as a follower stores them: no ids given (read from the frames if needed)
+            dst.stage(b.chunk, None, b.deliver_at, b.stride, 0, False, b.messages)
+            dst.commit()
 
 
 def same(a: DiskLog | MemoryLog, b: DiskLog | MemoryLog) -> None:
@@ -33,7 +36,23 @@ def same(a: DiskLog | MemoryLog, b: DiskLog | MemoryLog) -> None:
     ra = a.read_batches(max(a.start, b.start), 1 << 30)
     rb = b.read_batches(max(a.start, b.start), 1 << 30)
     assert ra == rb
+    # the same frames and ids to a consumer, from the cache or the files
+    start = max(a.start, b.start)
+    assert read_all(a, start) == read_all(b, start)
     assert a.deferred_between(0, a.end) == b.deferred_between(0, b.end)
+
+
+def read_all(log: DiskLog | MemoryLog, seq: int) -> tuple[list[bytes], list[bytes]]:
+    """Every record from ``seq``: frames and ids (a read may stop short of the end)."""
+    frames: list[bytes] = []
+    ids: list[bytes] = []
+    while seq < log.end:
+        chunks, got = log.read(seq, 1 << 30)
+        assert got
+        frames += split_chunks(chunks)
+        ids += got
+        seq = log.resume_at(seq + len(got))
+    return frames, ids
 
 
 def test_a_copy_holds_the_same_bytes_at_the_same_offsets(tmp_path: Path) -> None:

@@ -812,7 +812,7 @@ class HTTPServer:
             await ws.close()
             return ws
         await ws.send_bytes(rp.encode_welcome(answer))
-        await leader.serve(hello.node, ws, answer.truncate_to)
+        await leader.serve(hello.node, ws, answer.truncate_to, request)
         await ws.close()
         return ws
 

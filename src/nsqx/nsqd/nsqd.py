@@ -520,7 +520,7 @@ class NSQD:
         futures = [self.syncers[k].request() for k in keys if k in self.syncers]
         return asyncio.gather(*futures)
 
-    def acknowledged(self, keys: set[tuple[str, int]]) -> asyncio.Future[list[None]]:
+    def acknowledged(self, keys: set[tuple[str, int]]) -> asyncio.Future[Any]:
         """The one barrier before a publish is answered: a future done once every write
         so far to these partitions is fsynced (with --sync-before-ack) and, for a
         replicated partition, held by its ISR (CommitFailed if it will not be)."""
@@ -532,6 +532,8 @@ class NSQD:
             replica = self.replication.replicas.get(key)
             if replica is not None:
                 futures.append(replica.wait_commit(replica.part.log.end))
+        if len(futures) == 1:
+            return futures[0]  # (the usual case: no gather to make and to wait through)
         return asyncio.gather(*futures)
 
     async def close(self) -> None:

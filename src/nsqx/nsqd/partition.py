@@ -388,13 +388,10 @@ class Partition:
                         f"batch at {b.first} does not follow the log end {log_.next_seq}"
                     )
                 ext = is_extended(b.chunk)
+                # (the ids are in the frames: read from there if a consumer ever
+                # reads these records from the cache, not made for every record)
                 offset = log_.stage(
-                    b.chunk,
-                    make_ids(b.first, b.messages, self.id),
-                    b.deliver_at,
-                    b.stride,
-                    1 if ext else 0,
-                    merge=False,
+                    b.chunk, None, b.deliver_at, b.stride, 1 if ext else 0, False, b.messages
                 )
                 if offset != b.offset:
                     raise ValueError(

@@ -16,26 +16,37 @@ from nsqx.store.log import frame_starts
 
 # Trimming deletes from the front of lists: do it in steps of at least this many records.
 _TRIM_MIN = 4096
+# Where a message frame ([u32 size][u32 type][i64 timestamp][u16 attempts][16-byte id]
+# ...) holds its id
+_ID_AT = 18
+_ID_END = 34
 
 
 class CachedBatch:
     """One batch as the cache holds it. Made before the batch is written, so that a
     chunk whose frames do not tile it (ValueError) is refused before anything changes."""
 
-    __slots__ = ("chunk", "ids", "offset", "starts", "stride")
+    __slots__ = ("_ids", "chunk", "count", "offset", "starts", "stride")
 
     def __init__(
         self,
         chunk: bytes,
-        ids: list[bytes],
+        ids: list[bytes] | None,
         stride: int = 0,
         offset: int = 0,
         starts: array[int] | None = None,
+        count: int = 0,
     ) -> None:
-        if stride and stride * len(ids) != len(chunk):
+        """``ids`` None: ``count`` frames, whose ids are read from the frames the first
+        time they are asked for (a follower's records: no consumer may ever read them)."""
+        if ids is not None:
+            count = len(ids)
+        if stride and stride * count != len(chunk):
             raise ValueError("chunk length does not match its frames")
         self.chunk = chunk
-        self.ids = ids
+        self._ids = ids
+        #: frames in the batch
+        self.count = count
         self.stride = stride
         #: the virtual offset of the first frame (set by the log that appends it)
         self.offset = offset
@@ -44,8 +55,23 @@ class CachedBatch:
         if stride:
             starts = None
         elif starts is None:
-            starts = frame_starts(chunk, len(ids))
+            starts = frame_starts(chunk, count)
         self.starts: array[int] | None = starts
+
+    @property
+    def ids(self) -> list[bytes]:
+        """The frames' message ids."""
+        ids = self._ids
+        if ids is None:
+            chunk = self.chunk
+            starts = self.starts
+            if starts is None:
+                stride = self.stride
+                ids = [chunk[o + _ID_AT : o + _ID_END] for o in range(0, len(chunk), stride)]
+            else:
+                ids = [chunk[o + _ID_AT : o + _ID_END] for o in starts[:-1]]
+            self._ids = ids
+        return ids
 
     def frame_offset(self, a: int) -> int:
         """The virtual offset of frame ``a``."""
@@ -57,7 +83,7 @@ class CachedBatch:
 
     def cut(self, a: int, b: int) -> bytes:
         """Frames ``a .. b`` of the batch as one bytes object (the batch itself if all)."""
-        if a == 0 and b == len(self.ids):
+        if a == 0 and b == self.count:
             return self.chunk
         if self.stride:
             return self.chunk[a * self.stride : b * self.stride]
@@ -91,10 +117,10 @@ class BatchCache:
     def append(self, batch: CachedBatch) -> int:
         """Add a batch; returns its first sequence."""
         first = self._end
-        if batch.ids:
+        if batch.count:
             self._firsts.append(first)
             self._batches.append(batch)
-            self._end = first + len(batch.ids)
+            self._end = first + batch.count
         return first
 
     def read(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
@@ -110,7 +136,7 @@ class BatchCache:
         while left > 0 and i < len(batches):
             batch = batches[i]
             a = seq - firsts[i]
-            b = min(len(batch.ids), a + left)
+            b = min(batch.count, a + left)
             chunks.append(batch.cut(a, b))
             ids += batch.ids[a:b]
             left -= b - a
@@ -156,7 +182,7 @@ class BatchCache:
         self._start = before
         firsts = self._firsts
         k = bisect_right(firsts, before)  # batches 0 .. k-1 start at or below `before`
-        if k and firsts[k - 1] + len(self._batches[k - 1].ids) > before:
+        if k and firsts[k - 1] + self._batches[k - 1].count > before:
             k -= 1  # the last of them straddles
         del firsts[:k]
         del self._batches[:k]

@@ -262,19 +262,32 @@ class _StagedBatch:
     """Batches staged together that become one batch record: their chunks, ids and
     frame layout (a common stride, else each chunk's stride or start positions)."""
 
-    __slots__ = ("chunks", "deliver_at", "ids", "kind", "own", "parts", "size", "stride")
+    __slots__ = (
+        "chunks",
+        "count",
+        "deliver_at",
+        "ids",
+        "kind",
+        "own",
+        "parts",
+        "size",
+        "stride",
+    )
 
     def __init__(
         self,
         chunk: bytes,
-        ids: list[bytes],
+        ids: list[bytes] | None,
         stride: int,
         starts: array[int] | None,
         deliver_at: int,
         kind: int,
+        count: int,
     ) -> None:
         self.chunks = [chunk]
+        #: None: read from the frames when first needed (a replicated record)
         self.ids = ids
+        self.count = count
         self.size = len(chunk)
         self.stride = stride
         #: (stride, starts, chunk length) per chunk, kept once the strides differ
@@ -288,10 +301,13 @@ class _StagedBatch:
 
     def add(self, chunk: bytes, ids: list[bytes], stride: int, starts: array[int] | None) -> None:
         chunks = self.chunks
+        own = self.ids
+        assert own is not None  # (a record without ids is one of its own: never added to)
         if len(chunks) == 1:
-            self.ids = self.ids + ids  # the first list may be the caller's
+            self.ids = own + ids  # the first list may be the caller's
         else:
-            self.ids.extend(ids)
+            own.extend(ids)
+        self.count += len(ids)
         chunks.append(chunk)
         self.size += len(chunk)
         parts = self.parts
@@ -304,7 +320,7 @@ class _StagedBatch:
             self.parts.append((stride, starts, len(chunk)))
             self.stride = 0
 
-    def batch(self) -> tuple[bytes, list[bytes], int, array[int] | None]:
+    def batch(self) -> tuple[bytes, list[bytes] | None, int, array[int] | None]:
         """(chunk, ids, stride, starts) of the whole record."""
         chunks = self.chunks
         parts = self.parts
@@ -637,11 +653,12 @@ class DiskLog:
     def stage(
         self,
         chunk: bytes,
-        ids: list[bytes],
+        ids: list[bytes] | None,
         deliver_at_ns: int = 0,
         stride: int = 0,
         kind: int = 0,
         merge: bool = True,
+        count: int = 0,
     ) -> int:
         """Add a batch to the group that the next :meth:`commit` writes with one system
         call; returns the virtual offset its first frame will have. Readers see it once
@@ -651,11 +668,16 @@ class DiskLog:
         (small ones, up to 64 KiB: a batch of 16 KiB or more, an MPUB, is a record of
         its own, written without a copy). ``merge=False`` keeps the batch a record of
         its own (a follower stores its leader's records as they are, at the same
-        offsets). Raises ValueError (nothing staged) if the frames do not tile the
-        chunk."""
-        if not ids:
+        offsets). ``ids`` None: ``count`` frames whose ids are read from the frames
+        when first needed (a follower's records, which no consumer may ever read; only
+        with ``merge=False``). Raises ValueError (nothing staged) if the frames do not
+        tile the chunk."""
+        if ids is not None:
+            count = len(ids)
+        elif merge:
+            raise ValueError("a batch without ids must be a record of its own")
+        if count <= 0:
             raise ValueError("an empty batch")  # a record holds one message or more
-        count = len(ids)
         starts = None
         if stride:
             if stride * count != len(chunk):
@@ -671,6 +693,7 @@ class DiskLog:
             merge
             and last is not None
             and not last.own
+            and ids is not None
             and last.deliver_at == deliver_at_ns
             and last.kind == kind
             and len(chunk) < _MERGE_CHUNK
@@ -681,7 +704,7 @@ class DiskLog:
             last.add(chunk, ids, stride, starts)
         else:
             offset = self._staged_offset + BATCH_HEAD_SIZE
-            batch = _StagedBatch(chunk, ids, stride, starts, deliver_at_ns, kind)
+            batch = _StagedBatch(chunk, ids, stride, starts, deliver_at_ns, kind, count)
             batch.own = not merge
             staged.append(batch)
         self._staged_offset = offset + len(chunk)
@@ -706,11 +729,11 @@ class DiskLog:
         value, extend = google_crc32c.value, google_crc32c.extend
         for st in staged:
             chunk, ids, stride, starts = st.batch()
-            count = len(ids)
+            count = st.count
             rest = pack(0, 0, seq, count, st.deliver_at, 0)[8:]
             head = _LEN_CRC.pack(len(chunk), extend(value(rest), chunk)) + rest
             offset = seg.base_offset + pos - SEG_HEAD_SIZE + BATCH_HEAD_SIZE
-            cached = CachedBatch(chunk, ids, stride, offset, starts)
+            cached = CachedBatch(chunk, ids, stride, offset, starts, count)
             buffers.append(head)
             buffers.append(chunk)
             records.append((seq, pos, st.deliver_at, cached))
@@ -739,7 +762,7 @@ class DiskLog:
         for first, at, deliver_at, cached in records:
             seg.note_batch(first, at, deliver_at)
             if deliver_at:
-                self._deferred.add(first, len(cached.ids), deliver_at)
+                self._deferred.add(first, cached.count, deliver_at)
             cache.append(cached)
         if seg.verified_upto == seg.size:
             seg.verified_upto += total
@@ -1151,7 +1174,7 @@ class DiskLog:
                 batch, first = cache.batch_at(seq)
                 if first != seq:
                     raise ValueError(f"sequence {seq} is inside a batch starting at {first}")
-                count = len(batch.ids)
+                count = batch.count
                 due = self._deferred.between(seq, seq + 1)
                 deliver_at = due[0][1] if due else 0
                 out.append(

@@ -100,17 +100,20 @@ class MessageLog(Protocol):
     def stage(
         self,
         chunk: bytes,
-        ids: list[bytes],
+        ids: list[bytes] | None,
         deliver_at_ns: int = 0,
         stride: int = 0,
         kind: int = 0,
         merge: bool = True,
+        count: int = 0,
     ) -> int:
         """Like :meth:`append`, but a DiskLog only stages the batch for the next
         :meth:`commit`, which writes everything staged at once (a group commit; readers
         see staged records once committed). Batches of different ``kind`` (vanilla or
         extended frames) never share a stored batch; ``merge=False`` keeps it a record
-        of its own. Returns the virtual offset of the batch's first frame."""
+        of its own. ``ids`` None (with ``merge=False``): ``count`` frames whose ids are
+        read from the frames themselves when needed (a follower's records). Returns the
+        virtual offset of the batch's first frame."""
         ...
 
     def commit(self) -> int:

@@ -76,14 +76,20 @@ class MemoryLog:
     def stage(
         self,
         chunk: bytes,
-        ids: list[bytes],
+        ids: list[bytes] | None,
         deliver_at_ns: int = 0,
         stride: int = 0,
         kind: int = 0,
         merge: bool = True,
+        count: int = 0,
     ) -> int:
-        """Append now (there is nothing to write); returns the first frame's offset."""
+        """Append now (there is nothing to write); returns the first frame's offset.
+        ``ids`` None: the ``count`` frames' own ids."""
         offset = self._end_offset
+        if ids is None:
+            if count <= 0:
+                raise ValueError("an empty batch")
+            ids = [f[18:34] for f in split_chunk(chunk, count, stride)]
         self.append(chunk, ids, deliver_at_ns, stride)
         return offset
 

@@ -56,6 +56,9 @@ CURSORS = 6
 _HEAD = struct.Struct(">BQI")
 _BATCH = struct.Struct(">QQIqII")
 _ACK = struct.Struct(">BQ")
+_WS_HEAD1 = struct.Struct(">BB")
+_WS_HEAD2 = struct.Struct(">BBH")
+_WS_HEAD8 = struct.Struct(">BBQ")
 
 History = list[tuple[int, int]]
 
@@ -171,12 +174,30 @@ def encode_ack(end: int) -> bytes:
 def encode_batches(commit: int, batches: Sequence[StoredBatch]) -> bytes:
     """One BATCHES message: a join of the heads and the stored frames (no copy of the
     frames beyond the join)."""
+    return b"".join(batches_parts(commit, batches))
+
+
+def batches_parts(commit: int, batches: Sequence[StoredBatch]) -> list[bytes]:
+    """One BATCHES message as the pieces :func:`encode_batches` joins (the stored frames
+    themselves among them), for a writer that sends them with one ``writev``."""
     parts: list[bytes] = [_HEAD.pack(BATCHES, commit, len(batches))]
     pack = _BATCH.pack
     for b in batches:
         parts.append(pack(b.first, b.offset, b.messages, b.deliver_at, b.stride, len(b.chunk)))
         parts.append(b.chunk)
-    return b"".join(parts)
+    return parts
+
+
+def ws_binary_head(length: int) -> bytes:
+    """The head of a final, unmasked WebSocket binary frame of ``length`` payload bytes
+    (RFC 6455 section 5.2): what a server writes before the payload."""
+    if length < 0:
+        raise ValueError("a negative length")
+    if length < 126:
+        return _WS_HEAD1.pack(0x82, length)
+    if length < 1 << 16:
+        return _WS_HEAD2.pack(0x82, 126, length)
+    return _WS_HEAD8.pack(0x82, 127, length)
 
 
 def _int(obj: dict[str, Any], key: str) -> int:
@@ -209,7 +230,7 @@ def _history(obj: dict[str, Any]) -> History:
     return out
 
 
-def decode(data: bytes) -> Message:
+def decode(data: bytes | bytearray) -> Message:
     """One message from its bytes; ReplicationProtocolError if it is malformed."""
     if not data:
         raise ReplicationProtocolError("empty message")
@@ -267,7 +288,7 @@ def decode(data: bytes) -> Message:
     return Cursors(out, _int(obj, "hold_from"))
 
 
-def _decode_batches(data: bytes) -> Batches:
+def _decode_batches(data: bytes | bytearray) -> Batches:
     if len(data) < _HEAD.size:
         raise ReplicationProtocolError("short BATCHES head")
     _, commit, n = _HEAD.unpack_from(data, 0)
