@@ -187,9 +187,11 @@ def test_big_frames_received_straight_into_their_buffer(
         else:
             data += server_frame(ws.OP_BINARY, payload, True, mask)
         want.append((ws.OP_BINARY, payload))
-    # direct at 100 bytes: most frames here go the direct way, in pieces
-    got = receive_like_a_buffered_protocol(ws.FrameReader(direct=100), data, sizes)
-    assert got == want
+    # direct at 100 bytes: most frames here go the direct way, in pieces; with reuse,
+    # into one buffer the reader keeps (each payload copied out before the next read)
+    for reuse in (False, True):
+        reader = ws.FrameReader(direct=100, reuse=reuse)
+        assert receive_like_a_buffered_protocol(reader, data, sizes) == want
 
 
 def test_the_leaders_frame_heads_read_back() -> None:

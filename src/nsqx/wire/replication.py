@@ -230,7 +230,7 @@ def _history(obj: dict[str, Any]) -> History:
     return out
 
 
-def decode(data: bytes | bytearray) -> Message:
+def decode(data: bytes | bytearray | memoryview) -> Message:
     """One message from its bytes; ReplicationProtocolError if it is malformed."""
     if not data:
         raise ReplicationProtocolError("empty message")
@@ -244,7 +244,7 @@ def decode(data: bytes | bytearray) -> Message:
     if kind not in (HELLO, WELCOME, REFUSED, CURSORS):
         raise ReplicationProtocolError(f"unknown message kind {kind}")
     try:
-        obj = json.loads(data[1:])
+        obj = json.loads(bytes(data[1:]))
     except ValueError as err:
         raise ReplicationProtocolError(f"bad JSON: {err}") from None
     if not isinstance(obj, dict):
@@ -288,7 +288,7 @@ def decode(data: bytes | bytearray) -> Message:
     return Cursors(out, _int(obj, "hold_from"))
 
 
-def _decode_batches(data: bytes | bytearray) -> Batches:
+def _decode_batches(data: bytes | bytearray | memoryview) -> Batches:
     if len(data) < _HEAD.size:
         raise ReplicationProtocolError("short BATCHES head")
     _, commit, n = _HEAD.unpack_from(data, 0)

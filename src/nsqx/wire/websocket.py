@@ -28,6 +28,11 @@ _LEN16 = struct.Struct(">H")
 _LEN64 = struct.Struct(">Q")
 #: the most a handshake response's head may take
 MAX_HEAD = 16 * 1024
+#: the biggest payload a reader that reuses its buffer receives into the same one
+REUSE_MAX = 8 << 20
+
+#: a message's payload: bytes, or a view of the reader's buffer (``reuse``)
+Payload = bytes | bytearray | memoryview
 
 
 class WebSocketError(ValueError):
@@ -86,7 +91,7 @@ def client_frame(opcode: int, payload: bytes) -> bytes:
     return head + mask.to_bytes(4, "big") + masked
 
 
-def unmask(payload: bytes | bytearray, mask: bytes) -> bytes:
+def unmask(payload: Payload, mask: bytes) -> bytes:
     """``payload`` XORed with the 4-byte ``mask`` repeated (masking is its own inverse)."""
     n = len(payload)
     stream = (mask * (n // 4 + 1))[:n]
@@ -102,14 +107,18 @@ class FrameReader:
     A frame of ``direct`` bytes or more whose head has arrived is received straight into
     a buffer of its own: :meth:`direct_buffer` says where the next bytes go (a reader
     that can receive into it, an asyncio.BufferedProtocol, saves a copy of the payload),
-    :meth:`direct_filled` how many went there."""
+    :meth:`direct_filled` how many went there. With ``reuse``, such a payload is a view
+    of one buffer the reader keeps (no allocation, no zeroing per message), valid until
+    the next call: a caller that keeps a message copies it."""
 
-    def __init__(self, max_size: int = 0, direct: int = 16 * 1024) -> None:
+    def __init__(self, max_size: int = 0, direct: int = 16 * 1024, reuse: bool = False) -> None:
         self.max_size = max_size
         self.direct = direct
+        self.reuse = reuse
+        self._spare: bytearray | None = None
         #: the payload being received straight into its buffer: its frame's first byte,
         #: mask, buffer and how much of it is filled
-        self._target: bytearray | None = None
+        self._target: bytearray | memoryview | None = None
         self._target_b0 = 0
         self._target_mask = b""
         self._target_filled = 0
@@ -117,11 +126,11 @@ class FrameReader:
         self._off = 0
         self._buffered = 0
         #: the fragments of a message not yet finished, and its opcode
-        self._fragments: list[bytes | bytearray] = []
+        self._fragments: list[Payload] = []
         self._fragment_op = -1
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes | bytearray]]:
-        out: list[tuple[int, bytes | bytearray]] = []
+    def feed(self, data: bytes) -> list[tuple[int, Payload]]:
+        out: list[tuple[int, Payload]] = []
         target = self._target
         if target is not None:  # (a caller that does not use direct_buffer)
             n = min(len(data), len(target) - self._target_filled)
@@ -187,7 +196,7 @@ class FrameReader:
             return None
         return memoryview(target)[self._target_filled :]
 
-    def direct_filled(self, n: int) -> list[tuple[int, bytes | bytearray]]:
+    def direct_filled(self, n: int) -> list[tuple[int, Payload]]:
         """``n`` bytes were received into :meth:`direct_buffer`: the messages that
         completed (the frame's own, once it is whole)."""
         target = self._target
@@ -196,7 +205,7 @@ class FrameReader:
         if self._target_filled < len(target):
             return []
         self._target = None
-        payload: bytes | bytearray = target
+        payload: Payload = target
         if self._target_mask:
             payload = unmask(payload, self._target_mask)
         b0 = self._target_b0
@@ -209,7 +218,14 @@ class FrameReader:
         if len(self._pieces) > 1:
             self._join()
         head, off = self._pieces[0], self._off
-        target = bytearray(length)
+        target: bytearray | memoryview
+        if self.reuse and length <= REUSE_MAX:
+            spare = self._spare
+            if spare is None or len(spare) < length:
+                spare = self._spare = bytearray(max(length, 2 * len(spare or b"")))
+            target = memoryview(spare)[:length]
+        else:
+            target = bytearray(length)
         have = len(head) - off - pos
         target[:have] = head[off + pos :]
         self._target = target
@@ -226,9 +242,7 @@ class FrameReader:
         self._pieces = [b"".join(pieces)]
         self._off = 0
 
-    def _frame(
-        self, opcode: int, final: bool, payload: bytes | bytearray
-    ) -> tuple[int, bytes | bytearray] | None:
+    def _frame(self, opcode: int, final: bool, payload: Payload) -> tuple[int, Payload] | None:
         if opcode >= 0x8:
             if not final or len(payload) > 125:
                 raise WebSocketError("a fragmented or long control frame")
@@ -246,7 +260,8 @@ class FrameReader:
             self._fragment_op = opcode
         else:
             raise WebSocketError(f"unknown opcode {opcode}")
-        self._fragments.append(payload)
+        # (a fragment is kept across calls: never a view of the reused buffer)
+        self._fragments.append(bytes(payload) if isinstance(payload, memoryview) else payload)
         total = sum(map(len, self._fragments))
         if self.max_size and total > self.max_size:
             raise WebSocketError(f"a message over {self.max_size} bytes")

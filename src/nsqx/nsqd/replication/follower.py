@@ -34,6 +34,9 @@ RETRY_MAX = 2.0
 #: seconds to connect, and to wait for the handshake's and the HELLO's answers
 CONNECT_TIMEOUT = 2.0
 ANSWER_TIMEOUT = 10.0
+#: the largest stream message taken (a leader sends about SEND_BYTES, or one stored
+#: batch if bigger): a bogus length is refused, not allocated
+MAX_MESSAGE = 1 << 30
 #: bytes read at a time (but a big message is received straight into its own buffer)
 READ_SIZE = 16 * 1024
 #: a ping every HEARTBEAT seconds; a stream that received nothing for 1.5 times that is
@@ -54,7 +57,9 @@ class _Stream(asyncio.BufferedProtocol):
     def __init__(self) -> None:
         loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.reader = ws.FrameReader()
+        # (a message's payload is applied, its batches copied out, before the next read:
+        # the reader may receive every big one into the same buffer)
+        self.reader = ws.FrameReader(max_size=MAX_MESSAGE, reuse=True)
         self._buffer = memoryview(bytearray(READ_SIZE))
         self._direct = False
         self._ack_soon = False
@@ -63,7 +68,7 @@ class _Stream(asyncio.BufferedProtocol):
         self.accepted: asyncio.Future[None] = loop.create_future()
         self.done: asyncio.Future[None] = loop.create_future()
         self.received_at = time.monotonic()
-        self._queued: deque[bytes | bytearray] = deque()
+        self._queued: deque[bytes] = deque()
         self._arrived: asyncio.Future[None] | None = None
         self._follower: FollowerReplication | None = None
 
@@ -99,7 +104,7 @@ class _Stream(asyncio.BufferedProtocol):
                     if follower is not None:
                         follower.apply(payload)
                     else:
-                        self._queued.append(payload)
+                        self._queued.append(bytes(payload))  # (kept: a copy)
                         if self._arrived is not None and not self._arrived.done():
                             self._arrived.set_result(None)
                 elif opcode == ws.OP_PING:
@@ -116,6 +121,8 @@ class _Stream(asyncio.BufferedProtocol):
                 asyncio.get_running_loop().call_soon(self._acknowledge)
         except (ReplicationError, ws.WebSocketError) as err:
             self._end(err if isinstance(err, ReplicationError) else ReplicationError(str(err)))
+        except Exception as err:  # (a write to the log that failed, say): reconnect
+            self._end(ReplicationError(f"{type(err).__name__}: {err}"))
 
     def _acknowledge(self) -> None:
         self._ack_soon = False
@@ -133,7 +140,7 @@ class _Stream(asyncio.BufferedProtocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(ws.client_frame(opcode, payload))
 
-    async def next_message(self) -> bytes | bytearray:
+    async def next_message(self) -> bytes:
         """The next binary message received before streaming began."""
         while not self._queued:
             if self.done.done():
@@ -150,6 +157,9 @@ class _Stream(asyncio.BufferedProtocol):
             follower.acknowledge(self)
         except ReplicationError as err:
             self._end(err)
+            return
+        except Exception as err:
+            self._end(ReplicationError(f"{type(err).__name__}: {err}"))
             return
         self._follower = follower
 
@@ -296,7 +306,7 @@ class FollowerReplication:
             stream.send(ws.OP_PING, b"")
         stream.done.result()
 
-    def apply(self, data: bytes | bytearray) -> None:
+    def apply(self, data: ws.Payload) -> None:
         """One message of the stream (on the event loop, as it arrives)."""
         part = self.part
         try:
