@@ -204,3 +204,15 @@ def test_the_leaders_frame_heads_read_back() -> None:
         assert reader.feed(ws_binary_head(n) + payload) == [(ws.OP_BINARY, payload)]
     with pytest.raises(ValueError):
         ws_binary_head(-1)
+
+
+def test_feeding_a_reader_that_reuses_its_buffer_keeps_each_message() -> None:
+    """A caller that only feeds (never receives into direct_buffer) gets every message
+    intact, also when the next big one arrives in the same bytes."""
+    one, two = b"1" * 60_000, b"2" * 50_000
+    data = server_frame(ws.OP_BINARY, one) + server_frame(ws.OP_BINARY, two)
+    reader = ws.FrameReader(reuse=True)
+    out = reader.feed(data[:20_000])
+    out += reader.feed(data[20_000:80_000])  # the end of one, the start of two
+    out += reader.feed(data[80_000:])
+    assert [(op, bytes(p)) for op, p in out] == [(ws.OP_BINARY, one), (ws.OP_BINARY, two)]

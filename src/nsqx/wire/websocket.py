@@ -139,6 +139,9 @@ class FrameReader:
             data = data[n:]
             if self._target is not None:
                 return out
+            if data and self.reuse:
+                # the next frame may be received into the same buffer: keep a copy
+                out = [(op, bytes(p) if isinstance(p, memoryview) else p) for op, p in out]
         if data:
             self._pieces.append(data)
             self._buffered += len(data)
@@ -161,6 +164,8 @@ class FrameReader:
                     break
                 length = _LEN64.unpack_from(head, off + 2)[0]
                 pos = 10
+            if b0 & 0x08 and length > 125:
+                raise WebSocketError("a long control frame")
             masked = bool(b1 & 0x80)
             if masked:
                 pos += 4
