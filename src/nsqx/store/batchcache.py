@@ -16,10 +16,6 @@ from nsqx.store.log import frame_starts
 
 # Trimming deletes from the front of lists: do it in steps of at least this many records.
 _TRIM_MIN = 4096
-# Where a message frame ([u32 size][u32 type][i64 timestamp][u16 attempts][16-byte id]
-# ...) holds its id
-_ID_AT = 18
-_ID_END = 34
 
 
 class CachedBatch:
@@ -63,13 +59,14 @@ class CachedBatch:
         """The frames' message ids."""
         ids = self._ids
         if ids is None:
+            # a frame's id is its bytes 18-34 (see nsqx.store.disklog's frame layout)
             chunk = self.chunk
             starts = self.starts
             if starts is None:
                 stride = self.stride
-                ids = [chunk[o + _ID_AT : o + _ID_END] for o in range(0, len(chunk), stride)]
+                ids = [chunk[o + 18 : o + 34] for o in range(0, len(chunk), stride)]
             else:
-                ids = [chunk[o + _ID_AT : o + _ID_END] for o in starts[:-1]]
+                ids = [chunk[o + 18 : o + 34] for o in starts[:-1]]
             self._ids = ids
         return ids
 

@@ -119,10 +119,8 @@ class _Stream(asyncio.BufferedProtocol):
                 # (several, under load) are all appended first, then one ACK
                 self._ack_soon = True
                 asyncio.get_running_loop().call_soon(self._acknowledge)
-        except (ReplicationError, ws.WebSocketError) as err:
-            self._end(err if isinstance(err, ReplicationError) else ReplicationError(str(err)))
-        except Exception as err:  # (a write to the log that failed, say): reconnect
-            self._end(ReplicationError(f"{type(err).__name__}: {err}"))
+        except Exception as err:  # (a bad frame, a write to the log that failed): reconnect
+            self._fail(err)
 
     def _acknowledge(self) -> None:
         self._ack_soon = False
@@ -155,11 +153,8 @@ class _Stream(asyncio.BufferedProtocol):
             while self._queued:
                 follower.apply(self._queued.popleft())
             follower.acknowledge(self)
-        except ReplicationError as err:
-            self._end(err)
-            return
         except Exception as err:
-            self._end(ReplicationError(f"{type(err).__name__}: {err}"))
+            self._fail(err)
             return
         self._follower = follower
 
@@ -179,6 +174,14 @@ class _Stream(asyncio.BufferedProtocol):
         ws.check_handshake(head[:end], self._key)
         self.accepted.set_result(None)
         return head[end + 4 :]
+
+    def _fail(self, err: Exception) -> None:
+        if isinstance(err, ReplicationError):
+            self._end(err)
+        elif isinstance(err, ws.WebSocketError):
+            self._end(ReplicationError(str(err)))
+        else:
+            self._end(ReplicationError(f"{type(err).__name__}: {err}"))
 
     def _end(self, err: ReplicationError) -> None:
         if not self.accepted.done():
