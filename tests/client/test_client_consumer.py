@@ -279,6 +279,66 @@ def test_finish_all_answers_held_messages_of_several_connections_at_once() -> No
     run(body())
 
 
+def test_frames_handler_takes_each_read_whole_and_answers_by_id() -> None:
+    """A frames handler gets each read's messages as frame data with their connection;
+    they stay in flight (and count against max_in_flight) until answered through it:
+    FIN, TOUCH and REQ by id, each counted; a requeued message comes again with
+    attempts 2; messages over max_attempts go to the giving-up hook, not the handler."""
+
+    async def body() -> None:
+        nsqd = await start_nsqd()
+        await publish(nsqd, "t", bodies(300))
+        got: list[tuple[Any, list[bytes]]] = []
+        given_up: list[Message] = []
+        c = Consumer(
+            "t",
+            "c",
+            frames_handler=lambda link, datas: got.append((link, datas)),
+            nsqd_tcp_addresses=addr(nsqd),
+            max_in_flight=200,
+            max_attempts=2,
+            on_giving_up=given_up.append,
+        )
+        await c.start()
+        await wait_for(lambda: sum(len(d) for _, d in got) == 200, what="200 held")
+        ch = nsqd.topics["t"].channels["c"]
+        assert ch.in_flight_count == 200  # nothing more than max_in_flight
+        link = got[0][0]
+        datas = [d for _, ds in got for d in ds]
+        assert all(lk is link for lk, _ in got) and all(d[9] == 1 for d in datas)
+        link.touch_many([d[10:26] for d in datas[:10]])
+        link.finish_many([d[10:26] for d in datas[:150]])
+        link.requeue_many([d[10:26] for d in datas[150:]], 0)
+        # the 100 not yet delivered and the 50 requeued (attempts 2) come
+        await wait_for(lambda: sum(len(d) for _, d in got) == 350, what="the rest")
+        again = [d for _, ds in got for d in ds][200:]
+        assert sorted(d[26:] for d in again) == sorted(
+            [d[26:] for d in datas[150:]] + sorted(set(bodies(300)) - {d[26:] for d in datas})
+        )
+        assert sorted(d[9] for d in again) == [1] * 100 + [2] * 50
+        assert c.stats.finished == 150 and c.stats.requeued == 50
+        # requeued once more: a third delivery is over max_attempts=2
+        link.requeue_many([d[10:26] for d in again if d[9] == 2], 0)
+        link.finish_many([d[10:26] for d in again if d[9] == 1])
+        await wait_for(lambda: len(given_up) == 50, what="giving up")
+        await wait_for(lambda: ch.in_flight_count == 0 and ch.depth == 0, what="all answered")
+        assert sum(len(d) for _, d in got) == 350  # the handler never saw attempt 3
+        await c.close()
+        await nsqd.close()
+
+    run(body())
+
+
+def test_frames_handler_excludes_a_handler_and_iteration() -> None:
+    from nsqx.client import ConfigError
+
+    with pytest.raises(ConfigError):
+        Consumer("t", "c", lambda m: None, frames_handler=lambda link, datas: None)
+    c = Consumer("t", "c", frames_handler=lambda link, datas: None)
+    with pytest.raises(TypeError):
+        c.__aiter__()
+
+
 def test_touch_is_sent_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     sent: list[bytes] = []
     original = _Link.queue

@@ -24,7 +24,7 @@ See docs/client.md.
 from nsqx.client.backoff import Backoff
 from nsqx.client.codec import StreamCodec, register_codec
 from nsqx.client.config import Config, parse_duration
-from nsqx.client.consumer import Consumer, ConsumerStats, Handler
+from nsqx.client.consumer import Answers, Consumer, ConsumerStats, FramesHandler, Handler
 from nsqx.client.discovery import LookupResult
 from nsqx.client.errors import (
     AuthError,
@@ -57,6 +57,7 @@ from nsqx.client.youzan import (
 from nsqx.wire.topic_meta import TopicMeta
 
 __all__ = [
+    "Answers",
     "AuthError",
     "Backoff",
     "BlockingConsumer",
@@ -69,6 +70,7 @@ __all__ = [
     "ConsumeStart",
     "Consumer",
     "ConsumerStats",
+    "FramesHandler",
     "Handler",
     "HandshakeError",
     "HttpProducer",

@@ -25,7 +25,7 @@ import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from nsqx.client import codec
 from nsqx.client.backoff import Backoff, BackoffAction
@@ -54,6 +54,35 @@ log = logging.getLogger("nsqx.client")
 #: an exception requeues it (with backoff).
 Handler = Callable[[Message], Any]
 GivingUpHook = Callable[[Message], Any]
+
+
+class Answers(Protocol):
+    """The connection that messages given to a frames handler came on, and must be
+    answered on (by id: ``data[10:26]`` of a message's frame data, in every layout)."""
+
+    @property
+    def closed(self) -> bool:
+        """The connection is gone: nsqd has requeued what it held in flight."""
+        ...
+
+    def finish_many(self, msg_ids: list[bytes]) -> None:
+        """FIN each id (one write with whatever else this loop iteration sends)."""
+        ...
+
+    def requeue_many(self, msg_ids: list[bytes], delay: float) -> None:
+        """REQ each id, to be delivered again after ``delay`` seconds."""
+        ...
+
+    def touch_many(self, msg_ids: list[bytes]) -> None:
+        """TOUCH each id: nsqd restarts its timeout."""
+        ...
+
+
+#: A frames handler takes each read's messages at once, as their frames' data (the
+#: subscription's layout: see :mod:`nsqx.client.message`), and the connection to
+#: answer them on. For consumers that keep messages as bytes and answer them in bulk
+#: (the Spark source's mode=channel): no :class:`Message` object per message.
+FramesHandler = Callable[[Answers, list[bytes]], None]
 
 _CLS = commands.cls()
 
@@ -120,6 +149,15 @@ class _Link(Connection):
     def finish_many(self, msg_ids: list[bytes]) -> None:
         self.consumer._finish_many(self, msg_ids)
 
+    def requeue_many(self, msg_ids: list[bytes], delay: float) -> None:
+        self.consumer._requeue_many(self, msg_ids, delay)
+
+    def touch_many(self, msg_ids: list[bytes]) -> None:
+        if not self.closed:
+            touch = commands.touch
+            for msg_id in msg_ids:
+                self.queue(touch(msg_id))
+
     def requeue(self, msg: Message, delay: float | None, backoff: bool) -> None:
         self.consumer._answer(self, msg, _FAILURE if backoff else _NEUTRAL, delay)
 
@@ -154,6 +192,10 @@ class Consumer:
     partition) subscribes with SUB_ADVANCED from that position; nsqd applies it only
     when this is the channel's first client on the partition, and this consumer sends
     it once per partition (reconnections go on from where the channel is).
+
+    ``frames_handler=`` (instead of a handler) takes each read's messages at once as
+    frame data, with the connection to answer them on (:data:`FramesHandler`); they
+    stay in flight until answered through it.
     """
 
     def __init__(
@@ -167,6 +209,7 @@ class Consumer:
         config: Config | None = None,
         concurrency: int | None = None,
         on_giving_up: GivingUpHook | None = None,
+        frames_handler: FramesHandler | None = None,
         partitions: int | Iterable[int] | None = None,
         start: ConsumeStart | Mapping[int, ConsumeStart] | None = None,
         **options: Any,
@@ -224,7 +267,10 @@ class Consumer:
             )
         if handler is not None and not callable(handler):
             raise ConfigError("handler must be callable")
+        if frames_handler is not None and (handler is not None or not callable(frames_handler)):
+            raise ConfigError("frames_handler is a callable, given instead of a handler")
         self._handler = handler
+        self._frames_handler = frames_handler
         self._coro_handler = handler is not None and _is_coroutine_function(handler)
         if concurrency is not None and concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1 (got {concurrency})")
@@ -411,7 +457,7 @@ class Consumer:
         await self.close()
 
     def __aiter__(self) -> AsyncIterator[Message]:
-        if self._handler is not None:
+        if self._handler is not None or self._frames_handler is not None:
             raise TypeError("this consumer has a handler; iterate only a consumer without one")
         return self._iterate()
 
@@ -785,7 +831,9 @@ class Consumer:
         # Every message of this read is in flight (nsqd's view too) until answered;
         # counted before the handlers run so that is_starved() is right inside them.
         state.in_flight += len(frames)
-        if self._handler is None:
+        if self._frames_handler is not None:
+            n, fast = self._batch_frames(conn, frames)
+        elif self._handler is None:
             n, fast = self._batch_inbox(conn, frames)
         elif self._coro_handler:
             n, fast = self._batch_workers(conn, frames)
@@ -890,6 +938,34 @@ class Consumer:
             else:
                 self._handle_result(msg, result)
         return n, fast
+
+    def _batch_frames(self, conn: _Link, frames: Frames) -> tuple[int, int]:
+        """A frames handler: the read's messages in one call, as bytes."""
+        handler = self._frames_handler
+        assert handler is not None
+        datas = [data for ftype, data in frames if ftype == FRAME_MESSAGE]
+        if len(datas) != len(frames):
+            for ftype, data in frames:
+                if ftype != FRAME_MESSAGE:
+                    self._control(conn, ftype, data)
+        n = len(datas)
+        max_attempts = self.config.max_attempts
+        if max_attempts and any((d[8] << 8 | d[9]) > max_attempts for d in datas):
+            for d in datas:
+                if (d[8] << 8 | d[9]) > max_attempts:
+                    self._give_up(conn.msg_cls(d, conn))
+            datas = [d for d in datas if (d[8] << 8 | d[9]) <= max_attempts]
+        if not datas:
+            return n, 0
+        if self._closing:
+            conn.requeue_many([d[10:26] for d in datas], 0)
+            return n, 0
+        try:
+            handler(conn, datas)
+        except Exception:
+            log.exception("frames handler failed on %d messages; requeued", len(datas))
+            conn.requeue_many([d[10:26] for d in datas], 0)
+        return n, 0
 
     def _handle_result(self, msg: Message, result: Any) -> None:
         if result is False:
@@ -1116,12 +1192,30 @@ class Consumer:
             return
         conn.queue_fins(msg_ids)
         self.stats.finished += len(msg_ids)
+        self._answered_many(conn, len(msg_ids))
+        self._signal(_SUCCESS)
+
+    def _requeue_many(self, conn: _Link, msg_ids: list[bytes], delay: float) -> None:
+        """REQ of many messages of one connection, without backoff (see _finish_many)."""
+        if conn.closed:
+            return
+        # an ordered channel ignores a REQ delay (see _answer)
+        delay_ms = (
+            0 if conn.ordered else int(min(max(delay, 0.0), self.config.max_requeue_delay) * 1000)
+        )
+        req = commands.req
+        for msg_id in msg_ids:
+            conn.queue(req(msg_id, delay_ms))
+        self.stats.requeued += len(msg_ids)
+        self._answered_many(conn, len(msg_ids))
+        self._signal(_NEUTRAL)
+
+    def _answered_many(self, conn: _Link, n: int) -> None:
         state = conn.state
         if state is not None and state.in_flight > 0:
-            state.in_flight = max(0, state.in_flight - len(msg_ids))
+            state.in_flight = max(0, state.in_flight - n)
             if self._closing and conn.close_wait and state.in_flight == 0:
                 conn.close()
-        self._signal(_SUCCESS)
 
     def _signal(self, kind: int) -> None:
         bk = self._backoff

@@ -10,8 +10,11 @@ Batches as large as ``maxOffsetsPerTrigger``: every message of a batch stays in 
 until the batch is committed, and nsqd lets one connection hold at most
 ``--max-rdy-count`` messages in flight (2,500 by default, Go's and ours). So the source
 opens enough connections to each nsqd to hold two batches (the one Spark is running,
-the next one arriving), and builds each batch's Arrow columns from the frames with
-Arrow's kernels, with no Python work per row beyond receiving the message.
+the next one arriving). Messages are kept as the frames' bytes (nsqx.client's frames
+handler: no object per message) and their Arrow columns are built with Arrow's kernels
+on the subscription's thread, a few thousand at a time as they arrive, while Spark works
+on the batch before: a read only assembles them. The batch before is FINed after that,
+so that nsqd's next messages do not arrive while the read works.
 
 Messages are held in flight with a short ``msgTimeout`` (30 s) and touched while they
 wait, so that a driver that dies gives them back within that time; a query that stops
@@ -31,13 +34,12 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Iterator
-from itertools import accumulate, islice
+from itertools import accumulate, chain
 from typing import Any
 
 from pyspark.sql.datasource import SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from nsqx.client.message import finish_all
 from nsqx.spark.options import NsqOptions
 
 log = logging.getLogger("nsqx.spark")
@@ -59,8 +61,11 @@ MAX_RDY_COUNT = 2500
 #: messages per micro-batch without maxOffsetsPerTrigger (big batches: Spark spends
 #: a fixed time on each)
 DEFAULT_BATCH = 50_000
-#: rows per Arrow batch handed to Spark
-CHUNK = 50_000
+#: messages whose Arrow columns are built together, on the loop thread as they arrive
+#: (while Spark works on the batch before), so that a read only assembles them
+PIECE = 4096
+#: a piece is built at the latest this long after its first message arrived
+SEAL_AFTER = 0.01
 #: connections to one nsqd at most (each holds MAX_RDY_COUNT messages in flight): two
 #: batches of 320,000
 MAX_CONNECTIONS = 256
@@ -71,14 +76,12 @@ def connections_for(batch: int, max_rdy: int = MAX_RDY_COUNT) -> int:
     return max(1, min(MAX_CONNECTIONS, math.ceil(2 * batch / max_rdy)))
 
 
-def messages_to_batch(payloads: list[bytes], topic: str, first_offset: int) -> Any:
-    """An Arrow record batch of the source's schema from message frames' data
-    (``[i64 timestamp][u16 attempts][16-byte hex id][body]``, as NSQ 1.3 sends them),
-    built column by column with Arrow's kernels."""
+def frame_columns(payloads: list[bytes]) -> list[Any]:
+    """The columns a message frame's data gives (``[i64 timestamp][u16 attempts][16-byte
+    hex id][body]``, as NSQ 1.3 sends them): id, timestamp, attempts and body, built
+    with Arrow's kernels (no Python work per message beyond one join)."""
     import pyarrow as pa
     import pyarrow.compute as pc
-
-    from nsqx.spark.source import SCHEMA_NAMES
 
     n = len(payloads)
     # one join and the running sum of the lengths: the frames as an Arrow binary array
@@ -104,6 +107,24 @@ def messages_to_batch(payloads: list[bytes], topic: str, first_offset: int) -> A
 
     stamps = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(fixed(0, 8, "q"))])
     attempts = pa.Array.from_buffers(pa.uint16(), n, [None, pa.py_buffer(fixed(8, 2, "H"))])
+    return [
+        pc.binary_slice(frames, 10, 26).cast(pa.string()),
+        pc.divide(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
+        attempts.cast(pa.int32()),
+        pc.binary_slice(frames, 26, longest),
+    ]
+
+
+def columns_to_batch(columns: list[Any], topic: str, first_offset: int) -> Any:
+    """An Arrow record batch of the source's schema from :func:`frame_columns`' columns,
+    numbered from ``first_offset``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from nsqx.spark.source import SCHEMA_NAMES
+
+    ids, stamps, attempts, bodies = columns
+    n = len(ids)
     ones = pa.repeat(pa.scalar(1, pa.int64()), n)
     return pa.RecordBatch.from_arrays(
         [
@@ -111,31 +132,89 @@ def messages_to_batch(payloads: list[bytes], topic: str, first_offset: int) -> A
             pa.repeat(pa.scalar("", pa.string()), n),
             pa.repeat(pa.scalar(0, pa.int32()), n),
             pc.cumulative_sum(ones, start=first_offset - 1),
-            pc.binary_slice(frames, 10, 26).cast(pa.string()),
+            ids,
             pa.repeat(pa.scalar(0, pa.int64()), n),
-            pc.divide(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
-            attempts.cast(pa.int32()),
-            pc.binary_slice(frames, 26, longest),
+            stamps,
+            attempts,
+            bodies,
             pa.nulls(n, pa.string()),
         ],
         names=SCHEMA_NAMES,
     )
 
 
+#: messages that came on one connection, in order: (the connection, their frames' data)
+Chunk = tuple[Any, list[bytes]]
+
+
+def _ids(datas: list[bytes]) -> list[bytes]:
+    return [d[10:26] for d in datas]  # the id, in every layout
+
+
+class _Piece:
+    """Messages that arrived one after another (on one or more connections) and their
+    Arrow columns (:func:`frame_columns`), or the error building them gave."""
+
+    __slots__ = ("chunks", "columns", "error", "n")
+
+    def __init__(self, chunks: list[Chunk], columns: list[Any] | None, n: int) -> None:
+        self.chunks = chunks
+        self.columns = columns
+        self.error: Exception | None = None
+        self.n = n
+
+    @classmethod
+    def build(cls, chunks: list[Chunk]) -> _Piece:
+        datas = list(chain.from_iterable(datas for _, datas in chunks))
+        try:
+            return cls(chunks, frame_columns(datas), len(datas))
+        except Exception as err:  # raised by the read that takes it, in Spark's query
+            piece = cls(chunks, None, len(datas))
+            piece.error = err
+            return piece
+
+    def split(self, k: int) -> tuple[_Piece, _Piece]:
+        """Its first ``k`` messages, and the others."""
+        head: list[Chunk] = []
+        tail: list[Chunk] = []
+        need = k
+        for link, datas in self.chunks:
+            if need >= len(datas):
+                head.append((link, datas))
+            elif need > 0:
+                head.append((link, datas[:need]))
+                tail.append((link, datas[need:]))
+            else:
+                tail.append((link, datas))
+            need -= len(datas)
+        cols = self.columns
+        first = _Piece(head, None if cols is None else [c.slice(0, k) for c in cols], k)
+        rest = _Piece(tail, None if cols is None else [c.slice(k) for c in cols], self.n - k)
+        first.error = rest.error = self.error
+        return first, rest
+
+
 class _Subscription:
-    """The consumers of one query's runner: messages arrive in ``inbox`` (on the loop
-    thread) and are answered in bulk, one loop call per batch of answers."""
+    """The consumers of one query's runner: each read's messages arrive in ``inbox`` as
+    one chunk (on the loop thread, kept as bytes: no object per message) and are
+    answered in bulk, one loop call per batch of answers."""
 
     def __init__(self, opts: NsqOptions, batch: int) -> None:
         from nsqx.client import Consumer
         from nsqx.client.sync import LoopThread
 
         assert opts.topic is not None and opts.channel is not None
-        self.inbox: deque[Any] = deque()
-        #: messages put in the inbox and taken out of it, ever (to tell its old ones)
+        self.inbox: deque[_Piece] = deque()
+        #: messages put in the inbox (on the loop thread) and taken out of it (on the
+        #: reader's), ever: what waits is their difference
         self.arrived = 0
         self.taken = 0
-        #: (arrival time, messages) not yet answered, oldest first, for TOUCH
+        #: messages received, ever (some of them not in a piece yet)
+        self.received = 0
+        #: what arrived since the last piece (on the loop thread only)
+        self._tail: list[Chunk] = []
+        self._tail_n = 0
+        self._seal_handle: asyncio.TimerHandle | None = None
         self.thread = LoopThread("nsqx-spark-channel")
         self.msg_timeout = opts.msg_timeout_ms / 1000
         per_conn = min(MAX_RDY_COUNT, math.ceil(2 * batch / connections_for(batch)))
@@ -144,7 +223,7 @@ class _Subscription:
             Consumer(
                 opts.topic,
                 opts.channel,
-                self._on_message,
+                frames_handler=self._on_frames,
                 nsqd_tcp_addresses=opts.nsqd_tcp,
                 lookupd_http_addresses=opts.lookupd_http,
                 max_in_flight=per_conn * nodes,
@@ -172,36 +251,76 @@ class _Subscription:
             self.thread.stop()
             raise
 
-    def _on_message(self, msg: Any) -> None:
-        # on the loop thread, inline: the message is answered later, by the query
-        if self.closed:
-            msg.requeue(GIVE_BACK_DELAY, backoff=False)  # came after CLS: give it back
+    def _on_frames(self, link: Any, datas: list[bytes]) -> None:
+        # on the loop thread, inline: the messages are answered later, by the query
+        if self.closed:  # came after CLS: give them back
+            link.requeue_many(_ids(datas), GIVE_BACK_DELAY)
             return
-        msg.enable_async()
-        self.inbox.append(msg)
-        self.arrived += 1
+        self._tail.append((link, datas))
+        self._tail_n += len(datas)
+        self.received += len(datas)
+        if self._tail_n >= PIECE:
+            self._seal()
+        elif self._seal_handle is None:
+            self._seal_handle = self.thread.loop.call_later(SEAL_AFTER, self._seal)
 
-    def answer(self, msgs: list[Any], how: str) -> None:
-        """FIN ("finish"), REQ at once ("requeue") or TOUCH ("touch") ``msgs`` on the
-        loop thread, in one call (nsqx.client writes a read's FINs together)."""
-        if not msgs or self.closed:
+    def _seal(self) -> None:
+        """Build the tail's columns and put it in the inbox (on the loop thread)."""
+        if self._seal_handle is not None:
+            self._seal_handle.cancel()
+            self._seal_handle = None
+        if not self._tail or self.closed:
+            return
+        piece = _Piece.build(self._tail)
+        self._tail, self._tail_n = [], 0
+        self.inbox.append(piece)
+        self.arrived += piece.n
+
+    def waiting(self) -> int:
+        """Messages in the inbox."""
+        return self.arrived - self.taken
+
+    def take(self, n: int) -> list[_Piece]:
+        """The inbox's first ``n`` messages (on the reader's thread; the loop thread
+        only appends on the right)."""
+        taken: list[_Piece] = []
+        inbox = self.inbox
+        need = n
+        while need > 0:
+            piece = inbox[0]
+            if piece.n <= need:
+                inbox.popleft()
+                taken.append(piece)
+                need -= piece.n
+            else:
+                first, inbox[0] = piece.split(need)
+                taken.append(first)
+                need = 0
+        self.taken += n
+        return taken
+
+    def answer(self, chunks: list[Chunk], how: str) -> None:
+        """FIN ("finish") or TOUCH ("touch") the messages of ``chunks`` on the loop
+        thread, in one call: one FIN list (or TOUCH run) per connection."""
+        if not chunks or self.closed:
             return
 
         def run() -> None:
-            if how == "finish":
-                finish_all(msgs)  # one FIN list and one bookkeeping step per connection
-                return
-            for m in msgs:
-                if m.has_responded:
-                    continue
-                if how == "requeue":
-                    m.requeue(0, backoff=False)
+            by_link: dict[int, tuple[Any, list[bytes]]] = {}
+            for link, datas in chunks:
+                entry = by_link.get(id(link))
+                if entry is None:
+                    entry = by_link[id(link)] = (link, [])
+                entry[1].extend(_ids(datas))
+            for link, ids in by_link.values():
+                if how == "finish":
+                    link.finish_many(ids)
                 else:
-                    m.touch()
+                    link.touch_many(ids)
 
         self.thread.call(run)
 
-    def close(self, give_back: list[Any]) -> None:
+    def close(self, give_back: list[Chunk]) -> None:
         """Give ``give_back`` (and whatever else arrived) back to nsqd, then close.
 
         CLS first, on every connection: nsqd then sends nothing more. What is given back
@@ -211,15 +330,16 @@ class _Subscription:
         flight there until msg_timeout."""
         if self.closed:
             return
-        self.closed = True  # from now on, a message that arrives goes straight back
+        self.closed = True  # from now on, messages that arrive go straight back
 
         async def shutdown() -> None:
             closing = [asyncio.ensure_future(c.close(5.0)) for c in self.consumers]
             await asyncio.sleep(0)  # the CLS commands are written
-            for m in [*give_back, *self.inbox]:
-                if not m.has_responded:
-                    m.requeue(GIVE_BACK_DELAY, backoff=False)
+            waiting = [c for piece in self.inbox for c in piece.chunks]
+            for link, datas in [*give_back, *waiting, *self._tail]:
+                link.requeue_many(_ids(datas), GIVE_BACK_DELAY)
             self.inbox.clear()
+            self._tail.clear()
             await asyncio.gather(*closing, return_exceptions=True)
 
         try:
@@ -239,7 +359,7 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         self.batch = opts.max_offsets_per_trigger or opts.max_batch_messages or DEFAULT_BATCH
         self._sub: _Subscription | None = None
         # end offset of a batch -> its messages, FINed once Spark is past that batch
-        self._pending: dict[int, list[Any]] = {}
+        self._pending: dict[int, list[Chunk]] = {}
         self._taken_at: dict[int, float] = {}
         self._toucher: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -293,16 +413,20 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
             now = time.monotonic()
             with self._lock:
                 old = [
-                    m
-                    for end, msgs in self._pending.items()
+                    chunk
+                    for end, chunks in self._pending.items()
                     if now - self._taken_at.get(end, now) >= every
-                    for m in msgs
+                    for chunk in chunks
                 ]
             # the inbox's oldest messages (it is taken from the left) that were there at
             # the last look: waiting for at least ``every``; the others are fresh
             waiting = max(0, arrived_before - sub.taken)
             arrived_before = sub.arrived
-            old += list(islice(sub.inbox, waiting))
+            for piece in list(sub.inbox):
+                if waiting <= 0:
+                    break
+                old += piece.chunks
+                waiting -= piece.n
             sub.answer(old, "touch")
 
     def initialOffset(self) -> dict[str, int]:
@@ -314,54 +438,62 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
     def _finish_upto(self, offset: int) -> None:
         with self._lock:
             done = [k for k in self._pending if k <= offset]
-            msgs = [m for k in sorted(done) for m in self._pending.pop(k)]
+            chunks = [c for k in sorted(done) for c in self._pending.pop(k)]
             for k in done:
                 self._taken_at.pop(k, None)
         if self._sub is not None:
-            self._sub.answer(msgs, "finish")
+            self._sub.answer(chunks, "finish")
 
-    def _take(self, sub: _Subscription) -> list[Any]:
+    def _take(self, sub: _Subscription) -> list[_Piece]:
         """Up to ``batch`` messages: waits FIRST_WAIT for the first one, then until
-        the batch is full or nothing more arrived for IDLE_WAIT."""
-        inbox = sub.inbox
+        the batch is full or nothing more arrived for IDLE_WAIT (by then the last
+        messages are in a piece: SEAL_AFTER is shorter)."""
         start = time.monotonic()
-        seen, since = len(inbox), start
-        while len(inbox) < self.batch:
+        base = sub.received - sub.waiting()  # received before these
+        seen, since = sub.received, start
+        while sub.waiting() < self.batch:
             now = time.monotonic()
-            if len(inbox) != seen:
-                seen, since = len(inbox), now
-            elif now - (since if seen else start) >= (IDLE_WAIT if seen else FIRST_WAIT):
+            received = sub.received
+            if received != seen:
+                seen, since = received, now
+            elif now - (since if seen > base else start) >= (
+                IDLE_WAIT if seen > base else FIRST_WAIT
+            ):
                 break
             time.sleep(POLL)
-        n = min(self.batch, len(inbox))
-        sub.taken += n
-        return [inbox.popleft() for _ in range(n)]
+        return sub.take(min(self.batch, sub.waiting()))
 
     def read(self, start: dict[str, int]) -> tuple[Iterator[Any], dict[str, int]]:
         sub = self._subscribe()
         taken = int(start["taken"])
-        # Spark asks for the batch after ``start`` only once the batch that ended
-        # there is committed: its messages are done
-        self._finish_upto(taken)
-        msgs = self._take(sub)
-        if not msgs:
+        pieces = self._take(sub)
+        if not pieces:
+            # Spark asks for the batch after ``start`` only once the batch that ended
+            # there is committed: its messages are done
+            self._finish_upto(taken)
             return iter(()), {"taken": taken}
-        end = taken + len(msgs)
+        end = taken + sum(p.n for p in pieces)
         with self._lock:
-            self._pending[end] = msgs
+            self._pending[end] = [c for p in pieces for c in p.chunks]
             self._taken_at[end] = time.monotonic()
-        # the frames' data as nsqx.client keeps it: see nsqx.client.message.Message
-        # Arrow batches of at most CHUNK rows: the JVM takes them in as they come
+        # an Arrow batch per piece, its columns built already: the JVM takes them in as
+        # they come
         batches = []
-        for i in range(0, len(msgs), CHUNK):
-            batch = messages_to_batch(
-                [m._data for m in msgs[i : i + CHUNK]], self.opts.topic or "", taken + i
-            )
+        first = taken
+        for piece in pieces:
+            if piece.error is not None:
+                raise piece.error
+            assert piece.columns is not None
+            batch = columns_to_batch(piece.columns, self.opts.topic or "", first)
+            first += piece.n
             if self.opts.include_headers:  # NSQ 1.3 deliveries carry no ext header
                 from nsqx.spark.source import with_headers
 
                 batch = with_headers(batch)
             batches.append(batch)
+        # FIN the batch that ended at ``start`` (committed, as above) only now: nsqd
+        # then sends the next messages while Spark works, not while this thread builds
+        self._finish_upto(taken)
         return iter(batches), {"taken": end}
 
     def readBetweenOffsets(self, start: dict[str, int], end: dict[str, int]) -> Iterator[Any]:
@@ -378,6 +510,6 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         if sub is None or sub.closed:
             return
         with self._lock:
-            left = [m for msgs in self._pending.values() for m in msgs]
+            left = [c for chunks in self._pending.values() for c in chunks]
             self._pending.clear()
         sub.close(left)
