@@ -210,3 +210,40 @@ def test_held_messages_are_touched_not_timed_out(tmp_path: Path) -> None:
         assert stats["in_flight_count"] == 0 and stats["timeout_count"] == 0, stats
     finally:
         ours.stop(signal.SIGKILL)
+
+
+def test_stop_finishes_what_spark_committed_and_gives_back_the_rest(tmp_path: Path) -> None:
+    """A read FINs the batch before it only when Spark takes the new batch in; a query
+    stopped between the two (the read's data never taken) still FINs the committed
+    batch (Spark asked for what follows it) and gives back only the last one."""
+    from nsqx.spark.channel_mode import NsqChannelStreamReader
+    from nsqx.spark.options import NsqOptions
+
+    ours = start_nsqd(tmp_path / "n", "--http-address=127.0.0.1:0")
+    node = Node(ours.proc, ours.tcp_port, ours.http_port)
+    try:
+        publish(node, "stopping", [b"s-%d" % i for i in range(300)])  # type: ignore[arg-type]
+        reader = NsqChannelStreamReader(
+            NsqOptions.parse(
+                {
+                    "topic": "stopping",
+                    "channel": "spark",
+                    "mode": "channel",
+                    "nsqdTcpAddresses": f"127.0.0.1:{node.tcp_port}",
+                    "maxOffsetsPerTrigger": "200",
+                }
+            )
+        )
+        first, end = reader.read({"taken": 0})
+        assert sum(b.num_rows for b in first) == 200
+        _second, end2 = reader.read(end)  # batch 1 committed; batch 2 never taken in
+        assert end2 == {"taken": 300}
+        assert channel_stats(node, "stopping", "spark")["in_flight_count"] == 300
+        reader.stop()
+        wait_until(
+            lambda: channel_stats(node, "stopping", "spark")["depth"] == 100, 20, "give-back"
+        )
+        stats = channel_stats(node, "stopping", "spark")
+        assert stats["in_flight_count"] == 0 and stats["requeue_count"] == 100, stats
+    finally:
+        ours.stop(signal.SIGKILL)

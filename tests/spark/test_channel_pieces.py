@@ -65,3 +65,22 @@ def test_a_frame_shorter_than_its_header_fails_the_read_not_the_loop() -> None:
     assert piece.columns is None and isinstance(piece.error, RuntimeError)
     head, rest = piece.split(1)
     assert head.error is piece.error and rest.error is piece.error
+
+
+def test_the_batch_before_is_finished_when_spark_takes_the_next_in() -> None:
+    """read() hands Spark an iterator that FINs the committed batch before its first
+    item is taken; Spark's simple-reader wrapper copies it (copy.copy) before taking
+    from the copy: the FIN happens once, whichever copy goes first."""
+    import copy
+
+    from nsqx.spark.channel_mode import _OnFirst
+
+    calls: list[int] = []
+    it = _OnFirst(["a", "b", "c"], lambda: calls.append(1))
+    assert calls == []  # nothing before Spark takes the data in
+    dup = copy.copy(it)
+    assert next(dup) == "a" and calls == [1]
+    assert list(copy.copy(dup)) == ["b", "c"] and list(it) == ["a", "b", "c"]
+    assert calls == [1]
+    empty = _OnFirst([], lambda: calls.append(2))
+    assert list(empty) == [] and calls == [1, 2]

@@ -13,8 +13,8 @@ opens enough connections to each nsqd to hold two batches (the one Spark is runn
 the next one arriving). Messages are kept as the frames' bytes (nsqx.client's frames
 handler: no object per message) and their Arrow columns are built with Arrow's kernels
 on the subscription's thread, a few thousand at a time as they arrive, while Spark works
-on the batch before: a read only assembles them. The batch before is FINed after that,
-so that nsqd's next messages do not arrive while the read works.
+on the batch before: a read only assembles them. The batch before is FINed when Spark
+takes the new one in, so that nsqd's next messages arrive while Spark works.
 
 Messages are held in flight with a short ``msgTimeout`` (30 s) and touched while they
 wait, so that a driver that dies gives them back within that time; a query that stops
@@ -350,6 +350,34 @@ class _Subscription:
             self.thread.stop()
 
 
+class _OnFirst:
+    """An iterator over ``items`` that calls ``first`` (once, across its copies: Spark's
+    simple-reader wrapper copies it) before the first item is taken."""
+
+    def __init__(
+        self, items: list[Any], first: Any, at: int = 0, fired: list[bool] | None = None
+    ) -> None:
+        self._items = items
+        self._first = first
+        self._at = at
+        self._fired = fired if fired is not None else [False]
+
+    def __iter__(self) -> _OnFirst:
+        return self
+
+    def __next__(self) -> Any:
+        if not self._fired[0]:
+            self._fired[0] = True
+            self._first()
+        if self._at >= len(self._items):
+            raise StopIteration
+        self._at += 1
+        return self._items[self._at - 1]
+
+    def __copy__(self) -> _OnFirst:
+        return _OnFirst(self._items, self._first, self._at, self._fired)
+
+
 class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches taken from a channel; the offset counts the messages taken."""
 
@@ -360,6 +388,8 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         self._sub: _Subscription | None = None
         # end offset of a batch -> its messages, FINed once Spark is past that batch
         self._pending: dict[int, list[Chunk]] = {}
+        #: the offset up to which Spark has committed (what stop() FINs, not gives back)
+        self._committed = 0
         self._taken_at: dict[int, float] = {}
         self._toucher: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -466,10 +496,11 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
     def read(self, start: dict[str, int]) -> tuple[Iterator[Any], dict[str, int]]:
         sub = self._subscribe()
         taken = int(start["taken"])
+        # Spark asks for the batch after ``start`` only once the batch that ended there
+        # is committed
+        self._committed = max(self._committed, taken)
         pieces = self._take(sub)
         if not pieces:
-            # Spark asks for the batch after ``start`` only once the batch that ended
-            # there is committed: its messages are done
             self._finish_upto(taken)
             return iter(()), {"taken": taken}
         end = taken + sum(p.n for p in pieces)
@@ -491,10 +522,10 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
 
                 batch = with_headers(batch)
             batches.append(batch)
-        # FIN the batch that ended at ``start`` (committed, as above) only now: nsqd
-        # then sends the next messages while Spark works, not while this thread builds
-        self._finish_upto(taken)
-        return iter(batches), {"taken": end}
+        # FIN the batch that ended at ``start`` only when Spark takes this one in (not
+        # while this read builds it, nor while Spark writes its offset log): nsqd then
+        # sends the next messages while Spark works on this one
+        return _OnFirst(batches, lambda: self._finish_upto(taken)), {"taken": end}
 
     def readBetweenOffsets(self, start: dict[str, int], end: dict[str, int]) -> Iterator[Any]:
         # A channel cannot replay: after a restart the unFINed messages are delivered
@@ -502,13 +533,16 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         return iter(())
 
     def commit(self, end: dict[str, int]) -> None:
-        self._finish_upto(int(end["taken"]))
+        self._committed = max(self._committed, int(end["taken"]))
+        self._finish_upto(self._committed)
 
     def stop(self) -> None:
-        """Give back (REQ) every message not committed, and close the subscription."""
+        """FIN what Spark committed, give back (REQ) every other message, and close the
+        subscription."""
         sub = self._sub
         if sub is None or sub.closed:
             return
+        self._finish_upto(self._committed)
         with self._lock:
             left = [c for chunks in self._pending.values() for c in chunks]
             self._pending.clear()
