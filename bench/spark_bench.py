@@ -451,6 +451,9 @@ def channel_phase(spark: Any, args: Any, tmp: str) -> None:
     ratios: list[float] = []
     of_ceiling: list[float] = []
     try:
+        # unreported: a JVM's first streaming query is slower (its code is compiled
+        # then), which would count against round 1's mode=channel alone
+        channel_stream(spark, args, tmp, "warm-up", None, tcp, n)
         for r in range(1, args.channel_rounds + 1):
             topic = f"bench{r}"
             for path in (
