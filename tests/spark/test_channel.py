@@ -168,29 +168,34 @@ def test_channel_mode_batches_up_to_max_offsets_and_gives_back_on_stop(
     assert min(attempts for _, attempts in again) >= 2
 
 
+def channel_reader(node: Node, topic: str, **options: str) -> Any:
+    """The mode=channel reader on its own, as Spark's source process runs it."""
+    from nsqx.spark.channel_mode import NsqChannelStreamReader
+    from nsqx.spark.options import NsqOptions
+
+    return NsqChannelStreamReader(
+        NsqOptions.parse(
+            {
+                "topic": topic,
+                "channel": "spark",
+                "mode": "channel",
+                "nsqdTcpAddresses": f"127.0.0.1:{node.tcp_port}",
+                **options,
+            }
+        )
+    )
+
+
 def test_held_messages_are_touched_not_timed_out(tmp_path: Path) -> None:
     """The reader (on its own, as Spark's source process runs it) holds a taken batch
     and the messages waiting for the next one for longer than msgTimeout: it TOUCHes
     them, so nsqd times none out; commit FINs the batch, stop gives back the rest."""
-    from nsqx.spark.channel_mode import NsqChannelStreamReader
-    from nsqx.spark.options import NsqOptions
-
     ours = start_nsqd(tmp_path / "n", "--http-address=127.0.0.1:0")
     node = Node(ours.proc, ours.tcp_port, ours.http_port)
     try:
         publish(node, "held", [b"h-%d" % i for i in range(300)])  # type: ignore[arg-type]
-        reader = NsqChannelStreamReader(
-            NsqOptions.parse(
-                {
-                    "topic": "held",
-                    "channel": "spark",
-                    "mode": "channel",
-                    "nsqdTcpAddresses": f"127.0.0.1:{node.tcp_port}",
-                    "maxOffsetsPerTrigger": "200",
-                    "msgTimeout": "1500",  # TOUCH every 0.5 s
-                }
-            )
-        )
+        # msgTimeout 1.5 s: TOUCH every 0.5 s
+        reader = channel_reader(node, "held", maxOffsetsPerTrigger="200", msgTimeout="1500")
         batches, end = reader.read({"taken": 0})
         assert end == {"taken": 200} and sum(b.num_rows for b in batches) == 200
         wait_until(
@@ -216,24 +221,11 @@ def test_stop_finishes_what_spark_committed_and_gives_back_the_rest(tmp_path: Pa
     """A read FINs the batch before it only when Spark takes the new batch in; a query
     stopped between the two (the read's data never taken) still FINs the committed
     batch (Spark asked for what follows it) and gives back only the last one."""
-    from nsqx.spark.channel_mode import NsqChannelStreamReader
-    from nsqx.spark.options import NsqOptions
-
     ours = start_nsqd(tmp_path / "n", "--http-address=127.0.0.1:0")
     node = Node(ours.proc, ours.tcp_port, ours.http_port)
     try:
         publish(node, "stopping", [b"s-%d" % i for i in range(300)])  # type: ignore[arg-type]
-        reader = NsqChannelStreamReader(
-            NsqOptions.parse(
-                {
-                    "topic": "stopping",
-                    "channel": "spark",
-                    "mode": "channel",
-                    "nsqdTcpAddresses": f"127.0.0.1:{node.tcp_port}",
-                    "maxOffsetsPerTrigger": "200",
-                }
-            )
-        )
+        reader = channel_reader(node, "stopping", maxOffsetsPerTrigger="200")
         first, end = reader.read({"taken": 0})
         assert sum(b.num_rows for b in first) == 200
         _second, end2 = reader.read(end)  # batch 1 committed; batch 2 never taken in
