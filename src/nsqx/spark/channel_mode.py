@@ -195,9 +195,10 @@ class _Piece:
 
 
 class _Subscription:
-    """The consumers of one query's runner: each read's messages arrive in ``inbox`` as
-    one chunk (on the loop thread, kept as bytes: no object per message) and are
-    answered in bulk, one loop call per batch of answers."""
+    """The consumers of one query's runner: messages arrive on the loop thread, kept as
+    bytes with their connection (no object per message), and go to ``inbox`` in pieces
+    of up to PIECE with their Arrow columns built; they are answered in bulk, one loop
+    call per batch of answers."""
 
     def __init__(self, opts: NsqOptions, batch: int) -> None:
         from nsqx.client import Consumer
