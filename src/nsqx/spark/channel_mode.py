@@ -480,7 +480,7 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
         the batch is full or nothing more arrived for IDLE_WAIT (by then the last
         messages are in a piece: SEAL_AFTER is shorter)."""
         start = time.monotonic()
-        base = sub.received - sub.waiting()  # received before these
+        base = sub.taken  # every message received before these was taken
         seen, since = sub.received, start
         while sub.waiting() < self.batch:
             now = time.monotonic()
