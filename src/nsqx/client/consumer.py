@@ -1164,16 +1164,9 @@ class Consumer:
             conn.queue_fin(msg.id)
             self.stats.finished += 1
         else:
-            cfg = self.config
-            if conn.ordered:
-                # nsqd ignores a REQ delay on an ordered channel (the message would come
-                # back only after msg_timeout): ask for it now; backoff paces the retries
-                delay_ms = 0
-            else:
-                if delay is None:
-                    delay = cfg.requeue_delay(msg.attempts)
-                delay_ms = int(min(max(delay, 0.0), cfg.max_requeue_delay) * 1000)
-            conn.queue(commands.req(msg.id, delay_ms))
+            if delay is None and not conn.ordered:
+                delay = self.config.requeue_delay(msg.attempts)
+            conn.queue(commands.req(msg.id, self._req_delay_ms(conn, delay or 0.0)))
             self.stats.requeued += 1
         state = conn.state
         if state is not None and state.in_flight > 0:
@@ -1199,16 +1192,21 @@ class Consumer:
         """REQ of many messages of one connection, without backoff (see _finish_many)."""
         if conn.closed:
             return
-        # an ordered channel ignores a REQ delay (see _answer)
-        delay_ms = (
-            0 if conn.ordered else int(min(max(delay, 0.0), self.config.max_requeue_delay) * 1000)
-        )
+        delay_ms = self._req_delay_ms(conn, delay)
         req = commands.req
         for msg_id in msg_ids:
             conn.queue(req(msg_id, delay_ms))
         self.stats.requeued += len(msg_ids)
         self._answered_many(conn, len(msg_ids))
         self._signal(_NEUTRAL)
+
+    def _req_delay_ms(self, conn: _Link, delay: float) -> int:
+        """A REQ's delay in ms: ``delay`` within 0 and max_requeue_delay, or 0 on an
+        ordered channel (nsqd ignores the delay there and the message would come back
+        only after msg_timeout: ask for it now; backoff paces the retries)."""
+        if conn.ordered:
+            return 0
+        return int(min(max(delay, 0.0), self.config.max_requeue_delay) * 1000)
 
     def _answered_many(self, conn: _Link, n: int) -> None:
         state = conn.state
