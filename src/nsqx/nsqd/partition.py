@@ -329,6 +329,19 @@ class Partition:
         """Tell ``waiters`` once what is written is fsynced (--sync-before-ack) and held
         by the ISR (replicated): nsqd.acknowledged."""
 
+        replica = self.replica
+        if replica is not None and not (
+            self.nsqd.options.sync_before_ack and self.key in self.nsqd.syncers
+        ):
+            # the ISR alone: told in the call that moves the commit point (a future's
+            # callback would answer a loop iteration later)
+            def told(err: BaseException | None) -> None:
+                for w in waiters:
+                    w(err)
+
+            replica.when_committed(self.log.end, waiters[0] if len(waiters) == 1 else told)
+            return
+
         def done(fut: asyncio.Future[list[None]]) -> None:
             err = OSError("cancelled") if fut.cancelled() else fut.exception()
             for w in waiters:

@@ -20,6 +20,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from nsqx.wire import replication as rp
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from nsqx.nsqd.replication.replica import PartitionReplica
 
 log = logging.getLogger("nsqx.replication")
+
+#: Told once the records it waits for are committed (None) or will not be (the error).
+CommitWaiter = Callable[[BaseException | None], None]
 
 #: Bytes of stored batches per stream message.
 SEND_BYTES = 1 << 20
@@ -62,21 +66,26 @@ class FrameWriter:
         self.transport = request.transport
         self.protocol = request.protocol
 
-    async def send(self, parts: list[bytes]) -> None:
-        """Write one binary message made of ``parts``; waits while the transport's
-        buffer is above its high-water mark (a slow follower), as aiohttp's writer
-        does."""
+    def write(self, parts: list[bytes]) -> bool:
+        """Write one binary message made of ``parts`` at once; True if the transport's
+        buffer is now above its high-water mark (a slow follower: :meth:`drain`)."""
         transport = self.transport
         if transport is None or transport.is_closing() or self.ws.closed:
             raise ConnectionResetError("the follower's stream is closed")
         transport.writelines([rp.ws_binary_head(sum(map(len, parts))), *parts])
+        return bool(self.protocol.writing_paused)
+
+    async def drain(self) -> None:
+        """Wait while the transport's buffer is above its high-water mark, as
+        aiohttp's writer does."""
         protocol = self.protocol
+        transport = self.transport
         if protocol.writing_paused:
             drain = getattr(protocol, "_drain_helper", None)  # aiohttp's, as its writer
             if drain is not None:
                 await drain()
                 return
-            while protocol.writing_paused and not transport.is_closing():
+            while protocol.writing_paused and transport is not None and not transport.is_closing():
                 await asyncio.sleep(0.005)
 
 
@@ -93,8 +102,11 @@ class FollowerStream:
         self.next_seq = next_seq
         #: the follower's log end as it last acknowledged it
         self.acked = next_seq
+        #: wakes the send task: what to send next waits for it (see LeaderReplication.pump)
         self.wake = asyncio.Event()
         self.wake.set()
+        #: the transport's buffer is full: only the send task sends, once it drained
+        self.draining = False
         self.sent_commit = -1
         self.connected_at = time.monotonic()
         #: (the leader's log end, when) noted as records were sent, oldest first: an
@@ -132,7 +144,7 @@ class LeaderReplication:
         #: when each ISR member was last seen at the leader's end (monotonic)
         self.caught_up_at: dict[str, float] = {}
         self.commit = min(commit, self.part.log.end)
-        self._waiters: deque[tuple[int, asyncio.Future[None], float]] = deque()
+        self._waiters: deque[tuple[int, CommitWaiter, float]] = deque()
         self.closed = False
         now = time.monotonic()
         for node in replica.role.isr if replica.role else ():
@@ -143,13 +155,33 @@ class LeaderReplication:
     def wait(self, seq: int) -> asyncio.Future[None]:
         """A future done once every record below ``seq`` is committed."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self.commit >= seq:
-            fut.set_result(None)
-        elif self.closed:
-            fut.set_exception(CommitFailed("not the leader any more"))
-        else:
-            self._waiters.append((seq, fut, time.monotonic()))
+
+        def done(err: BaseException | None) -> None:
+            if not fut.done():
+                if err is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(err)
+
+        self.when_committed(seq, done)
         return fut
+
+    def when_committed(self, seq: int, waiter: CommitWaiter) -> None:
+        """Call ``waiter(None)`` once every record below ``seq`` is committed (in the
+        call that moves the commit point: a future would answer the publisher one loop
+        iteration later), ``waiter(CommitFailed)`` if it will not be."""
+        if self.commit >= seq:
+            waiter(None)
+        elif self.closed:
+            waiter(CommitFailed("not the leader any more"))
+        else:
+            self._waiters.append((seq, waiter, time.monotonic()))
+
+    def _tell(self, waiter: CommitWaiter, err: BaseException | None) -> None:
+        try:
+            waiter(err)
+        except Exception:  # (one waiter's bug must not keep the others waiting)
+            log.exception("REPL: %s: a commit waiter failed", self.part)
 
     def recompute(self) -> None:
         """Move the commit point to the lowest end among the ISR, if the ISR is big
@@ -170,9 +202,7 @@ class LeaderReplication:
         self.commit = commit
         waiters = self._waiters
         while waiters and waiters[0][0] <= commit:
-            fut = waiters.popleft()[1]
-            if not fut.done():
-                fut.set_result(None)
+            self._tell(waiters.popleft()[1], None)
         self.part.committed(commit)
         # followers learn the commit point with the next batches, or from heartbeat()
         # when idle: not one message more per acknowledgement
@@ -180,7 +210,44 @@ class LeaderReplication:
     def appended(self) -> None:
         """A publish appended records: send them to every follower."""
         for stream in self.streams.values():
+            self.pump(stream)
+
+    def pump(self, stream: FollowerStream) -> None:
+        """Send ``stream`` what it may have now, in this call (not a loop iteration
+        later, from its task: each iteration between a publish and its answer costs
+        the publisher a loop's turn on two processes); the task takes over while the
+        transport drains, or if the send fails."""
+        if stream.draining:
+            return
+        try:
+            stream.draining = self._send_now(stream)
+        except (OSError, RuntimeError, ValueError):
+            stream.draining = True  # (the task meets the error and closes the stream)
+        if stream.draining:
             stream.wake.set()
+
+    def _send_now(self, stream: FollowerStream) -> bool:
+        """Send what the follower may have (records, or the commit point alone); True
+        if the transport must drain first."""
+        log_ = self.part.log
+        write = stream.writer.write
+        stream.mark(log_.end)
+        while stream.next_seq < log_.end and len(stream.unacked) < MAX_UNACKED and not self.closed:
+            batches = log_.read_batches(stream.next_seq, SEND_BYTES)
+            if not batches:
+                break
+            paused = write(rp.batches_parts(self.commit, batches))
+            last = batches[-1]
+            stream.next_seq = last.first + last.messages
+            stream.unacked.append(stream.next_seq)
+            stream.sent_commit = self.commit
+            if paused:
+                return True
+        # (with messages unacknowledged, the next one carries the commit point)
+        if stream.sent_commit != self.commit and not stream.unacked and not self.closed:
+            stream.sent_commit = self.commit
+            return write(rp.batches_parts(self.commit, []))
+        return False
 
     def expire(self, timeout: float) -> None:
         """Fail the writes that waited ``timeout`` seconds for the ISR (their
@@ -188,17 +255,15 @@ class LeaderReplication:
         waiters = self._waiters
         limit = time.monotonic() - timeout
         while waiters and waiters[0][2] < limit:
-            fut = waiters.popleft()[1]
-            if not fut.done():
-                fut.set_exception(CommitFailed(f"not held by the ISR after {timeout:g} s"))
+            self._tell(
+                waiters.popleft()[1], CommitFailed(f"not held by the ISR after {timeout:g} s")
+            )
 
     def close(self) -> None:
         """Leadership lost: fail the waiting writes, close every stream."""
         self.closed = True
         while self._waiters:
-            fut = self._waiters.popleft()[1]
-            if not fut.done():
-                fut.set_exception(CommitFailed("not the leader any more"))
+            self._tell(self._waiters.popleft()[1], CommitFailed("not the leader any more"))
         for stream in list(self.streams.values()):
             stream.wake.set()
             self.replica.manager.spawn(_close_quietly(stream.ws))
@@ -294,7 +359,7 @@ class LeaderReplication:
                     while unacked and unacked[0] <= ack.end:
                         unacked.popleft()
                     if stream.next_seq < self.part.log.end:
-                        stream.wake.set()  # what waited for room
+                        self.pump(stream)  # what waited for room
                 self.recompute()
                 self.replica.follower_progress(node, ack.end)
         finally:
@@ -304,31 +369,17 @@ class LeaderReplication:
             log.info("REPL: %s: follower %s stream closed", self.part, node)
 
     async def _send_loop(self, stream: FollowerStream) -> None:
+        # sends when the stream opens, after a drain, and for heartbeat(); pump() sends
+        # the rest as it happens
         ws = stream.ws
-        send = stream.writer.send
-        log_ = self.part.log
         try:
             while not self.closed and not ws.closed:
                 await stream.wake.wait()
                 stream.wake.clear()
-                stream.mark(log_.end)
-                while (
-                    stream.next_seq < log_.end
-                    and len(stream.unacked) < MAX_UNACKED
-                    and not self.closed
-                ):
-                    batches = log_.read_batches(stream.next_seq, SEND_BYTES)
-                    if not batches:
-                        break
-                    await send(rp.batches_parts(self.commit, batches))
-                    last = batches[-1]
-                    stream.next_seq = last.first + last.messages
-                    stream.unacked.append(stream.next_seq)
-                    stream.sent_commit = self.commit
-                # (with messages unacknowledged, the next one carries the commit point)
-                if stream.sent_commit != self.commit and not stream.unacked and not self.closed:
-                    stream.sent_commit = self.commit
-                    await send(rp.batches_parts(self.commit, []))
+                stream.draining = True
+                while self._send_now(stream):
+                    await stream.writer.drain()
+                stream.draining = False
         except (OSError, RuntimeError, ValueError) as err:
             # (a read of this log that failed too: the follower's next HELLO decides)
             log.warning("REPL: %s: sending to %s failed: %s", self.part, stream.node, err)
@@ -338,7 +389,7 @@ class LeaderReplication:
         """Send the commit point to followers that have not had it (an idle leader)."""
         for stream in self.streams.values():
             if stream.sent_commit != self.commit:
-                stream.wake.set()
+                self.pump(stream)
 
     def send_cursors(self, message: bytes) -> None:
         for stream in self.streams.values():

@@ -18,7 +18,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.replication.follower import FollowerReplication
-from nsqx.nsqd.replication.leader import CommitFailed, LeaderReplication
+from nsqx.nsqd.replication.leader import CommitFailed, CommitWaiter, LeaderReplication
 from nsqx.nsqd.replication.state import (
     FOLLOWER,
     LEADER,
@@ -162,6 +162,14 @@ class PartitionReplica:
     def appended(self) -> None:
         if self.leader is not None:
             self.leader.appended()
+
+    def when_committed(self, seq: int, waiter: CommitWaiter) -> None:
+        """Call ``waiter(None)`` once every record below ``seq`` is held by the ISR,
+        ``waiter(CommitFailed)`` if this node stops leading first (or does not lead)."""
+        if self.leader is None:
+            waiter(CommitFailed("not the leader"))
+        else:
+            self.leader.when_committed(seq, waiter)
 
     def wait_commit(self, seq: int) -> asyncio.Future[None]:
         """Done once every record below ``seq`` is held by the ISR (CommitFailed if this
