@@ -350,6 +350,43 @@ def test_pubs_run_keeps_the_checks() -> None:
     assert events[1].code == "E_BAD_MESSAGE"
 
 
+def test_a_repeated_mpub_line_keeps_the_checks() -> None:
+    """An MPUB line seen before skips its line's checks (Go's bench_writer sends one
+    MPUB of one message per round trip) but not its body's: each broken body gets the
+    error a first MPUB with it gets, and a body split across reads is waited for."""
+    limits = ParserLimits(max_msg_size=4, max_body_size=40)
+    one = c.mpub("t", [b"ok"], 2)
+    bad_bodies = [
+        b"MPUB t 2\n" + struct.pack(">II", 4, 0),  # count 0
+        b"MPUB t 2\n" + struct.pack(">III", 8, 1, 5) + b"x" * 4,  # size past the body
+        c.mpub("t", [b"toobig"], 2),  # a message over max_msg_size
+        b"MPUB t 2\n" + struct.pack(">I", 41) + b"x" * 41,  # a body over max_body_size
+        b"MPUB t 2\n" + struct.pack(">I", 0),  # no body
+    ]
+    for bad in bad_bodies:
+        fresh = CommandParser(limits).feed(MAGIC_V2 + bad)
+        parser = CommandParser(limits)
+        assert parser.feed(MAGIC_V2 + one) == [c.Mpub("t", [b"ok"], 2)]
+        again = parser.feed(one + bad)
+        assert again[0] == c.Mpub("t", [b"ok"], 2)
+        assert isinstance(fresh[-1], ProtocolError) and isinstance(again[-1], ProtocolError)
+        assert str(again[-1]) == str(fresh[-1])
+    parser = CommandParser(limits)
+    assert parser.feed(MAGIC_V2 + one) == [c.Mpub("t", [b"ok"], 2)]
+    two = c.mpub("t", [b"ab", b"cd"], 2)
+    assert parser.feed(two[:-3]) == []
+    assert parser.feed(two[-3:] + one) == [c.Mpub("t", [b"ab", b"cd"], 2), c.Mpub("t", [b"ok"], 2)]
+    # another topic or partition is another line: checked, and remembered in turn
+    assert parser.feed(c.mpub("u", [b"x"]) + c.mpub("u", [b"y"]) + one) == [
+        c.Mpub("u", [b"x"]),
+        c.Mpub("u", [b"y"]),
+        c.Mpub("t", [b"ok"], 2),
+    ]
+    # a line ending in "\r" is taken as such each time
+    crlf = b"MPUB t\r\n" + struct.pack(">III", 9, 1, 1) + b"z"
+    assert parser.feed(crlf * 2) == [c.Mpub("t", [b"z"])] * 2
+
+
 def test_binary_id_req_without_a_timeout_requeues_at_once() -> None:
     """Youzan's binary ids: ``REQ <16 bytes>\\n`` is a REQ of 0 ms. Its empty timeout is a
     slice whose start is past its end, which mypyc's runtime turned into a SystemError

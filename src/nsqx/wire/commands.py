@@ -310,6 +310,11 @@ class CommandParser:
         self._checked_line = b""
         self._pub_topic = ""
         self._pub_partition = DEFAULT_PARTITION
+        # the same for MPUB (Go's bench_writer and clients that always batch send an
+        # MPUB of one message per round trip)
+        self._mpub_line = b""
+        self._mpub_topic = ""
+        self._mpub_partition = DEFAULT_PARTITION
 
     @property
     def dead(self) -> bool:
@@ -428,6 +433,21 @@ class CommandParser:
                         run = None
                     continue
                 # too big, or incomplete: the general path below
+            if (
+                nl - pos == len(self._mpub_line)
+                and n - nl > 4
+                and data.startswith(self._mpub_line, pos)
+                and self._mpub_line
+            ):
+                # the MPUB line checked last time: the body's size and the body are left
+                size = _I32.unpack_from(data, nl + 1)[0]
+                start = nl + 5
+                if 0 < size <= limits.max_body_size and start + size <= n:
+                    bodies = parse_mpub_body(data[start : start + size], max_msg)
+                    events.append(Mpub(self._mpub_topic, bodies, self._mpub_partition))
+                    pos = start + size
+                    continue
+                # too big, or incomplete: the general path below
             if nl - pos > max_line:
                 raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
             if self.binary_ids and data[pos] in b"FRT":
@@ -484,6 +504,13 @@ class CommandParser:
                 pub_line, pub_len = line, len(line)
                 run_at = len(events) - 1
                 run = None
+            elif cmd == b"MPUB" and data[nl - 1] != 13:
+                mpub = cast(Mpub, ev)
+                self._mpub_line, self._mpub_topic, self._mpub_partition = (
+                    line,
+                    mpub.topic,
+                    mpub.partition,
+                )
             if cmd == b"IDENTIFY":
                 # what follows may be TLS or compressed: the server decides (take_buffered)
                 break
