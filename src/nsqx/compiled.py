@@ -33,6 +33,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "nsqx.nsqd.client_v2",
     "nsqx.nsqd.channel",
     "nsqx.nsqd.topic",
+    "nsqx.nsqd.loopturn",
 )
 
 #: Written by setup.py next to this file in a built wheel: whether it compiled, and why not.

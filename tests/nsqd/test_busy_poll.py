@@ -4,9 +4,6 @@ connections reading it does not poll. Real connections to an in-process nsqd."""
 
 from __future__ import annotations
 
-import pytest
-
-import nsqx.nsqd.nsqd as nsqd_module
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.wire import commands as c
 
@@ -19,9 +16,9 @@ async def publish(raw: Raw, body: bytes) -> None:
 
 
 async def stop_polling(nsqd: NSQD, window: float) -> None:
-    nsqd._busy_poll = 0.0
-    await wait_for(lambda: not nsqd._polling, what="polling to stop")
-    nsqd._busy_poll = window
+    nsqd.turn.busy_poll = 0.0
+    await wait_for(lambda: not nsqd.turn.polling, what="polling to stop")
+    nsqd.turn.busy_poll = window
 
 
 def test_a_lone_publisher_keeps_the_loop_polling_until_the_window_ends() -> None:
@@ -29,16 +26,16 @@ def test_a_lone_publisher_keeps_the_loop_polling_until_the_window_ends() -> None
         nsqd = await start_nsqd(busy_poll=0.01)
         try:
             # a window the test cannot miss: the poll is still on when the OK is read
-            nsqd._busy_poll = 30.0
+            nsqd.turn.busy_poll = 30.0
             raw = await Raw.connect(nsqd)
             for i in range(5):
                 # polling goes on across the publishes (a read that comes while it
                 # polls has its answer held until the iteration's commit, due next)
                 await publish(raw, b"%d" % i)
-                assert nsqd._polling, i
+                assert nsqd.turn.polling, i
             # and it ends by itself once the window since the last read is over
-            nsqd._busy_poll = 0.001
-            await wait_for(lambda: not nsqd._polling, what="the poll window to end")
+            nsqd.turn.busy_poll = 0.001
+            await wait_for(lambda: not nsqd.turn.polling, what="the poll window to end")
             await raw.close()
         finally:
             await nsqd.close()
@@ -46,22 +43,21 @@ def test_a_lone_publisher_keeps_the_loop_polling_until_the_window_ends() -> None
     run(body())
 
 
-def test_several_reading_connections_turn_polling_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nsqd_module, "BUSY_POLL_ALONE", 30.0)
-
+def test_several_reading_connections_turn_polling_off() -> None:
     async def body() -> None:
         nsqd = await start_nsqd(busy_poll=0.01)
         try:
-            nsqd._busy_poll = 30.0
+            nsqd.turn.alone = 30.0
+            nsqd.turn.busy_poll = 30.0
             a = await Raw.connect(nsqd)
             await publish(a, b"1")
-            assert nsqd._polling  # alone so far
+            assert nsqd.turn.polling  # alone so far
             await stop_polling(nsqd, 30.0)
             b = await Raw.connect(nsqd)
             await publish(b, b"2")  # a second connection reads: shared from now on
-            assert not nsqd._polling
+            assert not nsqd.turn.polling
             await publish(a, b"3")
-            assert not nsqd._polling
+            assert not nsqd.turn.polling
             await a.close()
             await b.close()
         finally:
@@ -77,7 +73,7 @@ def test_off_never_polls() -> None:
             raw = await Raw.connect(nsqd)
             for i in range(3):
                 await publish(raw, b"%d" % i)
-                assert not nsqd._polling
+                assert not nsqd.turn.polling
             await raw.close()
         finally:
             await nsqd.close()
@@ -92,7 +88,7 @@ def test_a_lone_consumer_does_not_start_polling() -> None:
     async def body() -> None:
         nsqd = await start_nsqd(busy_poll=0.01)
         try:
-            nsqd._busy_poll = 30.0
+            nsqd.turn.busy_poll = 30.0
             pub = await Raw.connect(nsqd)
             for i in range(3):
                 await publish(pub, b"%d" % i)
@@ -107,7 +103,7 @@ def test_a_lone_consumer_does_not_start_polling() -> None:
                 con.send(c.fin(msg.id))
             channel = nsqd.topics["busy"].partitions[0].channels["ch"]
             await wait_for(lambda: channel.in_flight_count == 0, what="the FINs read")
-            assert not nsqd._polling
+            assert not nsqd.turn.polling
             await con.close()
         finally:
             await nsqd.close()

@@ -207,7 +207,7 @@ class ClientV2(asyncio.Protocol):
             self._await_acks()
         elif self._out and not self._acks_due:
             self.flush()
-        if self.nsqd.spend_read_budget(len(data), self, published) and not self._write_paused:
+        if self.nsqd.turn.spend_read_budget(len(data), self, published) and not self._write_paused:
             # libuv keeps reading a busy socket (up to 32 reads) before the loop runs
             # anything else; a publisher flooding MPUBs would starve every channel's
             # pump. Past the loop iteration's budget, yield until the next one.

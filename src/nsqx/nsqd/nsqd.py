@@ -17,6 +17,7 @@ from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.http import HTTPServer
 from nsqx.nsqd.lookup import LookupManager
+from nsqx.nsqd.loopturn import LoopTurn
 from nsqx.nsqd.metadata import (
     ChannelMetadata,
     DataDirLock,
@@ -49,14 +50,6 @@ _LOG_LEVELS = {
     "fatal": logging.CRITICAL,
 }
 
-#: Bytes read from all clients in one event-loop iteration before busy readers yield,
-#: so that channel pumps (which run once per iteration) keep pace with publishers.
-#: Measured (bench/server_bench.py, both phase): 64 KiB keeps consumers level with a
-#: flooding publisher (513k in / 511k out); 256 KiB let ingest win (619k in / 320k out).
-READ_BUDGET_PER_ITERATION = 64 * 1024
-#: Seconds one client connection must have been the only one reading before the loop
-#: busy-polls after its reads (see NSQD._note_read).
-BUSY_POLL_ALONE = 0.01
 #: How often changed channel cursors are written (to the page cache, which survives a
 #: killed process): a crash may deliver again messages finished within this window.
 #: They are fsynced every --sync-timeout, for power loss.
@@ -118,17 +111,8 @@ class NSQD:
         self._servers: list[asyncio.AbstractServer] = []
         self._scan_task: asyncio.Task[None] | None = None
         self._exiting = False
-        self._read_this_turn = 0
-        self._turn_end_scheduled = False
-        # busy polling (see _note_read)
-        self._busy_poll = options.busy_poll
-        self._last_reader: ClientV2 | None = None
-        self._last_read_at = 0.0
-        self._last_publish_at = 0.0
-        self._shared_until = 0.0
-        self._polling = False
-        #: partitions with publishes staged in this loop iteration
-        self._to_commit: list[Partition] = []
+        #: per-read and per-iteration work: read budgets, the group commit, busy polling
+        self.turn = LoopTurn(options.busy_poll)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loading = False
         self.data_path = options.data_path or os.getcwd()
@@ -160,92 +144,6 @@ class NSQD:
         self._tasks: set[asyncio.Task[None]] = set()
         #: how nsqlookupd knows this node (set by start(); see _node_id)
         self.node_id = ""
-
-    def spend_read_budget(
-        self, nbytes: int, reader: ClientV2 | None = None, published: bool = False
-    ) -> bool:
-        """Count bytes ``reader`` (a client connection) read in this loop iteration
-        (``published``: the read carried publishes to be answered); True once over the
-        budget."""
-        if not self._turn_end_scheduled:
-            self._schedule_turn_end()
-        if self._busy_poll:
-            self._note_read(reader, published)
-        self._read_this_turn += nbytes
-        return self._read_this_turn >= READ_BUDGET_PER_ITERATION
-
-    # -- busy polling ---------------------------------------------------------------
-    #
-    # A lone client that sends a command and waits for the answer (a web handler
-    # publishing one message at a time) pays, per round trip, for the event loop going
-    # to sleep in epoll_wait and the kernel waking it when the next command comes: on
-    # the 2-core test machine that was a third of the round trip (a minimal uvloop
-    # server answering OK made 16-17k round trips/s, Go's nsqd 20-21k; the same server
-    # polling on for 200 us after each read made 27-29k). So after a read that
-    # published, while a single connection is active, the loop keeps polling (a ready
-    # callback makes it poll without blocking) for ``busy_poll`` seconds. Other reads
-    # (a lone consumer's FINs and RDYs) do not start it: nothing waits on an answer to
-    # them, and a consumer at 1k msgs/s would keep a fifth of a core busy. With several
-    # active connections their reads overlap and the loop rarely sleeps, and polling
-    # would only take CPU from the clients: it stays off until one connection has been
-    # alone for BUSY_POLL_ALONE seconds. Nor does it poll while that connection's
-    # answers wait for nsqd's own work (replication, --sync-before-ack).
-
-    def _note_read(self, reader: ClientV2 | None, published: bool) -> None:
-        now = time.monotonic()
-        if reader is not self._last_reader:
-            if now - self._last_read_at < BUSY_POLL_ALONE:
-                self._shared_until = now + BUSY_POLL_ALONE
-            self._last_reader = reader
-        self._last_read_at = now
-        if not published:
-            return
-        self._last_publish_at = now
-        if not self._polling and now >= self._shared_until:
-            self._polling = True
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
-            loop.call_soon(self._poll_on)
-
-    def _poll_on(self) -> None:
-        reader = self._last_reader
-        if (
-            time.monotonic() - self._last_publish_at < self._busy_poll
-            and not self._exiting
-            # answers waiting for an fsync or the ISR: nsqd has the next move, and
-            # polling would take the CPU its followers and fsyncs need (answers that
-            # wait for this iteration's group commit, due next, do not count)
-            and (reader is None or self._turn_end_scheduled or not reader.answers_held)
-        ):
-            assert self._loop is not None
-            self._loop.call_soon(self._poll_on)
-        else:
-            self._polling = False
-
-    def commit_soon(self, part: Partition) -> None:
-        """Have ``part`` commit what it staged once this loop iteration's reads are done
-        (one write for every publish of the iteration, from every connection)."""
-        self._to_commit.append(part)
-        if not self._turn_end_scheduled:
-            self._schedule_turn_end()
-
-    def _schedule_turn_end(self) -> None:
-        # One handle per loop iteration, run after the iteration's I/O callbacks: ready
-        # handles run in the next iteration's first phase, before it polls again.
-        self._turn_end_scheduled = True
-        loop = self._loop
-        if loop is None:
-            loop = self._loop = asyncio.get_running_loop()
-        loop.call_soon(self._turn_end)
-
-    def _turn_end(self) -> None:
-        self._turn_end_scheduled = False
-        self._read_this_turn = 0
-        if self._to_commit:
-            parts, self._to_commit = self._to_commit, []
-            for part in parts:
-                part.commit()
 
     @property
     def exiting(self) -> bool:
@@ -541,6 +439,7 @@ class NSQD:
         if self._exiting:
             return
         self._exiting = True
+        self.turn.exiting = True
         await self.lookup.close()
         await self.replication.close()
         for server in self._servers:

@@ -243,7 +243,7 @@ class Partition:
             counts[1] += body_bytes
             if not self._commit_scheduled:
                 self._commit_scheduled = True
-                self.nsqd.commit_soon(self)
+                self.nsqd.turn.commit_soon(self)
         else:
             self._appended()
         return Published((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
