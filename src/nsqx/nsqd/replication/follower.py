@@ -55,7 +55,8 @@ class _Stream(asyncio.BufferedProtocol):
     big message is received straight into a buffer of its own (ws.FrameReader)."""
 
     def __init__(self) -> None:
-        loop = asyncio.get_running_loop()
+        # (kept: asyncio.get_running_loop() is a getpid system call each time in 3.11)
+        self._loop = loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         # (a message's payload is applied, its batches copied out, before the next read:
         # the reader may receive every big one into the same buffer)
@@ -118,7 +119,7 @@ class _Stream(asyncio.BufferedProtocol):
                 # at the end of this loop iteration: the reads it makes of this stream
                 # (several, under load) are all appended first, then one ACK
                 self._ack_soon = True
-                asyncio.get_running_loop().call_soon(self._acknowledge)
+                self._loop.call_soon(self._acknowledge)
         except Exception as err:  # (a bad frame, a write to the log that failed): reconnect
             self._fail(err)
 
