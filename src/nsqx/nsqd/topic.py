@@ -34,6 +34,8 @@ class Topic:
         self.ephemeral = is_ephemeral(name)
         self.meta = meta
         self.partitions: dict[int, Partition] = {}
+        # the lowest one, looked up once: every publish that names no partition asks
+        self._default: Partition | None = None
         self.paused = False
         self.deleted = False
         #: /message/trace/enable: every message of the topic is traced
@@ -60,6 +62,7 @@ class Topic:
             part = Partition(self, pid)
             self.partitions[pid] = part
             self.partitions = dict(sorted(self.partitions.items()))
+            self._default = None
             self.nsqd.partition_added(part)
             log.info("TOPIC(%s): created partition %d", self.name, pid)
             self.nsqd.topology_changed(
@@ -82,7 +85,10 @@ class Topic:
     @property
     def default_partition(self) -> Partition:
         """The partition a client that names none uses (the lowest local one)."""
-        return next(iter(self.partitions.values()))
+        part = self._default
+        if part is None or self.partitions.get(part.id) is not part:
+            part = self._default = next(iter(self.partitions.values()))
+        return part
 
     def partition(self, pid: int) -> Partition | None:
         """The local partition ``pid`` (-1: the default one), or None."""
