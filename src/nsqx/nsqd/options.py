@@ -55,7 +55,7 @@ class NsqdOptions:
     #: (empty: the broadcast address and HTTP port)
     replication_address: str = ""
     #: nsqx: seconds the event loop keeps polling without sleeping after a read while a
-    #: single client connection is active (0: off); see nsqx.nsqd.nsqd.NSQD.busy_poll
+    #: single client connection is active (0: off); see nsqx.nsqd.loopturn.LoopTurn.note_read
     busy_poll: float = 0.0002
     queue_scan_interval: float = 0.1
     queue_scan_worker_pool_max: int = 4
