@@ -74,10 +74,14 @@ class LoopTurn:
         # One handle per loop iteration, run after the iteration's I/O callbacks: ready
         # handles run in the next iteration's first phase, before it polls again.
         self.end_scheduled = True
+        self._running_loop().call_soon(self._end)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        # (kept: asyncio.get_running_loop() is a getpid system call each time in 3.11)
         loop = self.loop
         if loop is None:
             loop = self.loop = asyncio.get_running_loop()
-        loop.call_soon(self._end)
+        return loop
 
     def _end(self) -> None:
         self.end_scheduled = False
@@ -117,10 +121,7 @@ class LoopTurn:
         self.last_publish_at = now
         if not self.polling and now >= self.shared_until:
             self.polling = True
-            loop = self.loop
-            if loop is None:
-                loop = self.loop = asyncio.get_running_loop()
-            loop.call_soon(self._poll_on)
+            self._running_loop().call_soon(self._poll_on)
 
     def _poll_on(self) -> None:
         reader = self.last_reader

@@ -12,13 +12,14 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from nsqx.nsqd import clock
 from nsqx.nsqd.channel import Channel
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import PARTITION_SHIFT, make_ids
+from nsqx.nsqd.waiters import Waiter, future_waiter
 from nsqx.store.disklog import DiskLog
 from nsqx.store.memlog import MemoryLog
 from nsqx.wire.batch import StoredBatch
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nsqx.nsqd")
 
 #: Told None once publishes are acknowledged, or the error that failed them.
-AckWaiter = Callable[[BaseException | None], None]
+AckWaiter = Waiter
 
 
 class StagedDropped(Exception):
@@ -313,15 +314,7 @@ class Partition:
 
     def acknowledged(self) -> asyncio.Future[None]:
         """:meth:`when_acknowledged` as a future (for the HTTP API)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done(err: BaseException | None) -> None:
-            if not fut.done():
-                if err is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(err)
-
+        fut, done = future_waiter()
         self.when_acknowledged(done)
         return fut
 

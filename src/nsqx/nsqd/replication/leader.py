@@ -20,9 +20,9 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from nsqx.nsqd.waiters import Waiter, future_waiter
 from nsqx.wire import replication as rp
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nsqx.replication")
 
 #: Told once the records it waits for are committed (None) or will not be (the error).
-CommitWaiter = Callable[[BaseException | None], None]
+CommitWaiter = Waiter
 
 #: Bytes of stored batches per stream message.
 SEND_BYTES = 1 << 20
@@ -154,15 +154,7 @@ class LeaderReplication:
 
     def wait(self, seq: int) -> asyncio.Future[None]:
         """A future done once every record below ``seq`` is committed."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def done(err: BaseException | None) -> None:
-            if not fut.done():
-                if err is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(err)
-
+        fut, done = future_waiter()
         self.when_committed(seq, done)
         return fut
 
