@@ -153,7 +153,13 @@ async def told_in_the_call(caplog: pytest.LogCaptureFixture) -> None:
     def broken(err: BaseException | None) -> None:
         raise RuntimeError("a waiter's bug")
 
-    leader.when_committed(3, lambda err: told.append(("a", err)))
+    seen: list[list[int]] = []
+
+    def first(err: BaseException | None) -> None:
+        told.append(("a", err))
+        seen.append(list(part.committed_to))
+
+    leader.when_committed(3, first)
     leader.when_committed(3, broken)
     leader.when_committed(5, lambda err: told.append(("b", err)))
     fut = leader.wait(5)
@@ -161,6 +167,7 @@ async def told_in_the_call(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.ERROR, "nsqx.replication"):
         leader.recompute()
     assert told == [("a", None)]  # before any await: the raising waiter did not stop it
+    assert seen == [[3]]  # the records were shown to channels before the answer
     assert "a commit waiter failed" in caplog.text
     assert not fut.done()
     leader.acked["f1"] = 5

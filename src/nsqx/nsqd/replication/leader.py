@@ -192,10 +192,10 @@ class LeaderReplication:
         if commit <= self.commit:
             return
         self.commit = commit
+        self.part.committed(commit)  # (visible to channels before the answers go out)
         waiters = self._waiters
         while waiters and waiters[0][0] <= commit:
             self._tell(waiters.popleft()[1], None)
-        self.part.committed(commit)
         # followers learn the commit point with the next batches, or from heartbeat()
         # when idle: not one message more per acknowledgement
 
