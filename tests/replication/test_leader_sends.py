@@ -22,6 +22,7 @@ from nsqx.nsqd.replication.leader import (
     LeaderReplication,
 )
 from nsqx.nsqd.replication.state import ReplicaRole
+from nsqx.nsqd.waiters import future_waiter
 from nsqx.store.memlog import MemoryLog
 from nsqx.wire import replication as rp
 from nsqx.wire import websocket as ws
@@ -162,7 +163,8 @@ async def told_in_the_call(caplog: pytest.LogCaptureFixture) -> None:
     leader.when_committed(3, first)
     leader.when_committed(3, broken)
     leader.when_committed(5, lambda err: told.append(("b", err)))
-    fut = leader.wait(5)
+    fut, done = future_waiter()
+    leader.when_committed(5, done)
     leader.acked["f1"] = 3
     with caplog.at_level(logging.ERROR, "nsqx.replication"):
         leader.recompute()

@@ -407,6 +407,7 @@ class CommandParser:
         run: list[bytes] | None = None
         pub_line = self._pub_line
         pub_len = len(pub_line)
+        mpub_line = self._mpub_line
         while pos < n:
             nl = data.find(b"\n", pos)
             if nl < 0:
@@ -434,10 +435,10 @@ class CommandParser:
                     continue
                 # too big, or incomplete: the general path below
             if (
-                nl - pos == len(self._mpub_line)
+                nl - pos == len(mpub_line)
+                and mpub_line
                 and n - nl > 4
-                and data.startswith(self._mpub_line, pos)
-                and self._mpub_line
+                and data.startswith(mpub_line, pos)
             ):
                 # the MPUB line checked last time: the body's size and the body are left
                 size = _I32.unpack_from(data, nl + 1)[0]
@@ -511,6 +512,7 @@ class CommandParser:
                     mpub.topic,
                     mpub.partition,
                 )
+                mpub_line = line
             if cmd == b"IDENTIFY":
                 # what follows may be TLS or compressed: the server decides (take_buffered)
                 break

@@ -22,7 +22,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING
 
-from nsqx.nsqd.waiters import Waiter, future_waiter
+from nsqx.nsqd.waiters import Waiter
 from nsqx.wire import replication as rp
 
 if TYPE_CHECKING:
@@ -151,12 +151,6 @@ class LeaderReplication:
             self.caught_up_at[node] = now
 
     # -- commit -----------------------------------------------------------------------
-
-    def wait(self, seq: int) -> asyncio.Future[None]:
-        """A future done once every record below ``seq`` is committed."""
-        fut, done = future_waiter()
-        self.when_committed(seq, done)
-        return fut
 
     def when_committed(self, seq: int, waiter: CommitWaiter) -> None:
         """Call ``waiter(None)`` once every record below ``seq`` is committed (in the

@@ -26,6 +26,7 @@ from nsqx.nsqd.replication.state import (
     read_role,
     write_role,
 )
+from nsqx.nsqd.waiters import future_waiter
 from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE, ProtocolError
 
 if TYPE_CHECKING:
@@ -174,11 +175,9 @@ class PartitionReplica:
     def wait_commit(self, seq: int) -> asyncio.Future[None]:
         """Done once every record below ``seq`` is held by the ISR (CommitFailed if this
         node stops leading first)."""
-        if self.leader is None:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            fut.set_exception(CommitFailed("not the leader"))
-            return fut
-        return self.leader.wait(seq)
+        fut, done = future_waiter()
+        self.when_committed(seq, done)
+        return fut
 
     def follower_progress(self, node: str, end: int) -> None:
         """A follower acknowledged ``end`` (hook for stats)."""
