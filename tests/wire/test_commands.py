@@ -362,6 +362,10 @@ def test_a_repeated_mpub_line_keeps_the_checks() -> None:
         c.mpub("t", [b"toobig"], 2),  # a message over max_msg_size
         b"MPUB t 2\n" + struct.pack(">I", 41) + b"x" * 41,  # a body over max_body_size
         b"MPUB t 2\n" + struct.pack(">I", 0),  # no body
+        # sizes with the high bit set are negative to Go (int32), never huge
+        b"MPUB t 2\n" + struct.pack(">I", 0x80000008) + b"x" * 8,  # the body's
+        b"MPUB t 2\n" + struct.pack(">III", 12, 1, 0xFFFFFFFC) + b"x" * 4,  # one message's
+        b"MPUB t 2\n" + struct.pack(">III", 12, 0x80000001, 4) + b"x" * 4,  # the count
     ]
     for bad in bad_bodies:
         fresh = CommandParser(limits).feed(MAGIC_V2 + bad)
@@ -385,6 +389,26 @@ def test_a_repeated_mpub_line_keeps_the_checks() -> None:
     # a line ending in "\r" is taken as such each time
     crlf = b"MPUB t\r\n" + struct.pack(">III", 9, 1, 1) + b"z"
     assert parser.feed(crlf * 2) == [c.Mpub("t", [b"z"])] * 2
+
+
+def test_a_repeated_pub_line_keeps_the_size_checks() -> None:
+    """A PUB line seen before skips its line's checks, not its body size's: a size with
+    the high bit set (negative to Go) or over the limit gets the error it gets first."""
+    limits = ParserLimits(max_msg_size=4, max_body_size=40)
+    one = c.pub("t", b"ok")
+    for bad in (
+        b"PUB t\n" + struct.pack(">I", 0xFFFFFFFF),
+        b"PUB t\n" + struct.pack(">I", 0x80000002) + b"xx",
+        b"PUB t\n" + struct.pack(">I", 5) + b"x" * 5,
+        b"PUB t\n" + struct.pack(">I", 0),
+    ):
+        fresh = CommandParser(limits).feed(MAGIC_V2 + bad)
+        parser = CommandParser(limits)
+        assert parser.feed(MAGIC_V2 + one) == [c.Pub("t", b"ok")]
+        again = parser.feed(one + bad)
+        assert again[0] == c.Pub("t", b"ok")
+        assert isinstance(fresh[-1], ProtocolError) and isinstance(again[-1], ProtocolError)
+        assert str(again[-1]) == str(fresh[-1])
 
 
 def test_binary_id_req_without_a_timeout_requeues_at_once() -> None:

@@ -59,6 +59,9 @@ class Published(NamedTuple):
     messages: int
 
 
+_new_tuple = tuple.__new__
+
+
 class Partition:
     """Partition owns one log; every channel is a cursor over it.
 
@@ -247,7 +250,10 @@ class Partition:
                 self.nsqd.turn.commit_soon(self)
         else:
             self._appended()
-        return Published((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
+        # (tuple's own __new__: the NamedTuple's class call runs an interpreted one)
+        return _new_tuple(
+            Published, ((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
+        )
 
     def _appended(self) -> None:
         """New records are in the log: channels may deliver them (a replicated
