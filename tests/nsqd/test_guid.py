@@ -17,3 +17,12 @@ def test_ids_are_hex_of_partition_and_seq(first: int, count: int, partition: int
 def test_ids_cross_a_low16_boundary() -> None:
     ids = make_ids(65530, 20)
     assert ids == [b"%016x" % s for s in range(65530, 65550)]
+
+
+@given(st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 1023)), min_size=1, max_size=50))
+def test_single_ids_in_any_order(calls: list[tuple[int, int]]) -> None:
+    """One id at a time (the single-PUB path keeps the last prefix): right whatever the
+    order of sequences and partitions, and across a low-16-bit boundary."""
+    calls += [(65535, 0), (65536, 0), (65535, 0), (65535, 1)]
+    for seq, partition in calls:
+        assert make_ids(seq, 1, partition) == [b"%016x" % ((partition << PARTITION_SHIFT) + seq)]

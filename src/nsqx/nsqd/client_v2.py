@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from nsqx.nsqd import clock
 from nsqx.nsqd.auth import AuthError, AuthState
@@ -69,22 +69,24 @@ from nsqx.wire.identify import ClientSettings, negotiate
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
+    from nsqx.nsqd.loopturn import LoopTurn
     from nsqx.nsqd.nsqd import NSQD
     from nsqx.nsqd.partition import Partition, Published
+    from nsqx.nsqd.topic import Topic
 
 log = logging.getLogger("nsqx.nsqd")
 
-STATE_INIT = 0
-STATE_SUBSCRIBED = 2
-STATE_CLOSING = 3
+STATE_INIT: Final = 0
+STATE_SUBSCRIBED: Final = 2
+STATE_CLOSING: Final = 3
 
 #: reads of one connection whose answers may wait for their acknowledgement at once
 #: (replication round trips, fsyncs) before it stops reading
-MAX_ACK_GROUPS = 32
+MAX_ACK_GROUPS: Final = 32
 
-_OK_FRAME = encode_response(OK)
-_HEARTBEAT_FRAME = encode_response(HEARTBEAT)
-_CLOSE_WAIT_FRAME = encode_response(CLOSE_WAIT)
+_OK_FRAME: Final = encode_response(OK)
+_HEARTBEAT_FRAME: Final = encode_response(HEARTBEAT)
+_CLOSE_WAIT_FRAME: Final = encode_response(CLOSE_WAIT)
 
 
 class ClientV2(asyncio.Protocol):
@@ -98,6 +100,10 @@ class ClientV2(asyncio.Protocol):
 
     def __init__(self, nsqd: NSQD) -> None:
         self.nsqd = nsqd
+        # read on every command (NSQD is not a compiled class: each read of its
+        # attributes is a dictionary lookup)
+        self._turn: LoopTurn = nsqd.turn
+        self._topics: dict[str, Topic] = nsqd.topics
         self.id = nsqd.next_client_id()
         # --tls-required: only IDENTIFY is accepted until the connection is encrypted
         parser_cls = cmd.TLSRequiredParser if nsqd.tls_required else cmd.CommandParser
@@ -207,7 +213,7 @@ class ClientV2(asyncio.Protocol):
             self._await_acks()
         elif self._out and not self._acks_due:
             self.flush()
-        if self.nsqd.turn.spend_read_budget(len(data), self, published) and not self._write_paused:
+        if self._turn.spend_read_budget(len(data), self, published) and not self._write_paused:
             # libuv keeps reading a busy socket (up to 32 reads) before the loop runs
             # anything else; a publisher flooding MPUBs would starve every channel's
             # pump. Past the loop iteration's budget, yield until the next one.
@@ -850,18 +856,17 @@ class ClientV2(asyncio.Protocol):
     def _pub_partition(self, topic_name: str, pid: int) -> Partition | None:
         """The partition a publish goes to (an error frame and None if refused). A topic
         that does not exist is made as NSQ 1.3 makes it, unless a partition is named."""
-        nsqd = self.nsqd
-        topic = nsqd.topics.get(topic_name)
+        topic = self._topics.get(topic_name)
         if topic is None or not topic.partitions:
             if pid >= 0:
                 self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
                 return None
-            topic = nsqd.get_topic(topic_name)
+            topic = self.nsqd.get_topic(topic_name)
         part = topic.partition(pid)
         if part is None:
             self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
             return None
-        if pid < 0 and topic.meta.ordered:
+        if pid < 0 and topic.ordered:
             self._error(
                 ProtocolError(
                     E_BAD_PARTITION, f"topic partition is not valid for multi partition: {pid}"
@@ -1041,7 +1046,7 @@ class ClientV2(asyncio.Protocol):
             self._on_mpub_ext(ev)
 
 
-_TRACED = struct.Struct(">QQQI")
+_TRACED: Final = struct.Struct(">QQQI")
 
 
 def _vanilla_frames(chunks: list[bytes]) -> list[bytes]:
@@ -1064,7 +1069,7 @@ def _go_json(obj: object) -> bytes:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
 
 
-_DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
+_DISPATCH: Final[dict[type, Callable[[ClientV2, object], None]]] = {
     ProtocolError: ClientV2._on_error,  # type: ignore[dict-item]
     cmd.Identify: ClientV2._on_identify,  # type: ignore[dict-item]
     cmd.Auth: ClientV2._on_auth,  # type: ignore[dict-item]
@@ -1086,7 +1091,7 @@ _DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
 }
 
 #: With --auth-http-address: PUB, MPUB, DPUB and SUB check the client's authorizations.
-_AUTH_DISPATCH: dict[type, Callable[[ClientV2, object], None]] = {
+_AUTH_DISPATCH: Final[dict[type, Callable[[ClientV2, object], None]]] = {
     **_DISPATCH,
     cmd.Sub: ClientV2._on_sub_auth,  # type: ignore[dict-item]
     cmd.Pub: ClientV2._on_pub_auth,  # type: ignore[dict-item]

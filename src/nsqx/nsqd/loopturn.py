@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from nsqx.nsqd.client_v2 import ClientV2
@@ -19,10 +19,10 @@ if TYPE_CHECKING:
 #: so that channel pumps (which run once per iteration) keep pace with publishers.
 #: Measured (bench/server_bench.py, both phase): 64 KiB keeps consumers level with a
 #: flooding publisher (513k in / 511k out); 256 KiB let ingest win (619k in / 320k out).
-READ_BUDGET_PER_ITERATION = 64 * 1024
+READ_BUDGET_PER_ITERATION: Final = 64 * 1024
 #: Seconds one client connection must have been the only one reading before the loop
 #: busy-polls after its reads (see LoopTurn.note_read).
-BUSY_POLL_ALONE = 0.01
+BUSY_POLL_ALONE: Final = 0.01
 
 
 class LoopTurn:

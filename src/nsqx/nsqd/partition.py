@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from nsqx.nsqd import clock
 from nsqx.nsqd.channel import Channel
@@ -34,6 +34,7 @@ from nsqx.wire.frames import MESSAGE_FRAME_OVERHEAD as FRAME_OVERHEAD
 from nsqx.wire.frames import encode_extended_batch, encode_message_batch, is_extended
 
 if TYPE_CHECKING:
+    from nsqx.nsqd.loopturn import LoopTurn
     from nsqx.nsqd.nsqd import NSQD
     from nsqx.nsqd.replication.replica import PartitionReplica
     from nsqx.nsqd.topic import Topic
@@ -59,7 +60,7 @@ class Published(NamedTuple):
     messages: int
 
 
-_new_tuple = tuple.__new__
+_new_tuple: Final = tuple.__new__
 
 
 class Partition:
@@ -74,6 +75,7 @@ class Partition:
     def __init__(self, topic: Topic, pid: int) -> None:
         self.topic = topic
         self.nsqd: NSQD = topic.nsqd
+        self._turn: LoopTurn = topic.nsqd.turn  # (NSQD's attributes are dict lookups)
         self.id = pid
         self.name = topic.name
         self.ephemeral = topic.ephemeral
@@ -247,7 +249,7 @@ class Partition:
             counts[1] += body_bytes
             if not self._commit_scheduled:
                 self._commit_scheduled = True
-                self.nsqd.turn.commit_soon(self)
+                self._turn.commit_soon(self)
         else:
             self._appended()
         # (tuple's own __new__: the NamedTuple's class call runs an interpreted one)

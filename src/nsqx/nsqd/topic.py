@@ -33,6 +33,8 @@ class Topic:
         self.name = name
         self.ephemeral = is_ephemeral(name)
         self.meta = meta
+        #: meta.ordered, read on every publish (meta is not a compiled class)
+        self.ordered = meta.ordered
         self.partitions: dict[int, Partition] = {}
         # the lowest one, looked up once: every publish that names no partition asks
         self._default: Partition | None = None
@@ -123,6 +125,7 @@ class Topic:
         if meta != self.meta:
             log.info("TOPIC(%s): settings %s", self.name, meta)
             self.meta = meta
+            self.ordered = meta.ordered
             if meta.ordered:
                 for part in self.partitions.values():
                     for ch in part.channels.values():

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from typing import Final
 
 from nsqx.store.log import frame_starts
 
 # Trimming deletes from the front of lists: do it in steps of at least this many records.
-_TRIM_MIN = 4096
+_TRIM_MIN: Final = 4096
 
 
 class CachedBatch:

@@ -40,6 +40,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Final
 
 import google_crc32c
 
@@ -50,24 +51,24 @@ from nsqx.wire.batch import StoredBatch
 
 log = logging.getLogger("nsqx.store")
 
-SEGMENT_MAGIC = b"NSQXSEG1"
-_SEG_HEAD = struct.Struct(">8sQQ")
-_BATCH_HEAD = struct.Struct(">IIQIqH")
-SEG_HEAD_SIZE = _SEG_HEAD.size
-BATCH_HEAD_SIZE = _BATCH_HEAD.size
-_I32 = struct.Struct(">i")
-_TS = struct.Struct(">q")
+SEGMENT_MAGIC: Final = b"NSQXSEG1"
+_SEG_HEAD: Final = struct.Struct(">8sQQ")
+_BATCH_HEAD: Final = struct.Struct(">IIQIqH")
+SEG_HEAD_SIZE: Final = _SEG_HEAD.size
+BATCH_HEAD_SIZE: Final = _BATCH_HEAD.size
+_I32: Final = struct.Struct(">i")
+_TS: Final = struct.Struct(">q")
 # one sparse index entry per this many bytes of a segment (plus one per deferred batch)
-INDEX_INTERVAL = 4096
-_READ_CHUNK = 256 * 1024
-_SCAN_CHUNK = 4 * 1024 * 1024
+INDEX_INTERVAL: Final = 4096
+_READ_CHUNK: Final = 256 * 1024
+_SCAN_CHUNK: Final = 4 * 1024 * 1024
 # frame layout: size(4) type(4) timestamp(8) attempts(2) id(16) body
 # (written [18:34] where used: mypyc, setup.py, compiles bytes[slice object] as an
 # index by int, a TypeError)
 #: the smallest frame (an empty body)
-MIN_FRAME_SIZE = 34
+MIN_FRAME_SIZE: Final = 34
 #: a batch header announcing more is not believed (nsqd's --max-body-size is far less)
-_MAX_BATCH = 1 << 31
+_MAX_BATCH: Final = 1 << 31
 
 
 class RangeFramesOut:
@@ -234,14 +235,14 @@ def split_frames(payload: memoryview | bytes, count: int) -> list[bytes]:
     return [bytes(payload[starts[k] : starts[k + 1]]) for k in range(count)]
 
 
-_LEN_CRC = struct.Struct(">II")
+_LEN_CRC: Final = struct.Struct(">II")
 #: staged batches smaller than _MERGE_CHUNK are merged into one record up to _MERGE_MAX
 #: bytes (small publishes: their per-record cost matters); bigger ones are records of
 #: their own (merging would only copy them)
-_MERGE_CHUNK = 16 * 1024
-_MERGE_MAX = 64 * 1024
+_MERGE_CHUNK: Final = 16 * 1024
+_MERGE_MAX: Final = 64 * 1024
 #: buffers per writev (the kernel's IOV_MAX is 1024)
-_IOV_MAX = 1024
+_IOV_MAX: Final = 1024
 
 
 def _writev_all(fd: int, buffers: list[bytes]) -> int:

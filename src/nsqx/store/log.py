@@ -5,11 +5,11 @@ from __future__ import annotations
 import struct
 from array import array
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 from nsqx.wire.batch import StoredBatch
 
-_I32 = struct.Struct(">i")
+_I32: Final = struct.Struct(">i")
 
 
 def split_chunks(chunks: list[bytes]) -> list[bytes]:

@@ -12,7 +12,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, Final, NamedTuple, cast
 
 from nsqx.wire.errors import (
     E_BAD_BODY,
@@ -39,19 +39,19 @@ class Auth(NamedTuple):
 
 
 #: No partition named: the node's default partition for the topic (Youzan's rule).
-DEFAULT_PARTITION = -1
+DEFAULT_PARTITION: Final = -1
 
 #: SUB modes: plain SUB, SUB_ORDERED, SUB_ADVANCED (Youzan).
-SUB_PLAIN = 0
-SUB_ORDERED = 1
-SUB_ADVANCED = 2
+SUB_PLAIN: Final = 0
+SUB_ORDERED: Final = 1
+SUB_ADVANCED: Final = 2
 
 #: SUB_ADVANCED / /channel/setoffset position kinds (Youzan's names).
-OFFSET_TIMESTAMP = "timestamp"
-OFFSET_VIRTUAL_QUEUE = "virtual_queue"
-OFFSET_MSGCOUNT = "msgcount"
-OFFSET_SPECIAL = "special"
-_OFFSET_KINDS = (OFFSET_TIMESTAMP, OFFSET_VIRTUAL_QUEUE, OFFSET_MSGCOUNT, OFFSET_SPECIAL)
+OFFSET_TIMESTAMP: Final = "timestamp"
+OFFSET_VIRTUAL_QUEUE: Final = "virtual_queue"
+OFFSET_MSGCOUNT: Final = "msgcount"
+OFFSET_SPECIAL: Final = "special"
+_OFFSET_KINDS: Final = (OFFSET_TIMESTAMP, OFFSET_VIRTUAL_QUEUE, OFFSET_MSGCOUNT, OFFSET_SPECIAL)
 
 
 class ConsumeStart(NamedTuple):
@@ -214,7 +214,7 @@ class ParserLimits:
 
 # --- parser -----------------------------------------------------------------------------
 
-_BODY_COMMANDS = frozenset(
+_BODY_COMMANDS: Final = frozenset(
     {
         b"PUB",
         b"MPUB",
@@ -227,16 +227,16 @@ _BODY_COMMANDS = frozenset(
         b"MPUB_EXT",
     }
 )
-_SINGLE_PUBS = frozenset({b"PUB", b"DPUB", b"PUB_TRACE", b"PUB_EXT"})
-_MULTI_PUBS = frozenset({b"MPUB", b"MPUB_TRACE", b"MPUB_EXT"})
-_SUBS = {b"SUB": SUB_PLAIN, b"SUB_ORDERED": SUB_ORDERED, b"SUB_ADVANCED": SUB_ADVANCED}
+_SINGLE_PUBS: Final = frozenset({b"PUB", b"DPUB", b"PUB_TRACE", b"PUB_EXT"})
+_MULTI_PUBS: Final = frozenset({b"MPUB", b"MPUB_TRACE", b"MPUB_EXT"})
+_SUBS: Final = {b"SUB": SUB_PLAIN, b"SUB_ORDERED": SUB_ORDERED, b"SUB_ADVANCED": SUB_ADVANCED}
 #: trace id (u64) and ext header length (u16) prefixes of a traced / ext message
-TRACE_ID_SIZE = 8
-EXT_LEN_SIZE = 2
+TRACE_ID_SIZE: Final = 8
+EXT_LEN_SIZE: Final = 2
 # a run of consecutive FIN lines, parsed with one split (an id with a space is not one:
 # Go splits the line at spaces; found by fuzzing)
-_FIN_RUN = re.compile(rb"(?:FIN [^\n ]*\n)+")
-_I32 = struct.Struct(">i")
+_FIN_RUN: Final = re.compile(rb"(?:FIN [^\n ]*\n)+")
+_I32: Final = struct.Struct(">i")
 
 
 def _u32_at(data: bytes, i: int) -> int:
@@ -249,14 +249,14 @@ def _u32_at(data: bytes, i: int) -> int:
 
 #: a NamedTuple's class call runs its interpreted ``__new__``; the hot paths build
 #: their events with tuple's own, which skips that frame
-_new_tuple = tuple.__new__
-_U64 = struct.Struct(">Q")
-_U16 = struct.Struct(">H")
-_NOP = Nop()
-_CLS = Cls()
+_new_tuple: Final = tuple.__new__
+_U64: Final = struct.Struct(">Q")
+_U16: Final = struct.Struct(">H")
+_NOP: Final = Nop()
+_CLS: Final = Cls()
 
 
-_U64_MASK = (1 << 64) - 1
+_U64_MASK: Final = (1 << 64) - 1
 
 
 def _base10(b: bytes) -> int:

@@ -21,48 +21,48 @@ from __future__ import annotations
 
 import struct
 from binascii import unhexlify
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from nsqx.wire.errors import ProtocolError
 
-FRAME_RESPONSE = 0
-FRAME_ERROR = 1
-FRAME_MESSAGE = 2
+FRAME_RESPONSE: Final = 0
+FRAME_ERROR: Final = 1
+FRAME_MESSAGE: Final = 2
 
-MAGIC_V2 = b"  V2"
-HEARTBEAT = b"_heartbeat_"
-OK = b"OK"
-CLOSE_WAIT = b"CLOSE_WAIT"
+MAGIC_V2: Final = b"  V2"
+HEARTBEAT: Final = b"_heartbeat_"
+OK: Final = b"OK"
+CLOSE_WAIT: Final = b"CLOSE_WAIT"
 
-MSG_ID_LENGTH = 16
+MSG_ID_LENGTH: Final = 16
 #: timestamp (8) + attempts (2) + id (16)
-MESSAGE_HEADER_SIZE = 26
+MESSAGE_HEADER_SIZE: Final = 26
 #: a message frame's bytes besides the body: size (4) + type (4) + the message header
-MESSAGE_FRAME_OVERHEAD = 8 + MESSAGE_HEADER_SIZE
+MESSAGE_FRAME_OVERHEAD: Final = 8 + MESSAGE_HEADER_SIZE
 
 #: The type field of a stored extended record (see the module's doc).
-RECORD_EXTENDED = 0x0102
-_RECORD_EXTENDED_BYTES = RECORD_EXTENDED.to_bytes(4, "big")
+RECORD_EXTENDED: Final = 0x0102
+_RECORD_EXTENDED_BYTES: Final = RECORD_EXTENDED.to_bytes(4, "big")
 #: positions inside a stored frame (of either kind)
-ATTEMPTS_AT = 16
-ID_AT = 18
-ID_END = 34
+ATTEMPTS_AT: Final = 16
+ID_AT: Final = 18
+ID_END: Final = 34
 #: extended records: trace id, ext version, ext length, then the ext data
-TRACE_AT = 34
-EXT_VER_AT = 42
-EXT_LEN_AT = 43
-EXT_AT = 45
+TRACE_AT: Final = 34
+EXT_VER_AT: Final = 42
+EXT_LEN_AT: Final = 43
+EXT_AT: Final = 45
 #: bytes of an extended record besides the body and ext data
-EXTENDED_FRAME_OVERHEAD = EXT_AT
+EXTENDED_FRAME_OVERHEAD: Final = EXT_AT
 
-_FRAME_HEAD = struct.Struct(">ii")
-_EXT_HEAD = struct.Struct(">QBH")
-_DETAIL = struct.Struct(">QI")
-_U64 = struct.Struct(">Q")
+_FRAME_HEAD: Final = struct.Struct(">ii")
+_EXT_HEAD: Final = struct.Struct(">QBH")
+_DETAIL: Final = struct.Struct(">QI")
+_U64: Final = struct.Struct(">Q")
 # size, frame type, timestamp, attempts: everything before the id
-_MSG_FRAME_HEAD = struct.Struct(">iiqH")
-_MSG_HEAD = struct.Struct(">qH")
-_I32 = struct.Struct(">i")
+_MSG_FRAME_HEAD: Final = struct.Struct(">iiqH")
+_MSG_HEAD: Final = struct.Struct(">qH")
+_I32: Final = struct.Struct(">i")
 
 
 def encode_frame(frame_type: int, data: bytes) -> bytes:
