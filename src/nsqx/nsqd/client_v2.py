@@ -198,15 +198,26 @@ class ClientV2(asyncio.Protocol):
             return
         self._last_read = clock.monotonic()
         dispatch = self._dispatch
-        events = iter(self.parser.feed(data))
-        for ev in events:
-            dispatch[type(ev)](self, ev)
+        plain = dispatch is _DISPATCH
+        events = self.parser.feed(data)
+        for i, ev in enumerate(events):
+            # a publisher's commands go straight to their handler (compiled: a direct
+            # call, not a dictionary lookup and a call through Python's protocol)
+            kind = type(ev)
+            if kind is cmd.Mpub and plain:
+                self._on_mpub(cast(cmd.Mpub, ev))
+            elif kind is cmd.Pubs and plain:
+                self._on_pubs(cast(cmd.Pubs, ev))
+            elif kind is cmd.Pub and plain:
+                self._on_pub(cast(cmd.Pub, ev))
+            else:
+                dispatch[kind](self, ev)
             if self._halt:
                 if self.closed:
                     return
                 # an auth query is running: the rest of this read waits for its answer
                 assert self._held is not None
-                self._held.extend(events)
+                self._held.extend(events[i + 1 :])
                 break
         published = bool(self._awaiting)
         if published:

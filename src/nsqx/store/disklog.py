@@ -236,6 +236,8 @@ def split_frames(payload: memoryview | bytes, count: int) -> list[bytes]:
 
 
 _LEN_CRC: Final = struct.Struct(">II")
+_CRC_VALUE: Final = google_crc32c.value
+_CRC_EXTEND: Final = google_crc32c.extend
 #: staged batches smaller than _MERGE_CHUNK are merged into one record up to _MERGE_MAX
 #: bytes (small publishes: their per-record cost matters); bigger ones are records of
 #: their own (merging would only copy them)
@@ -727,7 +729,7 @@ class DiskLog:
         buffers: list[bytes] = []
         records: list[tuple[int, int, int, CachedBatch]] = []
         pack = _BATCH_HEAD.pack
-        value, extend = google_crc32c.value, google_crc32c.extend
+        value, extend = _CRC_VALUE, _CRC_EXTEND
         for st in staged:
             chunk, ids, stride, starts = st.batch()
             count = st.count
