@@ -19,11 +19,12 @@ _LOW16: Final = [b"%04x" % i for i in range(1 << 16)]
 
 class _Prefix:
     """The last id prefix (all but the low 16 bits) formatted: consecutive single
-    publishes share it, and formatting costs more than the rest of making an id."""
+    publishes share it, and formatting costs more than the rest of making an id. One
+    tuple, replaced whole, so that two threads can never pair one's bits with the
+    other's text."""
 
     def __init__(self) -> None:
-        self.high = -1
-        self.hex = b""
+        self.last: tuple[int, bytes] = (-1, b"")
 
 
 _LAST_PREFIX: Final = _Prefix()
@@ -33,12 +34,11 @@ def make_ids(first_seq: int, count: int, partition: int = 0) -> list[bytes]:
     """Hex ids for ``count`` consecutive records starting at ``first_seq``."""
     n = (partition << PARTITION_SHIFT) + first_seq
     if count == 1:  # a PUB
-        last = _LAST_PREFIX
         high = n >> 16
-        if high != last.high:
-            last.hex = b"%012x" % high
-            last.high = high
-        return [last.hex + _LOW16[n & 0xFFFF]]
+        last = _LAST_PREFIX.last
+        if last[0] != high:
+            last = _LAST_PREFIX.last = (high, b"%012x" % high)
+        return [last[1] + _LOW16[n & 0xFFFF]]
     ids: list[bytes] = []
     end = n + count
     while n < end:
