@@ -457,7 +457,12 @@ class CommandParser:
                 size = _u32_at(data, nl + 1)
                 start = nl + 5
                 if 0 < size <= limits.max_body_size and start + size <= n:
-                    bodies = _mpub_bodies_at(data, start, start + size, max_msg)
+                    one = _single_mpub_message(data, start, start + size, max_msg)
+                    bodies = (
+                        [one]
+                        if one is not None
+                        else parse_mpub_body(data[start : start + size], max_msg)
+                    )
                     events.append(
                         _new_tuple(Mpub, (self._mpub_topic, bodies, self._mpub_partition))
                     )
@@ -808,15 +813,15 @@ class TLSRequiredParser(CommandParser):
         super()._parse(data, events, pos)
 
 
-def _mpub_bodies_at(data: bytes, start: int, end: int, max_msg_size: int) -> list[bytes]:
-    """parse_mpub_body of ``data[start:end]``; one message (Go's bench_writer
-    --batch-size 1, and others) is cut out of ``data`` without copying the whole body
-    first."""
+def _single_mpub_message(data: bytes, start: int, end: int, max_msg_size: int) -> bytes | None:
+    """The message of the MPUB body ``data[start:end]`` if it holds exactly one, well
+    formed (Go's bench_writer --batch-size 1, and others), cut out of ``data`` without
+    copying the whole body first; None otherwise (parse_mpub_body then decides)."""
     if end - start >= 8 and _u32_at(data, start) == 1:
         size = _u32_at(data, start + 4)
         if 0 < size <= max_msg_size and end - start == 8 + size:
-            return [data[start + 8 : end]]
-    return parse_mpub_body(data[start:end], max_msg_size)
+            return data[start + 8 : end]
+    return None
 
 
 def parse_mpub_body(body: bytes, max_msg_size: int) -> list[bytes]:
@@ -827,10 +832,9 @@ def parse_mpub_body(body: bytes, max_msg_size: int) -> list[bytes]:
     count = _I32.unpack_from(body, 0)[0]
     if count <= 0:
         raise ProtocolError(E_BAD_BODY, f"MPUB invalid message count {count}")
-    if count == 1 and total >= 8:  # (Go's bench_writer --batch-size 1, and others)
-        size = _I32.unpack_from(body, 4)[0]
-        if 0 < size <= max_msg_size and total == 8 + size:
-            return [body[8:]]
+    one = _single_mpub_message(body, 0, total, max_msg_size)
+    if one is not None:
+        return [one]
     if total >= 8:
         size = _I32.unpack_from(body, 4)[0]
         stride = size + 4
