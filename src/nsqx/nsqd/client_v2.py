@@ -12,11 +12,9 @@ import logging
 import random
 import struct
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final, cast, final
 
 from nsqx.nsqd import clock
 from nsqx.nsqd.auth import AuthError, AuthState
@@ -85,8 +83,30 @@ STATE_CLOSING: Final = 3
 MAX_ACK_GROUPS: Final = 32
 
 _OK_FRAME: Final = encode_response(OK)
+# (compiled: a Final alias is a C static; ``cmd.Mpub`` would be a module lookup per read)
+_MPUB: Final = cmd.Mpub
+_PUBS: Final = cmd.Pubs
+_PUB: Final = cmd.Pub
 _HEARTBEAT_FRAME: Final = encode_response(HEARTBEAT)
 _CLOSE_WAIT_FRAME: Final = encode_response(CLOSE_WAIT)
+
+
+@final
+class AckGroup:
+    """The answers of one read that published, held until every partition it published
+    to acknowledged (the waiter of :meth:`Partition.when_acknowledged`, called once per
+    partition). A class of its own rather than a partial over a list: compiled, both
+    making and calling it are direct."""
+
+    def __init__(self, client: ClientV2, due: int, end: int) -> None:
+        self.client = client
+        #: acknowledgements still due
+        self.due = due
+        #: the end of this group's answers in the client's output
+        self.end = end
+
+    def __call__(self, err: BaseException | None) -> None:
+        self.client._acknowledged(self, err)
 
 
 class ClientV2(asyncio.Protocol):
@@ -149,10 +169,10 @@ class ClientV2(asyncio.Protocol):
         self._awaiting: list[Partition] = []
         #: acknowledgements still awaited, in all groups
         self._acks_due = 0
-        #: one group per read that published: [acknowledgements due, end of its answers
-        #: in _out]. Output is written in order, a group's answers once all of its
-        #: publishes (and every earlier group's) are acknowledged.
-        self._groups: deque[list[int]] = deque()
+        #: one group per read that published. Output is written in order, a group's
+        #: answers once all of its publishes (and every earlier group's) are acknowledged.
+        #: (a list: at most MAX_ACK_GROUPS, and compiled, list operations are direct)
+        self._groups: list[AckGroup] = []
         #: reading stopped: too many reads wait for their acknowledgements
         self._paused_for_ack = False
         self._close_after_ack = False
@@ -164,7 +184,9 @@ class ClientV2(asyncio.Protocol):
         self.yz_ext = False
         self.yz_detail = False
         now = clock.monotonic()
+        #: when it last read a command, to a tick's precision (see tick())
         self._last_read = now
+        self._read_since_tick = False
         self._last_heartbeat = now
         self._apply_settings()
 
@@ -196,7 +218,9 @@ class ClientV2(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
-        self._last_read = clock.monotonic()
+        # (the time of it is taken by the next tick: a clock read per read costs more
+        # than the ticks' 100 ms of precision are worth)
+        self._read_since_tick = True
         dispatch = self._dispatch
         plain = dispatch is _DISPATCH
         events = self.parser.feed(data)
@@ -204,11 +228,11 @@ class ClientV2(asyncio.Protocol):
             # a publisher's commands go straight to their handler (compiled: a direct
             # call, not a dictionary lookup and a call through Python's protocol)
             kind = type(ev)
-            if kind is cmd.Mpub and plain:
+            if kind is _MPUB and plain:
                 self._on_mpub(cast(cmd.Mpub, ev))
-            elif kind is cmd.Pubs and plain:
+            elif kind is _PUBS and plain:
                 self._on_pubs(cast(cmd.Pubs, ev))
-            elif kind is cmd.Pub and plain:
+            elif kind is _PUB and plain:
                 self._on_pub(cast(cmd.Pub, ev))
             else:
                 dispatch[kind](self, ev)
@@ -249,20 +273,19 @@ class ClientV2(asyncio.Protocol):
         written in order once it and every earlier group are acknowledged. Past
         MAX_ACK_GROUPS groups waiting, reading stops until the oldest is answered."""
         parts, self._awaiting = self._awaiting, []
-        group = [len(parts), len(self._out)]
+        group = AckGroup(self, len(parts), len(self._out))
         self._groups.append(group)
         self._acks_due += len(parts)
         if len(self._groups) >= MAX_ACK_GROUPS and not self._paused_for_ack:
             assert self._transport is not None
             self._paused_for_ack = True
             self._transport.pause_reading()
-        acknowledged = partial(self._acknowledged, group)
         for part in parts:
-            part.when_acknowledged(acknowledged)
+            part.when_acknowledged(group)
 
-    def _acknowledged(self, group: list[int], err: BaseException | None) -> None:
+    def _acknowledged(self, group: AckGroup, err: BaseException | None) -> None:
         self._acks_due -= 1
-        group[0] -= 1
+        group.due -= 1
         if err is not None and not self._ack_failed:
             self._ack_failed = True
             self._out.clear()
@@ -285,11 +308,11 @@ class ClientV2(asyncio.Protocol):
                 self._flush_closing()  # the fatal error that closed us
             return
         groups = self._groups
-        if groups[0][0]:
+        if groups[0].due:
             return  # the oldest group still waits (answers go out in order)
         end = 0
-        while groups and not groups[0][0]:
-            end = groups.popleft()[1]
+        while groups and not groups[0].due:
+            end = groups.pop(0).end
         if groups:
             # write the answers of the groups acknowledged; later ones stay held
             out = self._out
@@ -298,7 +321,7 @@ class ClientV2(asyncio.Protocol):
                 transport.write(b"".join(out[:end]))
             del out[:end]
             for g in groups:
-                g[1] -= end
+                g.end -= end
             self._out_size = sum(map(len, out)) if out else 0
         elif self._close_after_ack:
             self._flush_closing()  # the answers, then the fatal error that closed us
@@ -511,6 +534,9 @@ class ClientV2(asyncio.Protocol):
 
     def tick(self, now: float) -> None:
         """Heartbeats, and the close after two unanswered ones."""
+        if self._read_since_tick:
+            self._read_since_tick = False
+            self._last_read = now
         hb = self.heartbeat_interval
         if hb <= 0 or self.closed:
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
@@ -23,6 +24,8 @@ READ_BUDGET_PER_ITERATION: Final = 64 * 1024
 #: Seconds one client connection must have been the only one reading before the loop
 #: busy-polls after its reads (see LoopTurn.note_read).
 BUSY_POLL_ALONE: Final = 0.01
+# (compiled: a C static, where ``time.monotonic`` is a module lookup on every read)
+_monotonic: Final = time.monotonic
 
 
 class LoopTurn:
@@ -49,6 +52,9 @@ class LoopTurn:
         #: nsqd is closing: no more polling
         self.exiting = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        # the bound method, made once (one call_soon per loop iteration)
+        self._end_cb: Callable[[], None] = self._end
+        self._poll_cb: Callable[[], None] = self._poll_on
 
     def spend_read_budget(
         self, nbytes: int, reader: ClientV2 | None = None, published: bool = False
@@ -74,7 +80,7 @@ class LoopTurn:
         # One handle per loop iteration, run after the iteration's I/O callbacks: ready
         # handles run in the next iteration's first phase, before it polls again.
         self.end_scheduled = True
-        self._running_loop().call_soon(self._end)
+        self._running_loop().call_soon(self._end_cb)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         # (kept: asyncio.get_running_loop() is a getpid system call each time in 3.11)
@@ -110,7 +116,7 @@ class LoopTurn:
     # answers wait for nsqd's own work (replication, --sync-before-ack).
 
     def note_read(self, reader: ClientV2 | None, published: bool) -> None:
-        now = time.monotonic()
+        now = _monotonic()
         if reader is not self.last_reader:
             if now - self.last_read_at < self.alone:
                 self.shared_until = now + self.alone
@@ -121,12 +127,12 @@ class LoopTurn:
         self.last_publish_at = now
         if not self.polling and now >= self.shared_until:
             self.polling = True
-            self._running_loop().call_soon(self._poll_on)
+            self._running_loop().call_soon(self._poll_cb)
 
     def _poll_on(self) -> None:
         reader = self.last_reader
         if (
-            time.monotonic() - self.last_publish_at < self.busy_poll
+            _monotonic() - self.last_publish_at < self.busy_poll
             and not self.exiting
             # answers waiting for an fsync or the ISR: nsqd has the next move, and
             # polling would take the CPU its followers and fsyncs need (answers that
@@ -135,6 +141,6 @@ class LoopTurn:
         ):
             loop = self.loop
             assert loop is not None
-            loop.call_soon(self._poll_on)
+            loop.call_soon(self._poll_cb)
         else:
             self.polling = False

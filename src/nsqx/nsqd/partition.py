@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING
 
 from nsqx.nsqd import clock
 from nsqx.nsqd.channel import Channel
@@ -49,18 +49,27 @@ class StagedDropped(Exception):
     """Publishes staged and never written (the partition was cut under them)."""
 
 
-class Published(NamedTuple):
+class Published:
     """Where a publish landed: its first message's id, virtual offset and sequence, and
-    the bytes of all its frames (PUB_TRACE's answer reports the first three)."""
+    the bytes of all its frames (PUB_TRACE's answer reports the first three).
 
-    first_id: int
-    offset: int
-    seq: int
-    raw_size: int
-    messages: int
+    (A plain class: compiled, it is made without a call through Python, as a NamedTuple
+    is not; one is made per publish.)"""
 
+    __slots__ = ("first_id", "messages", "offset", "raw_size", "seq")
 
-_new_tuple: Final = tuple.__new__
+    def __init__(self, first_id: int, offset: int, seq: int, raw_size: int, messages: int) -> None:
+        self.first_id = first_id
+        self.offset = offset
+        self.seq = seq
+        self.raw_size = raw_size
+        self.messages = messages
+
+    def __repr__(self) -> str:
+        return (
+            f"Published(first_id={self.first_id}, offset={self.offset}, seq={self.seq}, "
+            f"raw_size={self.raw_size}, messages={self.messages})"
+        )
 
 
 class Partition:
@@ -89,6 +98,9 @@ class Partition:
         self.directory: str | None = None
         self._state_path: str | None = None
         nsqd = topic.nsqd
+        #: the log when it is a DiskLog (compiled: its methods are called directly, not
+        #: looked up on a MemoryLog | DiskLog)
+        self._disk: DiskLog | None = None
         if topic.directory is None:
             self.log = MemoryLog()
         else:
@@ -97,7 +109,7 @@ class Partition:
             # partition 0 keeps the layout of nsqx before partitions
             state_file = "topic.json" if pid == 0 else f"topic.p{pid}.json"
             self._state_path = os.path.join(topic.directory, state_file)
-            self.log = DiskLog(
+            self.log = self._disk = DiskLog(
                 self.directory,
                 max_bytes_per_file=opts.max_bytes_per_file,
                 cache_size=opts.mem_queue_size,
@@ -117,8 +129,11 @@ class Partition:
         #: a commit() is scheduled for this loop iteration; who waits for it
         self._commit_scheduled = False
         self._waiters: list[AckWaiter] = []
+        #: --sync-before-ack (read once: nsqd's options are a Python object)
+        self._sync_before_ack = nsqd.options.sync_before_ack
         #: messages and body bytes staged (counted already) since the last commit
-        self._staged_counts = [0, 0]
+        self._staged_messages = 0
+        self._staged_bytes = 0
         #: publishes wait for a commit (a DiskLog stages them; a MemoryLog appends)
         self._stages = self.log.durable
         #: replication (a topic with replicator > 1 on a durable node), else None
@@ -213,9 +228,9 @@ class Partition:
         appends at once. ``trace_ids`` and ``exts`` ((version, data) per message) make
         extended records.
         """
-        log_ = self.log
+        disk = self._disk
         n = len(bodies)
-        seq = log_.next_seq
+        seq = disk.next_seq if disk is not None else self.log.next_seq
         ids = make_ids(seq, n, self.id)
         ts = clock.time_ns()
         if trace_ids is None and exts is None:
@@ -237,25 +252,25 @@ class Partition:
             if not self.extended:
                 self.extended = True
                 self.save_state()
-        offset = log_.stage(chunk, ids, ts + defer_ms * 1_000_000 if defer_ms else 0, stride, kind)
+        deliver_at = ts + defer_ms * 1_000_000 if defer_ms else 0
+        if disk is not None:
+            offset = disk.stage(chunk, ids, deliver_at, stride, kind)
+        else:
+            offset = self.log.stage(chunk, ids, deliver_at, stride, kind)
         self.message_count += n
         self.message_bytes += body_bytes
         topic = self.topic
         if topic.trace_enabled or trace_ids is not None:
             topic.traced_publish(self, ids, trace_ids, offset)
         if self._stages:  # (a DiskLog: written by the commit)
-            counts = self._staged_counts
-            counts[0] += n
-            counts[1] += body_bytes
+            self._staged_messages += n
+            self._staged_bytes += body_bytes
             if not self._commit_scheduled:
                 self._commit_scheduled = True
                 self._turn.commit_soon(self)
         else:
             self._appended()
-        # (tuple's own __new__: the NamedTuple's class call runs an interpreted one)
-        return _new_tuple(
-            Published, ((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
-        )
+        return Published((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
 
     def _appended(self) -> None:
         """New records are in the log: channels may deliver them (a replicated
@@ -279,27 +294,29 @@ class Partition:
             return None  # done already (close, delete, an HTTP publish)
         self._commit_scheduled = False
         waiters, self._waiters = self._waiters, []
-        counts = self._staged_counts
         try:
-            self.log.commit()
+            if self._disk is not None:
+                self._disk.commit()
+            else:
+                self.log.commit()
         except OSError as err:
             # nothing of the group is stored (or acknowledged): uncount it
-            self.message_count -= counts[0]
-            self.message_bytes -= counts[1]
-            counts[0] = counts[1] = 0
+            self.message_count -= self._staged_messages
+            self.message_bytes -= self._staged_bytes
+            self._staged_messages = self._staged_bytes = 0
             # as nsqd: /ping answers NOK until a write succeeds again
             self.nsqd.health_error = f"failed to write to topic {self.name}: {err}"
             log.error("TOPIC(%s): write failed: %s", self.name, err)
             for w in waiters:
                 w(err)
             return err
-        counts[0] = counts[1] = 0
+        self._staged_messages = self._staged_bytes = 0
         if self.nsqd.health_error is not None:
             self.nsqd.health_error = None
         self._appended()
         if not waiters:
             return None
-        if self.nsqd.options.sync_before_ack or self.replica is not None:
+        if self._sync_before_ack or self.replica is not None:
             self._after_write(waiters)
         else:
             for w in waiters:
@@ -315,7 +332,7 @@ class Partition:
         nothing to wait for (a memory partition)."""
         if self._commit_scheduled:
             self._waiters.append(waiter)
-        elif self.replica is not None or (self.nsqd.options.sync_before_ack and self.durable):
+        elif self.replica is not None or (self._sync_before_ack and self.durable):
             self._after_write([waiter])
         else:
             waiter(None)
@@ -445,9 +462,9 @@ class Partition:
             return
         self._commit_scheduled = False
         waiters, self._waiters = self._waiters, []
-        self.message_count -= self._staged_counts[0]
-        self.message_bytes -= self._staged_counts[1]
-        self._staged_counts[0] = self._staged_counts[1] = 0
+        self.message_count -= self._staged_messages
+        self.message_bytes -= self._staged_bytes
+        self._staged_messages = self._staged_bytes = 0
         self.log.drop_staged()
         for w in waiters:
             w(StagedDropped(f"the partition was {why} before the write"))

@@ -238,6 +238,13 @@ def split_frames(payload: memoryview | bytes, count: int) -> list[bytes]:
 _LEN_CRC: Final = struct.Struct(">II")
 _CRC_VALUE: Final = google_crc32c.value
 _CRC_EXTEND: Final = google_crc32c.extend
+# (compiled: bound methods made once, C statics; ``_LEN_CRC.pack`` makes one per use)
+_LEN_CRC_PACK: Final = _LEN_CRC.pack
+#: a batch head after its length and crc (what the crc covers, with the chunk)
+_HEAD_REST_PACK: Final = struct.Struct(">QIqH").pack
+#: chunks up to this size get their crc from one call over head and chunk joined (a
+#: copy of a small chunk costs less than a second call into google_crc32c)
+_CRC_JOIN_MAX: Final = 4096
 #: staged batches smaller than _MERGE_CHUNK are merged into one record up to _MERGE_MAX
 #: bytes (small publishes: their per-record cost matters); bigger ones are records of
 #: their own (merging would only copy them)
@@ -727,19 +734,21 @@ class DiskLog:
         seq = seg.end_seq
         pos = seg.size
         buffers: list[bytes] = []
-        records: list[tuple[int, int, int, CachedBatch]] = []
-        pack = _BATCH_HEAD.pack
-        value, extend = _CRC_VALUE, _CRC_EXTEND
+        cached_batches: list[CachedBatch] = []
         for st in staged:
             chunk, ids, stride, starts = st.batch()
             count = st.count
-            rest = pack(0, 0, seq, count, st.deliver_at, 0)[8:]
-            head = _LEN_CRC.pack(len(chunk), extend(value(rest), chunk)) + rest
+            deliver_at = st.deliver_at
+            rest = _HEAD_REST_PACK(seq, count, deliver_at, 0)
+            if len(chunk) <= _CRC_JOIN_MAX:
+                crc = _CRC_VALUE(rest + chunk)
+            else:
+                crc = _CRC_EXTEND(_CRC_VALUE(rest), chunk)
+            head = _LEN_CRC_PACK(len(chunk), crc) + rest
             offset = seg.base_offset + pos - SEG_HEAD_SIZE + BATCH_HEAD_SIZE
-            cached = CachedBatch(chunk, ids, stride, offset, starts, count)
+            cached_batches.append(CachedBatch(chunk, ids, stride, offset, starts, count))
             buffers.append(head)
             buffers.append(chunk)
-            records.append((seq, pos, st.deliver_at, cached))
             pos += BATCH_HEAD_SIZE + len(chunk)
             seq += count
         total = pos - seg.size
@@ -762,11 +771,19 @@ class DiskLog:
                 self._tail_dirty = True
             raise
         cache = self.cache
-        for first, at, deliver_at, cached in records:
+        # each record's first sequence and position again, as the loop above went
+        first = seg.end_seq
+        at = seg.size
+        for i in range(len(staged)):
+            st = staged[i]
+            cached = cached_batches[i]
+            deliver_at = st.deliver_at
             seg.note_batch(first, at, deliver_at)
             if deliver_at:
-                self._deferred.add(first, cached.count, deliver_at)
+                self._deferred.add(first, st.count, deliver_at)
             cache.append(cached)
+            first += st.count
+            at += BATCH_HEAD_SIZE + len(cached.chunk)
         if seg.verified_upto == seg.size:
             seg.verified_upto += total
         self.unsynced += seq - seg.end_seq
@@ -786,7 +803,7 @@ class DiskLog:
                 self._roll_failing = True
             else:
                 self._roll_failing = False
-        return len(records)
+        return len(staged)
 
     def drop_staged(self) -> None:
         """Forget what is staged, unwritten (its sequences are given again)."""

@@ -316,8 +316,8 @@ class CommandParser:
         #: 8-byte id + 8-byte trace id): FIN, REQ and TOUCH then carry 16 raw bytes that
         #: may contain a newline or a space, so they are cut at fixed offsets.
         self.binary_ids = False
-        # the command line of the last PUB parsed, checked already: the same line again
-        # (a publisher's usual case) skips the checks
+        # the command line of the last PUB parsed (with its "\n"), checked already: the
+        # same line again (a publisher's usual case) skips the checks
         self._pub_line = b""
         #: the last body command line whose parameters were checked
         self._checked_line = b""
@@ -418,19 +418,18 @@ class CommandParser:
         # of the last such event in ``events``, run its bodies (None: a single Pub yet)
         run_at = -1
         run: list[bytes] | None = None
+        # the lines with their "\n": compared in place with one slice (compiled, a
+        # slice and == are direct; find and startswith with a position are calls
+        # through Python's method protocol)
         pub_line = self._pub_line
         pub_len = len(pub_line)
         mpub_line = self._mpub_line
+        mpub_len = len(mpub_line)
         while pos < n:
-            nl = data.find(b"\n", pos)
-            if nl < 0:
-                if n - pos > max_line:
-                    raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
-                break
-            if nl - pos == pub_len and pub_len and n - nl > 4 and data.startswith(pub_line, pos):
+            if pub_len and n - pos >= pub_len + 4 and data[pos : pos + pub_len] == pub_line:
                 # the PUB line checked last time: only the body's size is left to check
-                size = _u32_at(data, nl + 1)
-                start = nl + 5
+                start = pos + pub_len + 4
+                size = _u32_at(data, start - 4)
                 if 0 < size <= max_msg and start + size <= n:
                     body = data[start : start + size]
                     pos = start + size
@@ -447,15 +446,10 @@ class CommandParser:
                         run = None
                     continue
                 # too big, or incomplete: the general path below
-            if (
-                nl - pos == len(mpub_line)
-                and mpub_line
-                and n - nl > 4
-                and data.startswith(mpub_line, pos)
-            ):
+            elif mpub_len and n - pos >= mpub_len + 4 and data[pos : pos + mpub_len] == mpub_line:
                 # the MPUB line checked last time: the body's size and the body are left
-                size = _u32_at(data, nl + 1)
-                start = nl + 5
+                start = pos + mpub_len + 4
+                size = _u32_at(data, start - 4)
                 if 0 < size <= limits.max_body_size and start + size <= n:
                     one = _single_mpub_message(data, start, start + size, max_msg)
                     bodies = (
@@ -469,6 +463,11 @@ class CommandParser:
                     pos = start + size
                     continue
                 # too big, or incomplete: the general path below
+            nl = data.find(b"\n", pos)
+            if nl < 0:
+                if n - pos > max_line:
+                    raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
+                break
             if nl - pos > max_line:
                 raise ProtocolError(E_INVALID, f"command line too long (> {max_line} bytes)")
             if self.binary_ids and data[pos] in b"FRT":
@@ -517,22 +516,24 @@ class CommandParser:
             pos = start + size
             if cmd == b"PUB" and data[nl - 1] != 13:  # (no "\r": the line is as sent)
                 pub = cast(Pub, ev)
+                pub_line = line + b"\n"
                 self._pub_line, self._pub_topic, self._pub_partition = (
-                    line,
+                    pub_line,
                     pub.topic,
                     pub.partition,
                 )
-                pub_line, pub_len = line, len(line)
+                pub_len = len(pub_line)
                 run_at = len(events) - 1
                 run = None
             elif cmd == b"MPUB" and data[nl - 1] != 13:
                 mpub = cast(Mpub, ev)
+                mpub_line = line + b"\n"
                 self._mpub_line, self._mpub_topic, self._mpub_partition = (
-                    line,
+                    mpub_line,
                     mpub.topic,
                     mpub.partition,
                 )
-                mpub_line = line
+                mpub_len = len(mpub_line)
             if cmd == b"IDENTIFY":
                 # what follows may be TLS or compressed: the server decides (take_buffered)
                 break
