@@ -52,6 +52,9 @@ class LoopTurn:
         #: nsqd is closing: no more polling
         self.exiting = False
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: nsqd's health: the last storage write error, None once a write succeeds
+        #: (NSQD.health_error; here because every commit reads it)
+        self.health_error: str | None = None
         # the bound method, made once (one call_soon per loop iteration)
         self._end_cb: Callable[[], None] = self._end
         self._poll_cb: Callable[[], None] = self._poll_on

@@ -101,8 +101,6 @@ class NSQD:
         self.http_address: tuple[str, int] | None = None
         self.https_address: tuple[str, int] | None = None
         self.http = HTTPServer(self)
-        #: set when storage fails to write: /ping then answers 500 "NOK - <error>"
-        self.health_error: str | None = None
         #: called with the new list after PUT /config/nsqlookupd_tcp_addresses
         self.on_lookupd_addresses_changed: list[Callable[[list[str]], None]] = []
         self._statsd_task: asyncio.Task[None] | None = None
@@ -149,6 +147,17 @@ class NSQD:
     def exiting(self) -> bool:
         """True once close() began: publishing is refused from then on."""
         return self._exiting
+
+    @property
+    def health_error(self) -> str | None:
+        """Set when storage fails to write: /ping then answers 500 "NOK - <error>";
+        cleared by the next write that succeeds. (Kept by the compiled LoopTurn, which
+        each partition's commit reads directly.)"""
+        return self.turn.health_error
+
+    @health_error.setter
+    def health_error(self, value: str | None) -> None:
+        self.turn.health_error = value
 
     def health(self) -> str:
         """``OK``, or ``NOK - <error>`` after a failed write (NSQ's GetHealth)."""

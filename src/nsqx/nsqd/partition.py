@@ -278,7 +278,8 @@ class Partition:
         if self.replica is not None:
             self.replica.appended()  # ship them to the followers
         elif not self.paused:
-            self.visible_end = self.log.end
+            disk = self._disk
+            self.visible_end = disk.end if disk is not None else self.log.end
             for ch in self.channels.values():
                 ch.notify()
             if self.ephemeral or self.has_ephemeral_channels:
@@ -305,14 +306,14 @@ class Partition:
             self.message_bytes -= self._staged_bytes
             self._staged_messages = self._staged_bytes = 0
             # as nsqd: /ping answers NOK until a write succeeds again
-            self.nsqd.health_error = f"failed to write to topic {self.name}: {err}"
+            self._turn.health_error = f"failed to write to topic {self.name}: {err}"
             log.error("TOPIC(%s): write failed: %s", self.name, err)
             for w in waiters:
                 w(err)
             return err
         self._staged_messages = self._staged_bytes = 0
-        if self.nsqd.health_error is not None:
-            self.nsqd.health_error = None
+        if self._turn.health_error is not None:
+            self._turn.health_error = None
         self._appended()
         if not waiters:
             return None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final, NamedTuple, cast
 
@@ -83,25 +84,93 @@ class Sub(NamedTuple):
     start: ConsumeStart | None = None
 
 
-class Pub(NamedTuple):
-    topic: str
-    body: bytes
-    partition: int = DEFAULT_PARTITION
+# The publish events are plain classes, not NamedTuples like the other events: one is
+# made per publish, and compiled (mypyc) a plain class is made directly, where a
+# NamedTuple goes through tuple.__new__ (a fifth of the parser's cost per PUB).
 
 
-class Pubs(NamedTuple):
+class Pub:
+    """PUB: one message."""
+
+    __slots__ = ("body", "partition", "topic")
+
+    def __init__(self, topic: str, body: bytes, partition: int = DEFAULT_PARTITION) -> None:
+        self.topic = topic
+        self.body = body
+        self.partition = partition
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Pub)
+            and self.topic == other.topic
+            and self.body == other.body
+            and self.partition == other.partition
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.topic, self.body, self.partition))
+
+    def __iter__(self) -> Iterator[Any]:
+        # (unpacks as the NamedTuple it was did)
+        return iter((self.topic, self.body, self.partition))
+
+    def __repr__(self) -> str:
+        return f"Pub(topic={self.topic!r}, body={self.body!r}, partition={self.partition!r})"
+
+
+class Pubs:
     """Two or more PUBs in a row, in one read, with the same command line (topic and
     partition): parsed together, published together, each answered on its own."""
 
-    topic: str
-    bodies: list[bytes]
-    partition: int = DEFAULT_PARTITION
+    __slots__ = ("bodies", "partition", "topic")
+
+    def __init__(self, topic: str, bodies: list[bytes], partition: int = DEFAULT_PARTITION) -> None:
+        self.topic = topic
+        self.bodies = bodies
+        self.partition = partition
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Pubs)
+            and self.topic == other.topic
+            and self.bodies == other.bodies
+            and self.partition == other.partition
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # (its bodies are a list)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.topic, self.bodies, self.partition))
+
+    def __repr__(self) -> str:
+        return f"Pubs(topic={self.topic!r}, bodies={self.bodies!r}, partition={self.partition!r})"
 
 
-class Mpub(NamedTuple):
-    topic: str
-    bodies: list[bytes]
-    partition: int = DEFAULT_PARTITION
+class Mpub:
+    """MPUB: messages published together (atomically)."""
+
+    __slots__ = ("bodies", "partition", "topic")
+
+    def __init__(self, topic: str, bodies: list[bytes], partition: int = DEFAULT_PARTITION) -> None:
+        self.topic = topic
+        self.bodies = bodies
+        self.partition = partition
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Mpub)
+            and self.topic == other.topic
+            and self.bodies == other.bodies
+            and self.partition == other.partition
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # (its bodies are a list)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.topic, self.bodies, self.partition))
+
+    def __repr__(self) -> str:
+        return f"Mpub(topic={self.topic!r}, bodies={self.bodies!r}, partition={self.partition!r})"
 
 
 class PubTrace(NamedTuple):
@@ -247,9 +316,6 @@ def _u32_at(data: bytes, i: int) -> int:
     return (data[i] << 24) | (data[i + 1] << 16) | (data[i + 2] << 8) | data[i + 3]
 
 
-#: a NamedTuple's class call runs its interpreted ``__new__``; the hot paths build
-#: their events with tuple's own, which skips that frame
-_new_tuple: Final = tuple.__new__
 _U64: Final = struct.Struct(">Q")
 _U16: Final = struct.Struct(">H")
 _NOP: Final = Nop()
@@ -441,7 +507,7 @@ class CommandParser:
                         else:
                             run.append(body)
                     else:
-                        events.append(_new_tuple(Pub, (self._pub_topic, body, self._pub_partition)))
+                        events.append(Pub(self._pub_topic, body, self._pub_partition))
                         run_at = len(events) - 1
                         run = None
                     continue
@@ -457,9 +523,7 @@ class CommandParser:
                         if one is not None
                         else parse_mpub_body(data[start : start + size], max_msg)
                     )
-                    events.append(
-                        _new_tuple(Mpub, (self._mpub_topic, bodies, self._mpub_partition))
-                    )
+                    events.append(Mpub(self._mpub_topic, bodies, self._mpub_partition))
                     pos = start + size
                     continue
                 # too big, or incomplete: the general path below
