@@ -76,16 +76,16 @@ class FakeTransport:
         return 0
 
 
-def command(mode: str, size: int) -> bytes:
+def command(mode: str, size: int, batch: int = 1) -> bytes:
     body = b"x" * size
     if mode == "mpub":
-        head = struct.pack(">ii", 8 + size, 1) + struct.pack(">i", size)
-        return b"MPUB bench\n" + head + body
+        one = struct.pack(">i", size) + body
+        return b"MPUB bench\n" + struct.pack(">ii", 4 + batch * len(one), batch) + one * batch
     return b"PUB bench\n" + struct.pack(">i", size) + body
 
 
-async def measure(conns: int, turns: int, mode: str, size: int) -> tuple[float, int]:
-    """(best µs of CPU per publish over _REPEATS runs, publishes answered)."""
+async def measure(conns: int, turns: int, mode: str, size: int, batch: int) -> tuple[float, int]:
+    """(best µs of CPU per publish command over _REPEATS runs, commands answered)."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     data_path = tempfile.mkdtemp(prefix="nsqx-publish-cost-", dir=base)
     nsqd = NSQD(
@@ -95,7 +95,7 @@ async def measure(conns: int, turns: int, mode: str, size: int) -> tuple[float, 
     )
     try:
         await nsqd.start()
-        frame = command(mode, size)
+        frame = command(mode, size, batch)
         clients = []
         for _ in range(conns):
             client = ClientV2(nsqd)
@@ -143,6 +143,7 @@ def run_callgrind(args: argparse.Namespace) -> int:
             f"--turns={args.turns}",
             f"--mode={args.mode}",
             f"--size={args.size}",
+            f"--batch={args.batch}",
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         m = re.search(r"Collected : (\d+)", proc.stderr)
@@ -153,7 +154,8 @@ def run_callgrind(args: argparse.Namespace) -> int:
         publishes = _REPEATS * args.turns * args.conns + args.conns
         per = int(m.group(1)) / publishes
         print(
-            f"{build_description()}: {args.mode} of {args.size} B, {args.conns} connections: "
+            f"{build_description()}: {args.mode} of {args.batch} x {args.size} B, "
+            f"{args.conns} connections: "
             f"{per:,.0f} instructions per publish (callgrind; data_received and the turn's end)"
         )
     return 0
@@ -167,19 +169,23 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=20000, help="loop turns per run (5 runs)")
     ap.add_argument("--mode", choices=("pub", "mpub"), default="mpub")
     ap.add_argument("--size", type=int, default=200, help="message bytes")
+    ap.add_argument("--batch", type=int, default=1, help="messages per MPUB")
     ap.add_argument("--callgrind", action="store_true", help="count instructions instead")
     args = ap.parse_args()
     if args.callgrind:
         if args.turns == ap.get_default("turns"):
             args.turns = 2000  # callgrind runs some 50 times slower
         return run_callgrind(args)
-    best, answered = uvloop.run(measure(args.conns, args.turns, args.mode, args.size))
+    if args.batch != 1 and args.mode != "mpub":
+        ap.error("--batch is for --mode mpub")
+    best, answered = uvloop.run(measure(args.conns, args.turns, args.mode, args.size, args.batch))
     expected = (_REPEATS * args.turns + 1) * args.conns
     if answered != expected:
         print(f"answered {answered} of {expected} publishes", file=sys.stderr)
         return 1
     print(
-        f"{build_description()}: {args.mode} of {args.size} B, {args.conns} connections: "
+        f"{build_description()}: {args.mode} of {args.batch} x {args.size} B, "
+        f"{args.conns} connections: "
         f"{best:.2f} µs of CPU per publish (best of {_REPEATS})"
     )
     return 0

@@ -22,5 +22,5 @@ def test_it_answers_every_publish_and_prints_the_cost(mode: str) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
-    assert f"{mode} of 200 B, 3 connections:" in proc.stdout
+    assert f"{mode} of 1 x 200 B, 3 connections:" in proc.stdout
     assert "µs of CPU per publish" in proc.stdout
