@@ -118,59 +118,48 @@ class Pub:
         return f"Pub(topic={self.topic!r}, body={self.body!r}, partition={self.partition!r})"
 
 
-class Pubs:
+class _Bodies:
+    """Messages of one command line (topic and partition): Pubs and Mpub."""
+
+    __slots__ = ("bodies", "partition", "topic")
+
+    def __init__(self, topic: str, bodies: list[bytes], partition: int = DEFAULT_PARTITION) -> None:
+        self.topic = topic
+        self.bodies = bodies
+        self.partition = partition
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is type(self)
+            and isinstance(other, _Bodies)
+            and self.topic == other.topic
+            and self.bodies == other.bodies
+            and self.partition == other.partition
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # (its bodies are a list)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.topic, self.bodies, self.partition))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(topic={self.topic!r}, bodies={self.bodies!r}, "
+            f"partition={self.partition!r})"
+        )
+
+
+class Pubs(_Bodies):
     """Two or more PUBs in a row, in one read, with the same command line (topic and
     partition): parsed together, published together, each answered on its own."""
 
-    __slots__ = ("bodies", "partition", "topic")
-
-    def __init__(self, topic: str, bodies: list[bytes], partition: int = DEFAULT_PARTITION) -> None:
-        self.topic = topic
-        self.bodies = bodies
-        self.partition = partition
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Pubs)
-            and self.topic == other.topic
-            and self.bodies == other.bodies
-            and self.partition == other.partition
-        )
-
-    __hash__ = None  # type: ignore[assignment]  # (its bodies are a list)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self.topic, self.bodies, self.partition))
-
-    def __repr__(self) -> str:
-        return f"Pubs(topic={self.topic!r}, bodies={self.bodies!r}, partition={self.partition!r})"
+    __slots__ = ()
 
 
-class Mpub:
+class Mpub(_Bodies):
     """MPUB: messages published together (atomically)."""
 
-    __slots__ = ("bodies", "partition", "topic")
-
-    def __init__(self, topic: str, bodies: list[bytes], partition: int = DEFAULT_PARTITION) -> None:
-        self.topic = topic
-        self.bodies = bodies
-        self.partition = partition
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Mpub)
-            and self.topic == other.topic
-            and self.bodies == other.bodies
-            and self.partition == other.partition
-        )
-
-    __hash__ = None  # type: ignore[assignment]  # (its bodies are a list)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self.topic, self.bodies, self.partition))
-
-    def __repr__(self) -> str:
-        return f"Mpub(topic={self.topic!r}, bodies={self.bodies!r}, partition={self.partition!r})"
+    __slots__ = ()
 
 
 class PubTrace(NamedTuple):
