@@ -111,7 +111,7 @@ class Pub:
         return hash((self.topic, self.body, self.partition))
 
     def __iter__(self) -> Iterator[Any]:
-        # (unpacks as the NamedTuple it was did)
+        # (unpacks as the NamedTuple it replaced did)
         return iter((self.topic, self.body, self.partition))
 
     def __repr__(self) -> str:
