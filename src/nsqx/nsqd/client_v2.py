@@ -142,7 +142,11 @@ class ClientV2(asyncio.Protocol):
         self.finish_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
-        self.pub_counts: dict[str, int] = {}
+        self._pub_counts: dict[str, int] = {}
+        # the topic published to last and its count not yet in _pub_counts: a publisher
+        # keeps to one topic, and a dictionary get and set per publish cost more
+        self._pub_topic = ""
+        self._pub_pending = 0
         self.closed = False
         #: negotiated upgrades (for stats); tls is set once the handshake completed
         self.tls = False
@@ -939,13 +943,30 @@ class ClientV2(asyncio.Protocol):
             log.error("TOPIC(%s): write failed: %s", topic_name, err)
             self._error(ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {err}"))
             return None
-        self.pub_counts[topic_name] = self.pub_counts.get(topic_name, 0) + len(bodies)
+        if topic_name == self._pub_topic:
+            self._pub_pending += len(bodies)
+        else:
+            self._fold_pub_counts()
+            self._pub_topic = topic_name
+            self._pub_pending = len(bodies)
         self._pub_verb = verb
         if part.durable and part not in self._awaiting:
             # answered once written (the group commit), fsynced with --sync-before-ack,
             # and held by the ISR if replicated (Partition.when_acknowledged)
             self._awaiting.append(part)
         return published
+
+    @property
+    def pub_counts(self) -> dict[str, int]:
+        """Messages this client published, per topic name (/stats: pub_counts)."""
+        self._fold_pub_counts()
+        return self._pub_counts
+
+    def _fold_pub_counts(self) -> None:
+        if self._pub_pending:
+            topic = self._pub_topic
+            self._pub_counts[topic] = self._pub_counts.get(topic, 0) + self._pub_pending
+            self._pub_pending = 0
 
     def _on_pub(self, ev: cmd.Pub) -> None:
         if self._publish("PUB", ev.topic, [ev.body], 0, ev.partition) is not None:

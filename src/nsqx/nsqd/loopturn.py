@@ -119,7 +119,9 @@ class LoopTurn:
     # answers wait for nsqd's own work (replication, --sync-before-ack).
 
     def note_read(self, reader: ClientV2 | None, published: bool) -> None:
-        now = _monotonic()
+        # One clock read per loop iteration: a later read in the same iteration comes
+        # from another connection (shared: no polling) and takes the first one's time.
+        now = self.last_read_at if self.read_this_turn else _monotonic()
         if reader is not self.last_reader:
             if now - self.last_read_at < self.alone:
                 self.shared_until = now + self.alone
