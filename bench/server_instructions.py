@@ -8,13 +8,16 @@ prints the user-space instructions per publish: all that nsqd's process ran (the
 loop, the interpreter, the compiled modules, every thread), not the kernel's share.
 
     python bench/server_instructions.py --python .venv-compiled/bin/python --conns 4
+    python bench/server_instructions.py ... --keep cg.out && callgrind_annotate --inclusive=yes cg.out
 
 bench/publish_cost.py counts nsqd's own Python in-process; this counts what the real
 server adds around it (uvloop's reads and writes, the answers' frames, the GIL's
 hand-offs). Under valgrind nsqd runs some 50 times slower than the publishers, so each
 loop iteration finds every connection's next publish waiting (``--conns`` publishes per
 group commit; on the real machine there are fewer): the count moves by about 1% from
-run to run, so two builds compare on a busy machine where timed rounds move by 10-20%.
+run to run, where timed rounds move by 10-20%. Compare builds on a machine that is not
+otherwise busy: when the publishing threads fall behind, fewer publishes share a group
+commit and the count grows (5% at 2 connections while the test suite ran beside it).
 """
 
 from __future__ import annotations
@@ -110,6 +113,9 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=200, help="message body bytes")
     ap.add_argument("--mode", choices=("pub", "mpub"), default="mpub")
     ap.add_argument("--startup-timeout", type=float, default=120.0)
+    ap.add_argument(
+        "--keep", metavar="FILE", help="copy callgrind's dump here (callgrind_annotate)"
+    )
     args = ap.parse_args()
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
@@ -144,6 +150,8 @@ def main() -> None:
             if not dumps:
                 raise SystemExit("callgrind wrote no dump")
             total = total_instructions(dumps[-1])
+            if args.keep:
+                shutil.copyfile(dumps[-1], args.keep)
         finally:
             proc.terminate()
             try:
