@@ -119,8 +119,8 @@ class LoopTurn:
     # answers wait for nsqd's own work (replication, --sync-before-ack).
 
     def note_read(self, reader: ClientV2 | None, published: bool) -> None:
-        # One clock read per loop iteration: a later read in the same iteration comes
-        # from another connection (shared: no polling) and takes the first one's time.
+        # One clock read per loop iteration: later reads in it take the first one's time
+        # (microseconds apart; a second connection's read makes them shared anyway).
         now = self.last_read_at if self.read_this_turn else _monotonic()
         if reader is not self.last_reader:
             if now - self.last_read_at < self.alone:
