@@ -12,10 +12,10 @@ loop, the interpreter, the compiled modules, every thread), not the kernel's sha
 
 bench/publish_cost.py counts nsqd's own Python in-process; this counts what the real
 server adds around it (uvloop's reads and writes, the answers' frames, the GIL's
-hand-offs). Under valgrind nsqd runs some 50 times slower than the publishers, so each
-loop iteration finds every connection's next publish waiting (``--conns`` publishes per
-group commit; on the real machine there are fewer): the count moves by about 1% from
-run to run, where timed rounds move by 10-20%. Compare builds on a machine that is not
+hand-offs). Under valgrind nsqd runs some 50 times slower than the publishers, so a
+loop iteration mostly finds several connections' next publishes waiting (3.3 publishes
+per group commit at 4 connections, 1.7 at 2; on the real machine 2.2 at 4): the count
+moves by about 1% from run to run, where timed rounds move by 10-20%. Compare builds on a machine that is not
 otherwise busy: when the publishing threads fall behind, fewer publishes share a group
 commit and the count grows (5% at 2 connections while the test suite ran beside it).
 """
