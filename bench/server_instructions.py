@@ -33,23 +33,12 @@ import threading
 import time
 from pathlib import Path
 
-_MAGIC = b"  V2"
-_OK = b"\x00\x00\x00\x06\x00\x00\x00\x00OK"
+from latency_bench import free_port
 
+from nsqx.wire import commands
+from nsqx.wire.frames import MAGIC_V2, OK, encode_response
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def publish_command(mode: str, topic: str, body: bytes) -> bytes:
-    size = len(body).to_bytes(4, "big")
-    if mode == "pub":
-        return b"PUB " + topic.encode() + b"\n" + size + body
-    # an MPUB of one: bench_writer --batch-size 1
-    payload = (1).to_bytes(4, "big") + size + body
-    return b"MPUB " + topic.encode() + b"\n" + len(payload).to_bytes(4, "big") + payload
+_OK = encode_response(OK)
 
 
 def publish(port: int, conns: int, count: int, command: bytes) -> None:
@@ -61,7 +50,7 @@ def publish(port: int, conns: int, count: int, command: bytes) -> None:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=120) as s:
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                s.sendall(_MAGIC)
+                s.sendall(MAGIC_V2)
                 for _ in range(count):
                     s.sendall(command)
                     got = b""
@@ -120,7 +109,13 @@ def main() -> None:
     for tool in ("valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} not found (apt-get install valgrind)")
-    command = publish_command(args.mode, "instructions", b"x" * args.size)
+    body = b"x" * args.size
+    # (an MPUB of one is bench_writer --batch-size 1)
+    command = (
+        commands.pub("instructions", body)
+        if args.mode == "pub"
+        else commands.mpub("instructions", [body])
+    )
     with tempfile.TemporaryDirectory(prefix="server-instructions-") as tmp:
         out = Path(tmp) / "callgrind.out"
         port, http = free_port(), free_port()
