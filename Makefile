@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install lint typecheck unit compiled bench bench-client clean example-spark java screenshots
+.PHONY: up test install lint typecheck unit compiled bench bench-client clean example-spark java screenshots chaos
 
 # Editable, so always pure Python (NSQX_COMPILE=0 says so): a compiled module in src/
 # would shadow the .py being edited. `make compiled` tests the compiled build.
@@ -46,6 +46,12 @@ bench: $(STAMP)
 # our client against pynsq, gnsq, ansq and nsq-py (each in a venv of its own)
 bench-client: $(STAMP)
 	$(BIN)/python bench/client_bench.py
+
+# The fault-injection suite (tests/chaos, docs/replication.md "Fault injection"): every
+# scenario in network namespaces, a table at the end; root and iptables needed.
+# CHAOS_ARGS="--repeat 20" for the long run, "--short" for what CI runs.
+chaos: $(STAMP)
+	$(BIN)/python tests/chaos/run.py $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-compiled build .pytest_cache .mypy_cache .ruff_cache

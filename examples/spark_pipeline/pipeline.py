@@ -23,13 +23,15 @@ Parquet + a summary topic, restarted mid-way without loss or duplicates.
 6. Once the producer is done, checks every window against the producer's tally: once
    in the Parquet table with its count and sum (no event lost, none counted twice),
    and at least once in the summary topic with the same figures; prints the table and
-   saves a picture of it: docs/images/spark_pipeline.svg (and .state/per_window.svg).
+   saves a picture of it: .state/per_window.svg (--picture PATH saves it there too, as
+   docs/images/spark_pipeline.svg was made). Spark's own log goes to .state/spark.log.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -40,13 +42,13 @@ import tempfile
 import time
 import urllib.request
 import zlib
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 STATE = HERE / ".state"  # checkpoint, Parquet output and the producer's tally
-PICTURE = HERE.parents[1] / "docs" / "images" / "spark_pipeline.svg"
 WINDOW = 5  # seconds of event time per window
 WATERMARK = "10 seconds"
 LATE = 3.0  # events are stamped up to this many seconds before they are published
@@ -191,20 +193,69 @@ def failed(queries: list[Any]) -> None:
             raise SystemExit(f"the query failed: {q.exception()}")
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the current directory when it is under it."""
+    relative = os.path.relpath(path)
+    return str(path.resolve()) if relative.startswith(os.pardir) else relative
+
+
+def stop_between_batches(query: Any, timeout: float = 30) -> None:
+    """Stop ``query`` while no micro-batch runs (``isTriggerActive`` false), so that
+    none is cut short (Spark would log it as an aborted job, with a Java stack trace,
+    though it simply runs again after the restart)."""
+    deadline = time.monotonic() + timeout
+    while query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    query.stop()
+
+
+@contextlib.contextmanager
+def spark_log(path: Path) -> Iterator[None]:
+    """Send this process's stderr (file descriptor 2) to ``path`` meanwhile: the driver's
+    JVM and its Python workers, started now, inherit it for good. Spark's log lines and
+    warnings go there, with the BrokenPipeError tracebacks that pyspark's streaming
+    source runners print when a query stops (pyspark 4: the JVM closes their socket
+    first). The pipeline's own lines are on stdout; a failure is said on the terminal
+    once this ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 2)
+    os.close(log)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def batches_done(query: Any) -> int:
     """Micro-batches of ``query`` that read rows and completed."""
     return sum(1 for p in query.recentProgress if p["numInputRows"])
 
 
 def wait_mid_way(
-    queries: list[Any], producer: subprocess.Popen[bytes], until: float, least: int = 2
+    queries: list[Any],
+    producer: subprocess.Popen[bytes],
+    until: float,
+    least: int = 2,
+    timeout: float = 600,
 ) -> None:
-    """Let the queries run until ``until`` (monotonic) and until each has completed
-    ``least`` micro-batches with rows, while the producer goes on."""
-    while producer.poll() is None and (
-        time.monotonic() < until or min(batches_done(q) for q in queries) < least
-    ):
+    """While the producer goes on, let the queries run until ``until`` (monotonic) and
+    until each has completed ``least`` micro-batches with rows; in any case until each
+    has completed one micro-batch (a query is not stopped while it starts up)."""
+    deadline = time.monotonic() + timeout
+
+    def going_on() -> bool:
+        return producer.poll() is None and (
+            time.monotonic() < until or min(batches_done(q) for q in queries) < least
+        )
+
+    while going_on() or any(q.lastProgress is None for q in queries):
         failed(queries)
+        if time.monotonic() > deadline:
+            raise SystemExit("the queries completed no micro-batch in time")
         time.sleep(0.2)
 
 
@@ -355,6 +406,7 @@ def plot(table: list[tuple[float, int, float]], restart_at: float, path: Path) -
 
 
 def main() -> int:
+    global STATE
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=40.0, help="how long the producer runs")
     ap.add_argument("--rate", type=int, default=500, help="events per second")
@@ -362,7 +414,15 @@ def main() -> int:
     ap.add_argument("--nsqd-http", default="127.0.0.1:4151")
     ap.add_argument("--nsqd-tcp", default="127.0.0.1:4150")
     ap.add_argument("--master", help="a Spark master URL (default: a local standalone cluster)")
-    ap.add_argument("--picture", default=str(PICTURE), help="where to save the SVG")
+    ap.add_argument(
+        "--picture",
+        help="also save the SVG here (docs/images/spark_pipeline.svg is one such run's)",
+    )
+    ap.add_argument(
+        "--state",
+        default=str(STATE),
+        help="where the run keeps checkpoints, the table, the tally and Spark's log (emptied)",
+    )
     ap.add_argument("--produce", nargs=2, metavar=("TALLY", "START"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.produce:  # the producer process
@@ -371,6 +431,8 @@ def main() -> int:
         )
         return 0
 
+    STATE = Path(args.state)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     from nsqx.spark.cluster import StandaloneCluster
     from nsqx.spark.java import JavaNotFound, ensure_java
 
@@ -379,13 +441,14 @@ def main() -> int:
     except JavaNotFound as err:
         raise SystemExit(str(err)) from None
     shutil.rmtree(STATE, ignore_errors=True)  # each run is a new pipeline
-    STATE.mkdir()
+    STATE.mkdir(parents=True)
     out, tally = STATE / "per_window", STATE / "tally.json"
     nsq = None
     if not nsqd_alive(args.nsqd_http):
         print("no local nsqd: starting one for this run (make up keeps one)")
         nsq = start_nsq()
     cluster = None
+    quiet = contextlib.ExitStack()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     try:
@@ -408,6 +471,8 @@ def main() -> int:
         summary_start = json.dumps(
             {f"{args.nsqd_http}/0": rangeclient.bounds(args.nsqd_http, "events_per_window", 0)[1]}
         )
+        print(f"Spark's log: {shown(STATE / 'spark.log')}")
+        quiet.enter_context(spark_log(STATE / "spark.log"))  # before the driver's JVM starts
         if args.master:
             from pyspark.sql import SparkSession
 
@@ -440,10 +505,10 @@ def main() -> int:
         queries = start_queries(spark, args.nsqd_http, args.nsqd_tcp, out, starting)
         wait_mid_way(queries, producer, t0 + args.seconds / 2)
         done = ", ".join(str(batches_done(q)) for q in queries)
-        print(f"stopping the queries after {done} micro-batches (the producer goes on);")
-        print("Spark logs a micro-batch that the stop cuts short as aborted: it runs again")
+        going = "the producer goes on" if producer.poll() is None else "the producer is done"
+        print(f"stopping the queries after {done} micro-batches ({going})")
         for q in queries:
-            q.stop()
+            stop_between_batches(q)
         restart_at = time.time()
         queries = start_queries(spark, args.nsqd_http, args.nsqd_tcp, out, starting)
         print("... and starting them again from their checkpoints")
@@ -454,16 +519,18 @@ def main() -> int:
 
         drain(spark, queries, tally, out, summaries)
         for q in queries:
-            q.stop()
+            stop_between_batches(q)
         table = check(read_table(spark, out), summaries(), tally)
         print(f"{'window':<22}{'events':>8}{'amount':>12}")
         for w, n, a in table:
             print(f"{time.strftime('%H:%M:%S', time.localtime(w)):<22}{n:>8}{a:>12.2f}")
-        for path in {Path(args.picture), STATE / "per_window.svg"}:
+        pictures = [STATE / "per_window.svg"] + ([Path(args.picture)] if args.picture else [])
+        for path in pictures:
             plot(table, restart_at, path)
-        print(f"picture: {args.picture}")
+        print("picture:", ", ".join(shown(p) for p in pictures))
         spark.stop()
     finally:
+        quiet.close()
         if cluster is not None:
             cluster.stop()
         if nsq is not None:

@@ -369,3 +369,80 @@ def test_every_endpoint_survives_garbage(cluster: Cluster) -> None:
                     assert isinstance(data, dict) and "message" in data, (method, path, data)
     assert adm.request("GET", "/ping") == (200, "OK")
     assert adm.get("/api/topics/sums")["message_count"] == 12
+
+
+def test_a_mistyped_topic_is_404_and_nothing_creates_it(cluster: Cluster) -> None:
+    adm = cluster.admin
+    cluster.pub(cluster.nsqds[0], "realtopic", b"x")
+    wait_until(lambda: cluster.lookupd.get("/lookup?topic=realtopic")[0] == 200)
+    for method, path, body in [
+        ("GET", "/api/topics/realtopik", None),
+        ("GET", "/api/topics/realtopik/somechannel", None),
+        ("POST", "/api/topics/realtopik", {"action": "pause"}),
+        ("POST", "/api/topics/realtopik", {"action": "empty"}),
+    ]:
+        status, data = adm.request(method, path, body)
+        assert (status, data["message"]) == (404, "TOPIC_NOT_FOUND"), (method, path)
+    # the real one and its unknown channel are told apart
+    assert adm.request("GET", "/api/topics/realtopic/nochannel")[1]["message"] == (
+        "CHANNEL_NOT_FOUND"
+    )
+    assert adm.get("/api/topics/realtopic")["message_count"] == 1
+    assert "realtopik" not in cluster.lookupd.json("/topics")["topics"]
+    assert all(cluster.stats(n, "realtopik") == [] for n in cluster.nsqds)
+
+
+def test_a_rate_is_measured_up_to_now_not_at_the_last_sample(cluster: Cluster) -> None:
+    a = cluster.nsqds[0]
+    cluster.pub(a, "flow", b"0")
+    assert cluster.post_nsqd(a, "/channel/create?topic=flow&channel=c") == 200
+    wait_until(lambda: cluster.lookupd.get("/lookup?topic=flow")[0] == 200)
+    # samples an hour apart: every rate the page shows comes from its own readings
+    admin = start_admin(
+        f"--lookupd-http-address={cluster.lookupd.http_address}",
+        "--history-interval=1h",
+        "--history-length=2h",
+    )
+    try:
+
+        def rates() -> tuple[Any, Any]:
+            t = admin.get("/api/topics/flow")
+            return t["rate"], t["channels"][0]["rate"]
+
+        # nothing is published: 0 msgs/s once there is a window to measure over
+        wait_until(lambda: rates()[0] == 0.0, what="a rate of 0 over a window")
+        cluster.pub(a, "flow", *[b"m"] * 20)
+        wait_until(lambda: (rates()[0] or 0) > 0, what="the 20 messages as a rate")
+        # once the flow stops, the rate says so at once, not an interval later
+        wait_until(lambda: rates()[0] == 0.0, what="the rate back to 0")
+        listing = admin.get("/api/topics?stats=true")["stats"]
+        assert next(s for s in listing if s["topic_name"] == "flow")["rate"] == 0.0
+        # a paused channel has no rate
+        assert admin.request("POST", "/api/topics/flow/c", {"action": "pause"})[0] == 200
+        wait_until(lambda: rates() == (0.0, None), what="no rate for the paused channel")
+        history = admin.get("/api/history?topic=flow")
+        assert history["now"] >= history["points"][-1]["ts"]
+    finally:
+        admin.stop()
+
+
+def test_a_node_page_has_its_clients_lookupds_and_tombstones(cluster: Cluster) -> None:
+    a, b = cluster.nsqds
+    cluster.pub(a, "gone", b"x")
+    cluster.pub(b, "gone", b"y")
+    wait_until(lambda: len(cluster.lookupd.json("/lookup?topic=gone")["producers"]) == 2)
+    node = f"127.0.0.1:{a.http_port}"
+    assert cluster.admin.request("DELETE", f"/api/nodes/{node}", {"topic": "gone"})[0] == 200
+    # nsqlookupd forgets the tombstone once the node deleted the topic; the admin does not
+    page = cluster.admin.get(f"/api/nodes/{node}")
+    assert "gone" in page["tombstones"]
+    assert page["remote_addresses"] == [f"{cluster.lookupd.http_address}/127.0.0.1:" + (
+        page["remote_addresses"][0].rsplit(":", 1)[1]
+    )]  # fmt: skip
+    assert page["clients"] == [] and page["total_clients"] == 0
+    (listed,) = [
+        n for n in cluster.admin.get("/api/nodes")["nodes"] if n["http_port"] == a.http_port
+    ]
+    assert {"topic": "gone", "tombstoned": True} in listed["topics"]
+    other = cluster.admin.get(f"/api/nodes/127.0.0.1:{b.http_port}")
+    assert other["tombstones"] == []

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -307,5 +308,255 @@ def test_a_user_who_is_not_admin_sees_no_actions(cluster: Cluster, browser: Brow
         expect(pg.locator("#topic-actions")).to_have_count(0)
         expect(pg.locator("#create-channel")).to_have_count(0)
         context.close()
+    finally:
+        admin.stop()
+
+
+# -- charts, typos, details (issue 28) -----------------------------------------------------
+
+
+def _chart_bounds(page: Page) -> dict[str, float]:
+    box = page.locator('[data-testid="chart"]')
+    expect(box).to_have_attribute("data-x-min", re.compile(r"\d"))
+    expect(box).to_have_attribute("data-count-min", re.compile(r"\d"))
+    return {
+        k: float(box.get_attribute(f"data-{k}") or "nan")
+        for k in ("x-min", "x-max", "rate-min", "count-min")
+    }
+
+
+def test_charts_show_the_last_minutes_from_zero(cluster: Cluster, page: Page) -> None:
+    a = cluster.nsqds[0]
+    # a topic opened right after it was created: no point, or one, in its history
+    assert cluster.post_nsqd(a, "/topic/create?topic=fresh") == 200
+    assert cluster.post_nsqd(a, "/channel/create?topic=fresh&channel=c") == 200
+    wait_registered(cluster, "fresh")
+    for path in ("/topics/fresh", "/topics/fresh/c"):
+        before = time.time()
+        page.goto(cluster.admin.url + path)
+        bounds = _chart_bounds(page)
+        after = time.time()
+        # the x axis is the last minute(s) up to now: not 2027-2029, not 1969-1970
+        assert before - 60 - 5 <= bounds["x-min"] <= bounds["x-max"] <= after + 5, bounds
+        assert bounds["x-max"] - bounds["x-min"] <= 15 * 60 + 1, bounds
+        # both y axes start at zero: a small change does not look like a crash
+        assert bounds["rate-min"] == 0 and bounds["count-min"] == 0, bounds
+    cluster.pub(a, "fresh", *[b"x"] * 5)
+    chart = page.locator('[data-testid="chart"]')
+    wait_until(lambda: int(chart.get_attribute("data-points") or 0) >= 3, what="points")
+    assert _chart_bounds(page)["count-min"] == 0
+
+
+def test_a_mistyped_topic_says_so_and_offers_nothing(cluster: Cluster, page: Page) -> None:
+    page.goto(cluster.admin.url + "/topics/ordersss")
+    expect(page.locator("#no-such-topic")).to_contain_text("No nsqd and no nsqlookupd")
+    expect(page.locator("#topic-name")).to_have_text("ordersss")
+    for what in ("#topic-actions", "#create-channel", '[data-testid="chart"]', "button", "form"):
+        expect(page.locator(f"main {what}")).to_have_count(0)
+    # a channel of it too: nothing to pause, empty, delete or reset
+    page.goto(cluster.admin.url + "/topics/ordersss/work")
+    expect(page.locator("#no-such-topic")).to_be_visible()
+    expect(page.locator("main button")).to_have_count(0)
+    assert "ordersss" not in cluster.lookupd.json("/topics")["topics"]
+    # the page shows the topic once it exists
+    cluster.pub(cluster.nsqds[0], "ordersss", b"x")
+    expect(page.locator("#channel-actions")).to_be_attached()
+    expect(page.locator("#not-found")).to_be_visible()  # its channel does not exist (yet)
+
+
+def test_latency_per_node_and_channel_names_the_node(cluster: Cluster, page: Page) -> None:
+    a, b = cluster.nsqds
+    for n in (a, b):
+        assert cluster.post_nsqd(n, "/topic/create?topic=lat") == 200
+        assert cluster.post_nsqd(n, "/channel/create?topic=lat&channel=c") == 200
+    cluster.pub(a, "lat", *[b"x"] * 3)
+    tail(cluster, "lat", "c", 3)  # finished on a only: b has no latency sample
+    wait_registered(cluster, "lat", 2)
+    node_a, node_b = f"127.0.0.1:{a.http_port}", f"127.0.0.1:{b.http_port}"
+    page.goto(cluster.admin.url + "/topics/lat")
+    # a column per percentile for each node and each channel
+    expect(cell(page, "topic-nodes", node_a, "e2e_0.5")).to_have_text(re.compile(r"\d"))
+    expect(cell(page, "topic-nodes", node_b, "e2e_0.5")).to_have_text("\u2013")
+    expect(cell(page, "channels", "c", "e2e_1")).to_have_text(re.compile(r"\d"))
+    # min and max name their node; b's empty window is not a 0 ns minimum
+    for col in ("min", "max"):
+        expect(page.locator(f'#e2e tr[data-row="0.5"] td[data-col="{col}"]')).to_contain_text(
+            node_a
+        )
+    expect(page.locator('#e2e tr[data-row="0.5"] td[data-col="min"]')).not_to_contain_text("0ns")
+    page.goto(cluster.admin.url + "/topics/lat/c")
+    expect(cell(page, "channel-nodes", node_a, "e2e_0.5")).to_have_text(re.compile(r"\d"))
+
+
+def test_nodes_show_lookupds_topics_tombstones_and_clients(cluster: Cluster, page: Page) -> None:
+    a, b = cluster.nsqds
+    node_a = f"127.0.0.1:{a.http_port}"
+    cluster.pub(a, "shown", b"1")
+    cluster.pub(b, "shown", b"2")
+    wait_registered(cluster, "shown", 2)
+    page.goto(cluster.admin.url + "/nodes")
+    row = page.locator(f'#nodes tr[data-row="{node_a}"]')
+    expect(row.locator('td[data-col="remote_addresses"]')).to_contain_text(
+        cluster.lookupd.http_address
+    )
+    expect(row.locator('td[data-col="topic_count"] a:text-is("shown")')).to_have_count(1)
+    # tombstone it on a: the Tombstoned column and the node's page say so
+    page.goto(cluster.admin.url + "/topics/shown")
+    page.locator(f'#topic-nodes tr[data-row="{node_a}"] button.tombstone').click()
+    expect(page.locator(f'#topic-nodes tr[data-row="{node_a}"]')).to_have_count(0)
+    page.goto(cluster.admin.url + "/nodes")
+    expect(row.locator('td[data-col="tombstoned"]')).to_contain_text("shown")
+    consumer = subprocess.Popen(
+        [sys.executable, "-m", "nsqx", "tail", "--topic=alpha", "--channel=node-page",
+         f"--nsqd-tcp-address=127.0.0.1:{a.tcp_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        page.goto(cluster.admin.url + f"/nodes/{node_a}")
+        expect(page.locator("#node-tombstones")).to_contain_text("shown")
+        expect(page.locator("#node-lookupds")).to_contain_text(cluster.lookupd.http_address)
+        client = page.locator("#node-clients tbody tr[data-row]")
+        expect(client).to_have_count(1)
+        expect(client.locator('td[data-col="where"]')).to_have_text("alpha / node-page")
+    finally:
+        consumer.send_signal(signal.SIGINT)
+        consumer.wait(20)
+
+
+def test_the_clients_table_fits_1400_px(cluster: Cluster, browser: Browser) -> None:
+    a = cluster.nsqds[0]
+    cluster.pub(a, "wide", b"x")
+    wait_registered(cluster, "wide")
+    consumer = subprocess.Popen(
+        [sys.executable, "-m", "nsqx", "tail", "--topic=wide", "--channel=c",
+         f"--nsqd-tcp-address=127.0.0.1:{a.tcp_port}",
+         "--consumer-opt=hostname,worker-042.payments.eu-west-1.compute.internal",
+         "--consumer-opt=user_agent,payments-consumer/3.14.159 (python 3.12; nsqx client)"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    pg = context.new_page()
+    try:
+        pg.goto(cluster.admin.url + "/topics/wide/c")
+        expect(pg.locator("#clients tbody tr[data-row]")).to_have_count(1)
+        box = pg.locator("#clients").locator("xpath=..")
+        sizes = box.evaluate("el => [el.scrollWidth, el.clientWidth]")
+        assert sizes[0] <= sizes[1], sizes  # no sideways scrolling
+        auth = pg.locator('#clients th[data-col="auth_identity"]').bounding_box()
+        assert auth is not None and auth["x"] + auth["width"] <= 1400, auth
+    finally:
+        context.close()
+        consumer.send_signal(signal.SIGINT)
+        consumer.wait(20)
+
+
+# -- a node that hangs, a partition that goes missing (issue 28) -------------------------
+
+
+@pytest.fixture(scope="module")
+def frail(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A cluster of its own, whose nodes the tests stop (the third for good)."""
+    c = start_cluster(
+        tmp_path_factory.mktemp("frail"),
+        "--refresh-interval=200ms",
+        "--history-interval=200ms",
+        nodes=3,
+    )
+    yield c
+    for n in c.nsqds:
+        if n.alive():
+            os.kill(n.proc.pid, signal.SIGCONT)
+    c.stop()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (SIGSTOP): its state in /proc is T."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def test_missing_partitions_are_shown_with_their_last_node(frail: Cluster, page: Page) -> None:
+    adm = frail.admin
+    assert adm.request("POST", "/api/topics", {"topic": "orders", "partition_num": 4})[0] == 200
+    wait_until(lambda: len(adm.get("/api/topics/orders")["partitions"]) == 4, what="placed")
+    assert adm.request("POST", "/api/topics", {"topic": "orders", "channel": "work"})[0] == 200
+    b = frail.nsqds[2]
+    node_b = f"127.0.0.1:{b.http_port}"
+    on_b = sorted(p["partition"] for p in adm.get("/api/topics/orders")["partitions"]
+                  if p["node"] == node_b)  # fmt: skip
+    assert on_b and len(on_b) < 4, on_b
+    page.goto(adm.url + "/topics/orders")
+    expect(page.locator("#partitions tbody tr[data-row]")).to_have_count(4)
+    b.stop()  # gracefully: it leaves nsqlookupd, as if it had never been there
+    expect(page.locator("#partition-num")).to_have_text(f"(4 in the cluster, {len(on_b)} missing)")
+    gone = page.locator('#partitions tbody tr[data-down="true"]')
+    expect(gone).to_have_count(len(on_b))
+    expect(gone.locator('[data-testid="partition-missing"]').first).to_have_text("missing")
+    for pid in on_b:
+        expect(page.locator(f'#partitions tr[data-row="missing-{pid}"]')).to_contain_text(node_b)
+    expect(page.locator("#partitions-missing")).to_contain_text("missing")
+    # the Reset form says which partitions it cannot move, and does not offer them
+    page.goto(adm.url + "/topics/orders/work")
+    expect(page.locator("#reset-missing")).to_contain_text(node_b)
+    options = page.locator("#reset-partition option")
+    expect(options).to_have_count(5)
+    expect(page.locator("#reset-partition option[disabled]")).to_have_count(len(on_b))
+    expect(options.first).to_contain_text(f"every answering partition ({4 - len(on_b)} of 4)")
+    shot(page, "missing-partitions")
+    # and the API says so too
+    status, data = adm.request(
+        "POST", "/api/topics/orders/work",
+        {"action": "setoffset", "position": "special:-1", "partition": on_b[0]},
+    )  # fmt: skip
+    assert status == 502 and f"partition {on_b[0]} is missing" in data["message"], data
+    status, data = adm.request(
+        "POST", "/api/topics/orders/work", {"action": "setoffset", "position": "special:-1"}
+    )
+    assert status == 200 and f"not reset: partition {on_b[0]} is missing" in data["message"]
+
+
+def test_a_hung_node_does_not_stall_the_pages(frail: Cluster, page: Page) -> None:
+    a, b = frail.nsqds[:2]
+    frail.pub(a, "hung", b"1")
+    frail.pub(b, "hung", b"2", b"3")
+    node_a, node_b = f"127.0.0.1:{a.http_port}", f"127.0.0.1:{b.http_port}"
+    # an admin of the two nsqd themselves: nsqlookupd drops a silent partition-aware
+    # nsqd after its own --node-timeout (and then no admin asks it at all)
+    admin = start_admin(
+        f"--nsqd-http-address={node_a}",
+        f"--nsqd-http-address={node_b}",
+        "--refresh-interval=200ms",
+        "--history-interval=200ms",
+    )
+    try:
+        os.kill(b.proc.pid, signal.SIGSTOP)
+        try:
+            page.goto(admin.url + "/topics/hung")
+            # what answered is shown, and the hung node marked, while it is still stopped
+            expect(cell(page, "topic-nodes", node_a, "message_count")).to_have_text("1")
+            hung = page.locator(f'#topic-nodes tr[data-row="{node_b}"][data-down="true"]')
+            expect(hung.locator('[data-testid="not-answering"]')).to_have_text("not answering")
+            assert _stopped(b.proc.pid)
+            # the admin remembers it: the next reads do not ask it (nor wait for it) again
+            data = admin.get("/api/topics/hung")
+            assert data["message_count"] == 1 and data["message"].startswith("WARNING:")
+            (down,) = data["not_answering"]
+            assert (down["node"], down["skipped"]) == (node_b, True), down
+            page.goto(admin.url + "/nodes")
+            health = page.locator(f'#nodes tr[data-row="{node_b}"] [data-health="down"]')
+            expect(health).to_have_text("not answering")
+            expect(
+                page.locator(f'#nodes tr[data-row="{node_a}"] [data-health="ok"]')
+            ).to_be_visible()
+            page.goto(admin.url + "/topics")
+            expect(cell(page, "topics", "hung", "message_count")).to_have_text("1")
+            (down,) = admin.get("/api/nodes")["not_answering"]
+            assert (down["node"], down["skipped"]) == (node_b, True), down
+            assert _stopped(b.proc.pid)
+        finally:
+            os.kill(b.proc.pid, signal.SIGCONT)
+        # probed in the background: it comes back without a reload
+        expect(cell(page, "topics", "hung", "message_count")).to_have_text("3", timeout=45_000)
+        assert "not_answering" not in admin.get("/api/topics/hung")
     finally:
         admin.stop()

@@ -141,6 +141,8 @@ NSQX_EXTRA_FLAGS = {
     "http-admin-allow",
     "replication-address",
     "busy-poll",
+    "cluster-secret",
+    "cluster-secret-file",
     # Youzan's nsqd options
     "allow-ext-compatible",
     "allow-sub-ext-compatible",

@@ -39,6 +39,10 @@ def test_defaults_are_nsq_13s() -> None:
         "etcd_endpoints": "",
         "cluster_id": "nsqx",
         "etcd_lease_ttl": 5.0,
+        # nsqx's, for failover by time and members-only endpoints
+        "node_timeout": 2.0,
+        "cluster_secret": "",
+        "cluster_secret_file": "",
     }
     # the table's defaults are the options' defaults
     defaults = LookupdOptions()

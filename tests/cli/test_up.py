@@ -1,6 +1,6 @@
 """`nsqx up` with free ports: it starts, prints the addresses (the admin's too), nsqd is
-registered with the lookupd, the printed tool examples work as printed, and SIGINT stops
-it cleanly."""
+registered with the lookupd, the printed tool examples work as printed (pasted into a
+shell without the venv on its PATH, as after `make up`), and SIGINT stops it cleanly."""
 
 from __future__ import annotations
 
@@ -12,12 +12,20 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from lookupdproc import http_request, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_up_starts_prints_and_stops_on_sigint(tmp_path: Path) -> None:
     data = tmp_path / "data"
+    # a shell as after `make up`: the venv's bin is not on the PATH
+    venv_bin = os.path.dirname(sys.executable)
+    path = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin]
+    shell_env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    shell_env["PATH"] = os.pathsep.join(path)
     cmd = [sys.executable, "-m", "nsqx", "up", f"--data-dir={data}"]
     cmd += ["--nsqd-tcp-port=0", "--nsqd-http-port=0"]
     cmd += ["--lookupd-tcp-port=0", "--lookupd-http-port=0", "--admin-http-port=0"]
@@ -26,7 +34,8 @@ def test_up_starts_prints_and_stops_on_sigint(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        cwd=REPO,  # as make up runs it
+        env=dict(shell_env, PYTHONUNBUFFERED="1"),
     )
     out: list[str] = []
 
@@ -41,27 +50,61 @@ def test_up_starts_prints_and_stops_on_sigint(tmp_path: Path) -> None:
         text = "".join(out)
         lookupd_http = re.search(r"nsqlookupd HTTP +http://(127\.0\.0\.1:\d+)", text)
         nsqd_tcp = re.search(r"nsqd TCP +(127\.0\.0\.1:(\d+))", text)
-        assert lookupd_http and nsqd_tcp, text
+        nsqd_http = re.search(r"nsqd HTTP +http://(127\.0\.0\.1:\d+)", text)
+        assert lookupd_http and nsqd_tcp and nsqd_http, text
         assert re.search(r"nsqlookupd TCP +127\.0\.0\.1:\d+", text), text
         assert str(data) in text
         admin = re.search(r"nsqadmin +http://(127\.0\.0\.1:\d+)/", text)
         assert admin, text
         assert http_request(f"http://{admin.group(1)}/ping")[2] == b"OK"
-        publish = re.search(r"publish: +(echo hello \| nsqx pub .*)", text)
-        tail = re.search(r"tail: +(nsqx tail .*)", text)
-        assert publish and tail, text
-        assert f"--nsqd-tcp-address={nsqd_tcp.group(1)}" in publish.group(1)
-        # the examples work as printed (nsqx run as this interpreter's module)
-        nsqx = f"{sys.executable} -m nsqx"
-        subprocess.run(publish.group(1).replace("nsqx", nsqx), shell=True, check=True, timeout=60)
-        shown = subprocess.run(
-            tail.group(1).replace("nsqx", nsqx) + " --n=1 --channel=example",
-            shell=True,
-            check=True,
-            timeout=60,
-            capture_output=True,
+        # every example runs as printed, pasted into a shell whose PATH does not have
+        # the venv (make up does not activate it), from where nsqx up ran
+        examples = dict(re.findall(r"^  (\w+): +(.*)$", text, re.M))
+        assert set(examples) >= {"publish", "tail", "stats", "archive", "http", "lookup"}
+        assert "source .venv/bin/activate" in text, text
+        assert f"--nsqd-tcp-address={nsqd_tcp.group(1)}" in examples["publish"]
+
+        def sh(line: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["bash", "-c", line], cwd=REPO, env=shell_env, text=True, timeout=60, **kw
+            )
+
+        assert sh("command -v nsqx", capture_output=True).returncode != 0  # not on PATH
+        assert examples["publish"].startswith("echo hello | .venv/bin/nsqx pub ")
+        sh(examples["publish"], check=True)
+        shown = sh(examples["tail"] + " --n=1", check=True, capture_output=True)
+        assert shown.stdout == "hello\n"
+        # stat reads the channel the tail subscribed on (a named one, still there)
+        stat = sh(examples["stats"] + " --count=1 --interval=0.2s", capture_output=True)
+        assert stat.returncode == 0, stat.stderr
+        assert "ingress" in stat.stdout
+        # the archive goes under the cluster's data, not into the current directory
+        archive = data / "archive"
+        assert f"--output-dir={archive}" in examples["archive"]
+        to_file = subprocess.Popen(
+            ["bash", "-c", "exec " + examples["archive"]],
+            cwd=REPO,
+            env=shell_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
-        assert shown.stdout == b"hello\n"
+        try:
+            # its channel is new: it gets what is published once it subscribed
+            wait_until(
+                lambda: "nsq_to_file" in str(http_request(f"http://{nsqd_http.group(1)}/stats")[2]),
+                timeout=30,
+                what="to-file's channel",
+            )
+            sh(examples["http"], check=True, capture_output=True)
+
+            def archived() -> bytes:
+                return b"".join(f.read_bytes() for f in archive.glob("**/*") if f.is_file())
+
+            wait_until(lambda: b"hello" in archived(), timeout=30, what="the archive")
+        finally:
+            to_file.terminate()
+            to_file.wait(30)
+        assert '"producers"' in sh(examples["lookup"], check=True, capture_output=True).stdout
 
         def nodes() -> list[dict[str, object]]:
             status, _, body = http_request(f"http://{lookupd_http.group(1)}/nodes")

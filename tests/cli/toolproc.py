@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 ENV = dict(os.environ, PYTHONUNBUFFERED="1")
 
@@ -40,10 +44,10 @@ class Running:
     def stderr(self) -> str:
         return b"".join(self.err).decode(errors="replace")
 
-    def stop(self, timeout: float = 20) -> int:
-        """SIGINT (Ctrl-C), then the exit status."""
+    def stop(self, timeout: float = 20, sig: int = signal.SIGINT) -> int:
+        """SIGINT (Ctrl-C) or ``sig``, then the exit status."""
         if self.proc.poll() is None:
-            self.proc.send_signal(2)
+            self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout)
         finally:
@@ -52,21 +56,28 @@ class Running:
                 self.proc.wait()
 
 
-def start(*args: str) -> Running:
-    """Start ``nsqx <args>`` with stdin closed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nsqx", *args],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=ENV,
-    )
+def start(*args: str, stdout: Path | None = None, stdin: int = subprocess.DEVNULL) -> Running:
+    """Start ``nsqx <args>``: stdin closed (or ``subprocess.PIPE``: the caller writes
+    to ``proc.stdin``), stdout collected (or written to the file ``stdout``, as
+    ``nsqx tail > file`` does)."""
+    with contextlib.ExitStack() as stack:
+        out: Any = subprocess.PIPE
+        if stdout is not None:
+            out = stack.enter_context(stdout.open("wb"))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nsqx", *args],
+            stdin=stdin,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            env=ENV,
+        )
     running = Running(proc)
 
     def pump(stream: object, sink: list[bytes]) -> None:
         for line in iter(stream.readline, b""):  # type: ignore[attr-defined]
             sink.append(line)
 
-    threading.Thread(target=pump, args=(proc.stdout, running.out), daemon=True).start()
+    if proc.stdout is not None:
+        threading.Thread(target=pump, args=(proc.stdout, running.out), daemon=True).start()
     threading.Thread(target=pump, args=(proc.stderr, running.err), daemon=True).start()
     return running

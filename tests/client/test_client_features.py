@@ -1,5 +1,6 @@
 """Negotiated features: TLS, deflate and AUTH, through a front (tests/clienthelp.py)
-that adds them to a real nsqd, since our nsqd serves them only once their branch lands.
+that adds them to a real nsqd, so that the client's side is tested apart from nsqd's
+(tests/client/test_client_nsqd_features.py runs them against nsqd's own).
 
 The deflate codec here is a zlib stream registered for the test: the client's own
 codecs come from nsqx.wire.compression; these tests cover the negotiation and the

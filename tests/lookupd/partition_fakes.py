@@ -47,7 +47,9 @@ async def wait_for(cond: Callable[[], Any], timeout: float = 10, what: str = "co
 
 
 async def start_lookupd(data_path: str = "", **opts: Any) -> NSQLookupd:
-    """An nsqlookupd in this loop on free ports, reconciling fast (tests wait for it)."""
+    """An nsqlookupd in this loop on free ports, reconciling fast (tests wait for it).
+    Fake nodes do not PING: a long node timeout unless a test sets one."""
+    opts.setdefault("node_timeout", 600.0)
     lk = NSQLookupd(
         LookupdOptions(
             tcp_address="127.0.0.1:0",

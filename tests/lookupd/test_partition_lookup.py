@@ -42,7 +42,7 @@ def local_addr(node: FakeNsqd) -> str:
 
 def test_identify_reply_says_partitions_only_to_partition_aware_peers() -> None:
     async def body() -> None:
-        lk = await start_lookupd()
+        lk = await start_lookupd(node_timeout=2.0)
         go = await V1Client.connect(lk)
         go_reply = await go.identify_raw(
             broadcast_address="127.0.0.1", tcp_port=4150, http_port=4151, version="1.3.0"
@@ -67,13 +67,22 @@ def test_identify_reply_says_partitions_only_to_partition_aware_peers() -> None:
             reply = await conn.identify(**fields)
             assert list(reply) == [
                 "broadcast_address",
+                "heartbeat_interval",
                 "hostname",
                 "http_port",
+                "lease",
+                "node_timeout",
                 "partitions",
                 "tcp_port",
                 "version",
             ]
             assert reply["partitions"] is True
+            # the liveness times (ms), all from --node-timeout (2 s by default)
+            assert (reply["heartbeat_interval"], reply["lease"], reply["node_timeout"]) == (
+                200,
+                500,
+                2000,
+            )
             assert await conn.command("REGISTER yzt 3 ch") == b"OK"
             await conn.close()
         await go.close()

@@ -162,7 +162,7 @@ class ChannelMachine(RuleBasedStateMachine):
     def _delivered(self, cid: int, con: Consumer, data: bytes) -> None:
         msg = decode_message(data)
         mid = msg.id
-        seq = int(mid, 16)
+        seq = int(mid, 16) - 1  # (ids start at 1)
         assert msg.body == self.published[seq]
         assert mid not in self.finished, f"{mid!r} delivered after its FIN"
         assert mid not in self.holder, f"{mid!r} in flight at {self.holder[mid]} and sent to {cid}"
@@ -186,7 +186,7 @@ class ChannelMachine(RuleBasedStateMachine):
         in_loop(self.loop, tr.close)
 
     def _available(self) -> list[bytes]:
-        ids = [b"%016x" % i for i in range(len(self.published))]
+        ids = [b"%016x" % (i + 1) for i in range(len(self.published))]  # (ids start at 1)
         return [
             m
             for m in ids
@@ -212,7 +212,7 @@ class ChannelMachine(RuleBasedStateMachine):
         else:
             self._pub(b"".join(c.dpub("t", REQ_DELAY_MS, b) for b in bodies))
         for i, _ in enumerate(bodies):
-            mid = b"%016x" % (len(self.published) + i)
+            mid = b"%016x" % (len(self.published) + i + 1)
             if how == "dpub":
                 self.deferred[mid] = self.clock.now + REQ_DELAY_MS / 1000
         self.published += bodies

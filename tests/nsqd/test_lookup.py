@@ -265,7 +265,8 @@ def test_exact_bytes_sent_to_a_go_lookupd(monkeypatch: pytest.MonkeyPatch) -> No
         size = struct.unpack(">i", seen[13:17])[0]
         body = json.loads(seen[17 : 17 + size])
         # the five fields of Go nsqd's IDENTIFY (lookupd requires the first four), and
-        # distributed_id, which a Go lookupd ignores and nsqx's reads as "partitions"
+        # distributed_id and liveness, which a Go lookupd ignores (nsqx's reads them as
+        # "partitions" and "judge me by my heartbeats")
         assert body == {
             "broadcast_address": "10.1.2.3",
             "hostname": socket.gethostname(),
@@ -273,6 +274,7 @@ def test_exact_bytes_sent_to_a_go_lookupd(monkeypatch: pytest.MonkeyPatch) -> No
             "tcp_port": nsqd.tcp_address[1],  # type: ignore[index]
             "version": NSQ_VERSION,
             "distributed_id": f"10.1.2.3:{nsqd.tcp_address[1]}",  # type: ignore[index]
+            "liveness": "heartbeat",
         }
         nsqd.get_topic("t1").get_channel("c1")
         nsqd.delete_topic("t1")

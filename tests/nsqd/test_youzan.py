@@ -356,7 +356,7 @@ def test_vanilla_consumer_gets_vanilla_frames_of_traced_messages() -> None:
         await sub.subscribe("v", "ch", rdy=10)
         got = await sub.messages(2)
         assert [m.body for m in got] == [b"traced", b"plain"]
-        assert got[0].id == b"%016x" % 0 and got[1].id == b"%016x" % 1
+        assert got[0].id == b"%016x" % 1 and got[1].id == b"%016x" % 2  # (never 0)
         sub.send(c.fin_many([m.id for m in got]))
         ch = nsqd.topics["v"].channels["ch"]
         await wait_for(lambda: ch.in_flight_count == 0 and ch.depth == 0)

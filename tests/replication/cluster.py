@@ -142,6 +142,8 @@ class Publisher:
     #: seconds from a message's first attempt to its acknowledgement, when over 0.2 s
     #: (the time writes were held up: retries, or an answer that waited for the ISR)
     outages: list[float] = field(default_factory=list)
+    #: seconds an attempt waits for its answer (a stopped leader answers nothing)
+    timeout: float = 15
 
     def publish(self, n: int, deadline: float = 60) -> None:
         stop = time.monotonic() + deadline
@@ -165,7 +167,7 @@ class Publisher:
                 port = leader_port(self.lookupd, self.topic, self.pid)
                 if port is None:
                     return False
-                self.conn = Conn(port, timeout=15)
+                self.conn = Conn(port, timeout=self.timeout)
             self.conn.send(c.pub(self.topic, b"m%d" % number, self.pid))
             while True:
                 ftype, data = self.conn.frame()

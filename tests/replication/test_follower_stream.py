@@ -60,6 +60,12 @@ class FakeReplica:
     def adopt_history(self, history: tuple[tuple[int, int], ...]) -> None:
         self.history = history
 
+    def node_timeout(self) -> float:
+        return 2.0
+
+    def member_headers(self) -> dict[str, str]:
+        return {}
+
 
 class Leader:
     """One connection at a time: ``script(reader, writer, next_message)``."""

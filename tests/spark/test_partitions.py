@@ -249,7 +249,8 @@ def test_batch_reads_every_partition_on_every_nsqd_once(
         create(node, "p3", partition, 3)
         bodies = fill(node, "p3", partition, 30 + 25 * partition, "m")
         expected += [
-            (http(node), partition, i, f"{partition << PARTITION_SHIFT | i:016x}", body)
+            # (ids are partition << 50 | sequence + 1: never 0)
+            (http(node), partition, i, f"{partition << PARTITION_SHIFT | (i + 1):016x}", body)
             for i, body in enumerate(bodies)
         ]
     df = (

@@ -89,7 +89,7 @@ def test_extended_records_give_trace_ids_and_ext_headers(tmp_path: Path) -> None
     assert cols["body"] == [e[0] for e in expected]
     assert cols["trace_id"] == [e[1] for e in expected]
     assert cols["ext"] == [e[2] for e in expected]
-    assert cols["id"] == [f"{s:016x}" for s in range(len(expected))]
+    assert cols["id"] == [i.decode() for i in make_ids(0, len(expected))]
     assert cols["offset"] == list(range(len(expected)))
     # a read that starts inside the extended batches: the same columns from there
     tail = frames_to_batch(decode_range_frames(_body(log, 4, 100)), "t", "h:1", 0).to_pydict()
@@ -121,7 +121,7 @@ def test_malformed_bodies_are_refused(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="malformed frames"):
         frames_to_batch(decode_range_frames(body[:-5]), "t", "h:1", 0)
     # an id that is not text: Arrow's error, named as a bad range read from that nsqd
-    pos = body.index(b"%016x" % 0)
+    pos = body.index(make_ids(0, 1)[0])
     bad_id = body[:pos] + b"\xff" + body[pos + 1 :]
     with pytest.raises(RuntimeError, match=r"from h:1 has malformed frames: Invalid UTF8"):
         frames_to_batch(decode_range_frames(bad_id), "t", "h:1", 0)
@@ -166,7 +166,7 @@ def test_a_read_stops_at_a_gap_and_says_where_it_starts(tmp_path: Path) -> None:
     assert [r.sequence for r in before.records] == list(range(lo))
     inside = decode_range(_body(log, lo, 100))
     assert inside.start_sequence == hi and inside.records[0].sequence == hi
-    assert all(r.id == b"%016x" % r.sequence for r in inside.records)
+    assert all([r.id] == make_ids(r.sequence, 1) for r in inside.records)
 
 
 def test_a_large_read_is_taken_in_steps_that_let_other_work_run(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsqx.nsqd.guid import make_ids
+from nsqx.nsqd.guid import make_ids, seq_of
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
 from nsqx.store.disklog import SEG_HEAD_SIZE, DiskLog
 from nsqx.store.log import split_chunks
@@ -60,9 +60,9 @@ def test_append_read_across_segments_and_restart(tmp_path: Path) -> None:
     again = DiskLog(str(tmp_path), max_bytes_per_file=4096, cache_size=5)
     assert again.end == len(expected)
     assert read_all(again) == expected
-    # ids are the sequence
+    # the ids are the frames' (put() made them from the sequence)
     _frames, ids = again.read(10, 1)
-    assert ids == [b"%016x" % 10]
+    assert ids == make_ids(10, 1)
 
 
 @settings(max_examples=25, deadline=None)
@@ -175,6 +175,23 @@ def test_reclaim_and_drop(tmp_path: Path) -> None:
     assert read_all(log) == [b"after"]
 
 
+def test_first_id_is_the_oldest_records(tmp_path: Path) -> None:
+    """The sequence and id of the oldest record (nsqd reads its id rule from it), past
+    reclaimed segments, and None in a log without records."""
+    log = DiskLog(str(tmp_path), max_bytes_per_file=300, cache_size=2)
+    assert log.first_id() is None
+    for _ in range(20):
+        put(log, [b"x" * 40, b"y"])
+    assert log.first_id() == (0, make_ids(0, 1)[0])
+    log.reclaim(10)
+    assert log.start > 0 and log.first_id() == (log.start, make_ids(log.start, 1)[0])
+    log.close()
+    again = DiskLog(str(tmp_path), max_bytes_per_file=300, cache_size=2)
+    assert again.first_id() == (again.start, make_ids(again.start, 1)[0])
+    again.drop_before(again.end)
+    assert again.first_id() is None
+
+
 def test_deferred_records_survive_restart(tmp_path: Path) -> None:
     log = DiskLog(str(tmp_path), max_bytes_per_file=500)
     put(log, [b"now"])
@@ -242,7 +259,7 @@ def test_read_range_is_stateless_and_bounded(tmp_path: Path) -> None:
     res = decode_range(body)
     assert res.end_sequence == 120 and res.next_sequence == 15
     assert [r.body for r in res.records] == [b"r03-1", b"r03-2", b"r04-0", b"r04-1", b"r04-2"]
-    assert res.records[0].timestamp == TS + 3 and res.records[0].id == b"%016x" % 10
+    assert res.records[0].timestamp == TS + 3 and res.records[0].id == make_ids(10, 1)[0]
 
 
 def test_failed_write_leaves_no_partial_record(
@@ -420,9 +437,9 @@ def read_across_gaps(log: DiskLog) -> list[tuple[int, bytes]]:
             assert nxt > seq, "a gap must lead somewhere"
             seq = nxt
             continue
-        assert ids[0] == b"%016x" % seq  # records are consecutive from the asked sequence
+        assert ids == make_ids(seq, len(ids))  # records are consecutive from the asked sequence
         for frame, mid in zip(split_chunks(chunks), ids, strict=True):
-            out.append((int(mid, 16), bodies_of([frame])[0]))
+            out.append((seq_of(mid), bodies_of([frame])[0]))
         seq += len(ids)
     return out
 

@@ -1047,6 +1047,8 @@ async def scenario_trace(cluster: Cluster, t: Topic, observed: Observed) -> dict
         "offset + rawsize == next offset": contiguous,
         "rawsize - len(body)": sorted({(m.rawsize or 0) - len(m.body) for m in msgs}),
         "ids consecutive": all(b.id == a.id + 1 for a, b in itertools.pairwise(msgs)),
+        # youzan/go-nsq's PublishWithTrace / PublishOrdered take an answered id 0 for "no id"
+        "no id is 0": all(x.id != 0 for x in [*singles, batch, *msgs]),
         "plain PUB answer": "OK" if plain_ok else "not OK",
         "message/get": gets,
     }

@@ -370,6 +370,7 @@ EXPECTED: dict[str, object] = {
             "plain",
         ],
         "ids consecutive": True,
+        "no id is 0": True,
         "message/get": {
             "attempts": 0,
             "by_count_queue_cnt_index_same_message": True,

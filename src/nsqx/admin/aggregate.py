@@ -24,6 +24,7 @@ from typing import Any
 __all__ = [
     "aggregate_channels",
     "aggregate_topic",
+    "empty_channel",
     "merge_e2e",
     "node_topics",
 ]
@@ -81,7 +82,13 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _e2e_from_nsqd(raw: Any, topic: str, channel: str, node: str) -> dict[str, Any]:
-    """nsqd's ``{count, percentiles:[{quantile, value}]}`` in nsqadmin's aggregate form."""
+    """nsqd's ``{count, percentiles:[{quantile, value}]}`` in nsqadmin's aggregate form.
+
+    Each percentile gets ``min``/``max`` and the node they come from (``min_node``,
+    ``max_node``), ``average`` and ``count``. A node with no sample in its window
+    (``count`` 0; nsqd then reports every percentile as 0) has no values (None), so
+    that it cannot pass for the fastest node.
+    """
     raw = _as_dict(raw)
     count = _num(raw.get("count"))
     percentiles = []
@@ -89,9 +96,11 @@ def _e2e_from_nsqd(raw: Any, topic: str, channel: str, node: str) -> dict[str, A
         p = _as_dict(p)
         try:
             quantile = float(p.get("quantile", 0))
-            value = float(p.get("value", 0))
+            value: float | None = float(p.get("value", 0))
         except (TypeError, ValueError):
             continue
+        if not count:
+            value = None
         percentiles.append(
             {
                 "quantile": quantile,
@@ -100,6 +109,8 @@ def _e2e_from_nsqd(raw: Any, topic: str, channel: str, node: str) -> dict[str, A
                 "max": value,
                 "average": value,
                 "count": count,
+                "min_node": node if count else "",
+                "max_node": node if count else "",
             }
         )
     return {
@@ -115,9 +126,9 @@ def merge_e2e(into: dict[str, Any], other: dict[str, Any]) -> None:
     """Add ``other``'s percentiles to ``into``: min, max and a count-weighted average.
 
     nsqd reports percentiles per node; they cannot be combined exactly, so nsqadmin
-    shows, per quantile, the range over nodes and the mean weighted by each node's
-    number of samples. (NSQ 1.3 computes ``min`` from the maxima; here it is the
-    minimum.)
+    shows, per quantile, the range over nodes (with the node of each end) and the mean
+    weighted by each node's number of samples. A node without samples adds nothing.
+    (NSQ 1.3 computes ``min`` from the maxima; here it is the minimum.)
     """
     into["host"] = "*"
     into["count"] = _num(into.get("count")) + _num(other.get("count"))
@@ -127,13 +138,19 @@ def merge_e2e(into: dict[str, Any], other: dict[str, Any]) -> None:
         if slot is None:
             mine.append(dict(value))
             continue
-        slot["max"] = max(slot["max"], value["max"])
-        slot["min"] = min(slot["min"], value["min"])
+        if not value.get("count") or value.get("average") is None:
+            continue
+        if not slot.get("count") or slot.get("average") is None:
+            slot.update(value)
+            continue
+        if value["max"] > slot["max"]:
+            slot["max"], slot["max_node"] = value["max"], value.get("max_node", "")
+        if value["min"] < slot["min"]:
+            slot["min"], slot["min_node"] = value["min"], value.get("min_node", "")
         total = slot["count"] + value["count"]
-        if total:
-            slot["average"] = (
-                slot["average"] * slot["count"] + value["average"] * value["count"]
-            ) / total
+        slot["average"] = (
+            slot["average"] * slot["count"] + value["average"] * value["count"]
+        ) / total
         slot["count"] = total
         slot["value"] = slot["average"]
     mine.sort(key=lambda p: -p["quantile"])
@@ -279,6 +296,28 @@ def node_topics(
 # -- the cluster ------------------------------------------------------------------------
 
 
+def empty_channel(topic: str, channel: str) -> dict[str, Any]:
+    """A channel summed over no node: every count 0 (``nodes`` empty)."""
+    return {
+        "node": "*",
+        "hostname": "",
+        "topic_name": topic,
+        "channel_name": channel,
+        **{k: 0 for k in _CHANNEL_SUMS},
+        "paused": False,
+        "nodes": [],
+        "clients": [],
+        "partitions": [],
+        "e2e_processing_latency": {
+            "count": 0,
+            "percentiles": [],
+            "topic": topic,
+            "channel": channel,
+            "host": "*",
+        },
+    }
+
+
 def aggregate_channels(node_rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Channel name -> the channel summed over nodes (``node`` "*", ``nodes`` each)."""
     out: dict[str, dict[str, Any]] = {}
@@ -286,24 +325,9 @@ def aggregate_channels(node_rows: Iterable[dict[str, Any]]) -> dict[str, dict[st
         for ch in row.get("channels") or []:
             total = out.get(ch["channel_name"])
             if total is None:
-                total = out[ch["channel_name"]] = {
-                    "node": "*",
-                    "hostname": "",
-                    "topic_name": ch["topic_name"],
-                    "channel_name": ch["channel_name"],
-                    **{k: 0 for k in _CHANNEL_SUMS},
-                    "paused": False,
-                    "nodes": [],
-                    "clients": [],
-                    "partitions": [],
-                    "e2e_processing_latency": {
-                        "count": 0,
-                        "percentiles": [],
-                        "topic": ch["topic_name"],
-                        "channel": ch["channel_name"],
-                        "host": "*",
-                    },
-                }
+                total = out[ch["channel_name"]] = empty_channel(
+                    ch["topic_name"], ch["channel_name"]
+                )
             _add_channel(total, ch)
             node_copy = copy.copy(ch)
             node_copy.pop("clients", None)

@@ -16,6 +16,7 @@ gets a 400 and harms nothing. Actions need an admin (``--admin-user``, identifie
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import ipaddress
 import json
@@ -77,6 +78,10 @@ def _json(data: Any, status: int = 200) -> web.Response:
 
 def _answer(partial: Partial | None = None, **data: Any) -> web.Response:
     data["message"] = partial.message() if partial is not None else ""
+    if partial is not None and partial.down:
+        # nsqx: the servers that did not answer (``skipped``: not even asked, known not
+        # to answer; see ClusterInfo.ask)
+        data["not_answering"] = partial.down
     return _json(data)
 
 
@@ -276,9 +281,9 @@ class _Handlers:
             return _answer(partial, topics=topics)
         producers, more = await self.ci.producers()
         partial.extend(more)
-        rows, more = await self.ci.node_stats(producers, include_clients=False)
+        rows, more = await self.ci.node_stats(producers, include_clients=False, none_is_error=False)
         partial.extend(more)
-        rates = self.admin.history.rates()
+        rates = self.admin.history.live_rates(rows)
         names = sorted(set(topics) | {r["topic_name"] for r in rows})
         stats = []
         for name in names:
@@ -297,49 +302,146 @@ class _Handlers:
             )
         return _answer(partial, topics=names, stats=stats)
 
+    async def _topic_rows(
+        self, topic: str, channel: str = "", include_clients: bool = False
+    ) -> tuple[list[Producer], list[dict[str, Any]], Partial, bool, int]:
+        """(producers, per-node rows, errors, known, partition_num) of ``topic``.
+
+        ``known``: some server knows the topic (a lookupd, or an nsqd that has it).
+        ``partition_num``: the most any node or lookupd says (0: not partitioned).
+        """
+        (producers, partial, known), lookupd_num = await asyncio.gather(
+            self.ci.lookup_topic(topic), self.ci.topic_partition_num(topic)
+        )
+        rows, more = await self.ci.node_stats(
+            producers, topic, channel, include_clients, none_is_error=False
+        )
+        partial.extend(more)
+        num = max((r.get("partition_num", 0) for r in rows), default=0)
+        partitioned = num or any(r.get("partitions") for r in rows) or self.ci.placements.get(topic)
+        if lookupd_num > 1 or partitioned:
+            num = max(num, lookupd_num)
+        known = known or bool(rows) or lookupd_num > 0
+        return producers, rows, partial, known, num
+
+    def _missing_partitions(
+        self,
+        topic: str,
+        partition_num: int,
+        rows: list[dict[str, Any]],
+        producers: list[Producer],
+        partial: Partial,
+    ) -> list[dict[str, Any]]:
+        """The partitions no answering node has: each with the node it was last seen on
+        (by this admin or nsqlookupd) and why it is missing."""
+        present = {p["partition"] for r in rows for p in r.get("partitions") or []}
+        down = {d["node"] for d in partial.down}
+        listed = {p.http_address for p in producers}
+        answered = {r["node"] for r in rows}
+        missing = []
+        for pid in range(partition_num):
+            if pid in present:
+                continue
+            node, hostname = self.ci.last_seen(topic, pid)
+            if not node:
+                reason = "unknown"
+            elif node in down:
+                reason = "not_answering"
+            elif node in listed or node in answered:
+                reason = "not_on_node"
+            else:
+                reason = "not_listed"
+            missing.append({"partition": pid, "node": node, "hostname": hostname, "reason": reason})
+        return missing
+
     async def topic(self, request: web.Request) -> web.Response:
         topic = _topic_arg(request)
-        producers, partial = await self.ci.topic_producers(topic)
-        rows, more = await self.ci.node_stats(producers, topic, include_clients=False)
-        partial.extend(more)
+        producers, rows, partial, known, num = await self._topic_rows(topic)
+        if not known and not partial.errors:
+            raise ApiError(404, "TOPIC_NOT_FOUND")
         data = aggregate.aggregate_topic(topic, rows)
-        rates = self.admin.history.rates()
+        rates = self.admin.history.live_rates(rows)
         data["rate"] = rates.get(topic)
         for ch in data["channels"]:
             ch["rate"] = rates.get(f"{topic}/{ch['channel_name']}")
+        data["partition_num"] = num
+        data["missing_partitions"] = self._missing_partitions(topic, num, rows, producers, partial)
         data["setoffset_supported"] = any(supports_setoffset(p.version) for p in producers)
         return _answer(partial, **data)
 
     async def channel(self, request: web.Request) -> web.Response:
         topic, channel = _topic_arg(request), _channel_arg(request)
-        producers, partial = await self.ci.topic_producers(topic)
-        rows, more = await self.ci.node_stats(producers, topic, channel, include_clients=True)
-        partial.extend(more)
+        producers, rows, partial, known, num = await self._topic_rows(topic, channel, True)
+        if not known and not partial.errors:
+            raise ApiError(404, "TOPIC_NOT_FOUND")
         channels = aggregate.aggregate_channels(rows)
         data = channels.get(channel)
         if data is None:
-            raise ApiError(404, "CHANNEL_NOT_FOUND")
-        data["rate"] = self.admin.history.rates().get(f"{topic}/{channel}")
-        data["partition_num"] = max((r.get("partition_num", 0) for r in rows), default=0)
+            listed: list[str] = []
+            if self.ci.lookupd and not partial.down:
+                with contextlib.suppress(UpstreamError):
+                    listed, _ = await self.ci.lookupd_topic_channels(topic)
+            if not partial.down and channel not in listed:
+                raise ApiError(404, "CHANNEL_NOT_FOUND")
+            # known to lookupd, or maybe on a node that does not answer
+            data = aggregate.empty_channel(topic, channel)
+        rates = self.admin.history.live_rates(rows)
+        data["rate"] = rates.get(f"{topic}/{channel}")
+        data["partition_num"] = num
+        data["missing_partitions"] = self._missing_partitions(topic, num, rows, producers, partial)
         data["setoffset_supported"] = any(supports_setoffset(p.version) for p in producers)
         return _answer(partial, **data)
 
     async def nodes(self, request: web.Request) -> web.Response:
         producers, partial = await self.ci.producers()
         nodes = [p.to_json() for p in producers]
-        for node, health in zip(nodes, await self._health(producers), strict=True):
-            node["health"] = health
+        health, more = await self._health(producers)
+        partial.extend(more)
+        for node, text in zip(nodes, health, strict=True):
+            node["health"] = text
+            self._add_tombstones(node)
+        listed = {f"{n['broadcast_address']}:{n['http_port']}" for n in nodes}
+        for down in partial.down:
+            if down["node"] in listed or not self.ci.nsqd:
+                continue
+            # an nsqd of --nsqd-http-address that did not answer: a row saying so
+            host, _, port = down["node"].rpartition(":")
+            nodes.append(
+                Producer(down["node"], host.strip("[]"), 0, int(port or 0), "").to_json()
+                | {"health": f"NOT ANSWERING: {down['error']}"}
+            )
         return _answer(partial, nodes=nodes)
 
-    async def _health(self, producers: list[Producer]) -> list[str]:
+    def _add_tombstones(self, node: dict[str, Any]) -> None:
+        """Mark the topics this admin tombstoned on the node (lookupd forgets them)."""
+        address = f"{node['broadcast_address']}:{node['http_port']}"
+        mine = self.admin.tombstones_of(address)
+        if not mine:
+            return
+        topics = {t["topic"]: t for t in node["topics"]}
+        for topic in mine:
+            if topic in topics:
+                topics[topic]["tombstoned"] = True
+            else:
+                node["topics"].append({"topic": topic, "tombstoned": True})
+        node["topics"].sort(key=lambda t: t["topic"])
+
+    async def _health(self, producers: list[Producer]) -> tuple[list[str], Partial]:
+        """Each nsqd's ``/ping``: ``OK``, its error, or ``NOT ANSWERING: ...``."""
+        partial = Partial()
+
         async def one(p: Producer) -> str:
+            url = f"http://{p.http_address}/ping"
             try:
-                status, text = await self.ci.get_text(f"http://{p.http_address}/ping")
+                status, text = await self.ci.ask(p.http_address, lambda: self.ci.get_text(url))
             except UpstreamError as err:
+                if err.unreachable:
+                    partial.down.append(self.ci.down_entry(err, p.http_address, p.hostname))
+                    return f"NOT ANSWERING: {err}"
                 return f"UNREACHABLE: {err}"
             return text.strip() if status == 200 else f"{status} {text.strip()}"[:200]
 
-        return list(await asyncio.gather(*(one(p) for p in producers)))
+        return list(await asyncio.gather(*(one(p) for p in producers))), partial
 
     async def node(self, request: web.Request) -> web.Response:
         node = _node_arg(request)
@@ -347,31 +449,43 @@ class _Handlers:
         producer = next((p for p in producers if p.http_address == node), None)
         if producer is None:
             raise ApiError(404, "NODE_NOT_FOUND")
-        rows, more = await self.ci.node_stats([producer], include_clients=True)
-        if more.errors:
-            raise UpstreamError("; ".join(more.errors))
-        total_clients = sum(len(c["clients"]) for r in rows for c in r["channels"])
+        rows, more = await self.ci.node_stats([producer], include_clients=True, none_is_error=False)
+        partial.extend(more)
+        clients = [
+            c | {"topic_name": r["topic_name"], "channel_name": ch["channel_name"]}
+            for r in rows
+            for ch in r["channels"]
+            for c in ch["clients"]
+        ]
+        clients.sort(key=lambda c: (str(c.get("hostname", "")), str(c.get("client_id", ""))))
         total_messages = sum(r["message_count"] for r in rows)
+        info = producer.to_json()
+        self._add_tombstones(info)
         return _answer(
             partial,
             node=node,
             hostname=producer.hostname,
             version=producer.version,
+            remote_addresses=producer.remote_addresses,
+            tombstones=[t["topic"] for t in info["topics"] if t["tombstoned"]],
             topics=rows,
+            clients=clients,
             total_messages=total_messages,
-            total_clients=total_clients,
+            total_clients=len(clients),
         )
 
     async def lookupds(self, request: web.Request) -> web.Response:
         async def one(addr: str) -> dict[str, Any]:
             out: dict[str, Any] = {"address": addr, "version": "", "health": ""}
+            base = http_base(addr)
             try:
-                info = await self.ci.get_json(f"{http_base(addr)}/info")
+                info = await self.ci.ask(addr, lambda: self.ci.get_json(f"{base}/info"))
                 out["version"] = str(info.get("version", "")) if isinstance(info, dict) else ""
-                status, text = await self.ci.get_text(f"{http_base(addr)}/ping")
+                status, text = await self.ci.ask(addr, lambda: self.ci.get_text(f"{base}/ping"))
                 out["health"] = text.strip() if status == 200 else f"{status} {text.strip()}"
             except UpstreamError as err:
-                out["health"] = f"UNREACHABLE: {err}"
+                word = "NOT ANSWERING" if err.unreachable else "UNREACHABLE"
+                out["health"] = f"{word}: {err}"
             return out
 
         found = await asyncio.gather(*(one(a) for a in self.ci.lookupd))
@@ -404,7 +518,7 @@ class _Handlers:
             raise ApiError(400, "INVALID_TOPIC")
         if channel and not is_valid_name(channel):
             raise ApiError(400, "INVALID_CHANNEL")
-        return _answer(**self.admin.history.series(topic, channel))
+        return _answer(now=time.time(), **self.admin.history.series(topic, channel))
 
     # -- actions -------------------------------------------------------------------------
 
@@ -471,7 +585,13 @@ class _Handlers:
         action = _str_field(body, "action")
         if action not in ("pause", "unpause", "empty"):
             raise ApiError(400, "INVALID_ACTION")
-        partial = await self._node_action(topic, f"topic/{action}", {"topic": topic})
+        producers, partial = await self.ci.topic_producers(topic)
+        if not producers and not partial.errors:
+            raise ApiError(404, "TOPIC_NOT_FOUND")
+        nodes = [p.http_address for p in producers]
+        partial.extend(
+            await self._node_action(topic, f"topic/{action}", {"topic": topic}, nodes=nodes)
+        )
         self.notify(request, f"{action}_topic", topic)
         return _answer(partial)
 
@@ -505,17 +625,21 @@ class _Handlers:
             isinstance(wanted, bool) or not isinstance(wanted, int) or not 0 <= wanted <= 1023
         ):
             raise ApiError(400, "INVALID_PARTITION")
-        producers, partial = await self.ci.topic_producers(topic)
-        rows, more = await self.ci.node_stats(producers, topic, include_clients=False)
-        partial.extend(more)
+        producers, rows, partial, _, num = await self._topic_rows(topic)
+        missing = self._missing_partitions(topic, num, rows, producers, partial)
         calls: list[tuple[str, int]] = []
         for row in rows:
             parts = [p["partition"] for p in row["partitions"]] or [0]
             for part in parts:
                 if wanted is None or part == wanted:
                     calls.append((row["node"], part))
+        lost = [m for m in missing if wanted is None or m["partition"] == wanted]
+        if not calls and lost:
+            raise UpstreamError("; ".join(_missing_text(m) for m in lost))
         if not calls:
             raise ApiError(404, "PARTITION_NOT_FOUND")
+        # a partition that no answering node has is not moved: say so
+        partial.errors.extend(f"not reset: {_missing_text(m)}" for m in lost)
         result = Partial()
         for node, part in calls:
             query = {"topic": topic, "channel": channel, "partition": str(part)}
@@ -537,6 +661,7 @@ class _Handlers:
         partial.extend(
             await self._node_action(topic, "topic/delete", {"topic": topic}, nodes=nodes)
         )
+        self.ci.forget_topic(topic)
         self.notify(request, "delete_topic", topic)
         return _answer(partial)
 
@@ -564,6 +689,7 @@ class _Handlers:
             result = await self.ci.post_lookupds("topic/tombstone", {"topic": topic, "node": node})
             self._all_failed(result, len(self.ci.lookupd))
             partial.extend(result)
+        self.admin.tombstoned(topic, node)
         # then the topic goes from that node, as nsqadmin does
         partial.extend(await self.ci.post_nodes([node], "topic/delete", {"topic": topic}))
         self.notify(request, "tombstone_topic_producer", topic, node=node)
@@ -647,6 +773,7 @@ _CONFIG_OPTS = {
         "history_interval",
         "history_length",
         "refresh_interval",
+        "node_timeout",
     )
 }
 _DURATION_OPTS = {
@@ -656,7 +783,19 @@ _DURATION_OPTS = {
     "history_interval",
     "history_length",
     "refresh_interval",
+    "node_timeout",
 }
+
+
+def _missing_text(m: dict[str, Any]) -> str:
+    """A missing partition in words, for warnings."""
+    where = f"last on {m['hostname'] or m['node']} ({m['node']})" if m["node"] else "never seen"
+    why = {
+        "not_answering": "its node is not answering",
+        "not_on_node": "its node no longer has it",
+        "not_listed": "its node is not in the cluster now",
+    }.get(m["reason"], "no node has it")
+    return f"partition {m['partition']} is missing: {why}, {where}"
 
 
 def _explain_setoffset(error: str) -> str:

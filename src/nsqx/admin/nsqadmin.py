@@ -17,16 +17,22 @@ import time
 import aiohttp
 from aiohttp import web
 
-from nsqx.admin import aggregate
 from nsqx.admin.cluster import ClusterInfo, UpstreamError
-from nsqx.admin.history import History, sample_from_topics
+from nsqx.admin.history import History, sample_from_rows
 from nsqx.admin.http import make_app
 from nsqx.admin.notify import Notifier
 from nsqx.admin.options import AdminOptions
+from nsqx.cluster_secret import load_secret
+from nsqx.wire import members
 
 __all__ = ["NSQAdmin"]
 
 log = logging.getLogger("nsqx.admin")
+
+#: how long the admin shows a tombstone it set: NSQ's default --tombstone-lifetime.
+#: nsqlookupd itself forgets it as soon as the node deletes the topic (which the
+#: tombstone action asks for), so its /nodes would never show it.
+TOMBSTONE_MEMORY = 45.0
 
 
 class NSQAdmin:
@@ -43,6 +49,8 @@ class NSQAdmin:
         self._sampler: asyncio.Task[None] | None = None
         self.http_host = ""
         self.http_port = 0
+        #: (topic, node) -> when this admin tombstoned the topic on the node
+        self._tombstones: dict[tuple[str, str], float] = {}
 
     @property
     def cluster(self) -> ClusterInfo:
@@ -65,19 +73,38 @@ class NSQAdmin:
             ctx.load_cert_chain(opts.http_client_tls_cert, opts.http_client_tls_key)
         return ctx
 
+    def tombstoned(self, topic: str, node: str) -> None:
+        """Remember a tombstone this admin set (see :data:`TOMBSTONE_MEMORY`)."""
+        self._tombstones[(topic, node)] = time.monotonic()
+
+    def tombstones_of(self, node: str) -> list[str]:
+        """The topics this admin tombstoned on ``node`` in the last 45 s."""
+        horizon = time.monotonic() - TOMBSTONE_MEMORY
+        for key in [k for k, at in self._tombstones.items() if at < horizon]:
+            del self._tombstones[key]
+        return sorted(t for t, n in self._tombstones if n == node)
+
     async def start(self) -> None:
-        """Bind the HTTP listener and start sampling; OSError if the address is taken."""
+        """Bind the HTTP listener and start sampling; OSError if the address is taken,
+        ValueError if the cluster secret's file cannot be read."""
         opts = self.options
+        opts.cluster_secret = load_secret(opts.cluster_secret, opts.cluster_secret_file)
         timeout = aiohttp.ClientTimeout(
             total=opts.http_client_request_timeout, sock_connect=opts.http_client_connect_timeout
         )
         self._session = aiohttp.ClientSession(
             timeout=timeout,
             connector=aiohttp.TCPConnector(ssl=self._ssl()),
-            headers={"User-Agent": f"nsqadmin (nsqx) aiohttp/{aiohttp.__version__}"},
+            headers={
+                "User-Agent": f"nsqadmin (nsqx) aiohttp/{aiohttp.__version__}",
+                **members.headers(opts.cluster_secret),
+            },
         )
         self._cluster = ClusterInfo(
-            self._session, opts.nsqlookupd_http_addresses, opts.nsqd_http_addresses
+            self._session,
+            opts.nsqlookupd_http_addresses,
+            opts.nsqd_http_addresses,
+            node_timeout=opts.node_timeout,
         )
         if opts.notification_http_endpoint:
             self.notifier = Notifier(opts.notification_http_endpoint, self._session)
@@ -109,9 +136,7 @@ class NSQAdmin:
         ci = self.cluster
         producers, _ = await ci.producers()
         rows, _ = await ci.node_stats(producers, include_clients=False)
-        names = sorted({r["topic_name"] for r in rows})
-        topics = [aggregate.aggregate_topic(n, rows) for n in names]
-        self.history.add(sample_from_topics(time.time(), topics))
+        self.history.add(sample_from_rows(time.time(), rows))
 
     async def _sample_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -139,6 +164,8 @@ class NSQAdmin:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._cluster is not None:
+            await self._cluster.close()
         if self.notifier is not None:
             await self.notifier.close()
             self.notifier = None

@@ -59,6 +59,14 @@ class AdminOptions:
     history_length: float = 900.0
     #: how often the page asks for fresh numbers
     refresh_interval: float = 2.0
+    #: how long a page waits for one nsqd or nsqlookupd before showing it as not
+    #: answering (it is then probed in the background, not asked by every page)
+    node_timeout: float = 1.0
+    #: sent to nsqlookupd and nsqd as a member of the cluster (nsqx.wire.members), for
+    #: the actions a cluster with --cluster-secret keeps to its members
+    cluster_secret: str = field(default="", repr=False)
+    #: a file whose first line is the secret (read at start; beats cluster_secret)
+    cluster_secret_file: str = ""
 
     def validate(self) -> None:
         """Raise ValueError naming the flag that is wrong."""
@@ -101,6 +109,7 @@ class AdminOptions:
             ("--http-client-request-timeout", self.http_client_request_timeout),
             ("--history-interval", self.history_interval),
             ("--refresh-interval", self.refresh_interval),
+            ("--node-timeout", self.node_timeout),
         ):
             if value <= 0:
                 raise ValueError(f"{flag} must be positive")

@@ -29,6 +29,7 @@ from nsqx.cli.toolbase import (
     check_name,
     check_nsqds,
     flag,
+    retrieve,
     user_agent,
 )
 from nsqx.client import Config, Consumer, Message, Producer
@@ -76,7 +77,9 @@ async def writer(opts: dict[str, Any], progress: Progress) -> tuple[int, float]:
         started = time.monotonic()
         stop_at = started + opts["runfor"]
         while time.monotonic() < stop_at:
-            pending.append(producer.multi_publish(opts["topic"], batch))
+            fut = producer.multi_publish(opts["topic"], batch)
+            retrieve(fut)  # after a failure, the rest fail quietly
+            pending.append(fut)
             if len(pending) >= _WINDOW:
                 await pending.popleft()
                 count += len(batch)

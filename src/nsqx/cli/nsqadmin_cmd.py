@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from nsqx import NSQ_VERSION
 from nsqx.admin import AdminOptions, NSQAdmin
+from nsqx.cli.cluster_secret import secret_flags
 from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
 from nsqx.cli.goflags import FlagError, FlagSet, FlagSpec, HelpRequested, Kind
 from nsqx.cli.nsqd_flags import _log_level
@@ -162,6 +163,15 @@ NSQADMIN_FLAGS: tuple[FlagSpec, ...] = (
         2.0,
         "[nsqx] how often the page refreshes its numbers",
     ),
+    FlagSpec(
+        "node-timeout",
+        _D,
+        "node_timeout",
+        1.0,
+        "[nsqx] how long a page waits for one nsqd or nsqlookupd before showing it as "
+        "not answering (it is then probed in the background)",
+    ),
+    *secret_flags("nsqadmin"),
 )
 
 NSQADMIN_FLAGSET = FlagSet(
@@ -199,6 +209,9 @@ async def serve(options: AdminOptions) -> int:
         await admin.start()
     except OSError as err:
         log.critical("failed to start: listen (%s) failed - %s", options.http_address, err)
+        return 1
+    except ValueError as err:
+        log.critical("failed to start: %s", err)
         return 1
     await wait_for_termination()
     log.info("NSQADMIN: shutting down")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from nsqx.cli.cluster_secret import secret_flags
 from nsqx.cli.goflags import FlagError, FlagSet, FlagSpec, HelpRequested, Kind
 from nsqx.nsqd.options import NsqdOptions
 
@@ -178,6 +179,7 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "auth server to query, host:port or URL",
         metavar="addr",
     ),
+    *secret_flags("nsqd"),
     FlagSpec(
         "http-admin-allow",
         Kind.STR_LIST,
@@ -246,7 +248,7 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "replication-lag-timeout",
         _D,
         "replication_lag_timeout",
-        3.0,
+        2.0,
         "[nsqx] an in-sync replica behind the leader this long leaves the ISR",
     ),
     FlagSpec(

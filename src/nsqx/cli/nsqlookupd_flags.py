@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from nsqx.cli.cluster_secret import secret_flags
 from nsqx.cli.goflags import FlagError, FlagSet, FlagSpec, Kind
 from nsqx.cli.nsqd_flags import _log_level
 from nsqx.lookupd.options import LookupdOptions
@@ -133,6 +134,16 @@ NSQLOOKUPD_FLAGS: tuple[FlagSpec, ...] = (
         5.0,
         "TTL of this nsqlookupd's etcd lease: a dead leader is replaced within it",
     ),
+    FlagSpec(
+        "node-timeout",
+        Kind.DURATION,
+        "node_timeout",
+        2.0,
+        "a partition-aware nsqd silent this long (stopped, hung, cut off) is lost and its"
+        " partitions fail over; it PINGs every tenth of it, and a partition leader"
+        " acknowledges writes only within a lease of a quarter of it",
+    ),
+    *secret_flags("nsqlookupd"),
 )
 
 #: The flag set built from :data:`NSQLOOKUPD_FLAGS`.

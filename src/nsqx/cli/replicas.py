@@ -16,6 +16,7 @@ from urllib.parse import urlencode
 import aiohttp
 
 from nsqx.admin.cluster import ClusterInfo, UpstreamError, http_base
+from nsqx.cli.cluster_secret import secret_flags
 from nsqx.cli.toolbase import (
     CONNECT_TIMEOUT,
     LOOKUPD_HTTP,
@@ -27,6 +28,8 @@ from nsqx.cli.toolbase import (
     check_name,
     flag,
 )
+from nsqx.cluster_secret import load_secret
+from nsqx.wire import members
 
 FLAGS = (
     VERSION,
@@ -36,6 +39,7 @@ FLAGS = (
     flag("move", Kind.STR, "", "move the leader of TOPIC:PARTITION[:TO-NODE]"),
     CONNECT_TIMEOUT,
     REQUEST_TIMEOUT,
+    *secret_flags("nsqx replicas"),
 )
 
 EXAMPLES = """
@@ -108,7 +112,11 @@ async def main(opts: dict[str, Any]) -> int:
     timeout = aiohttp.ClientTimeout(
         total=opts["http_client_request_timeout"], sock_connect=opts["http_client_connect_timeout"]
     )
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    try:
+        secret = load_secret(opts["cluster_secret"], opts["cluster_secret_file"])
+    except ValueError as err:
+        raise ToolError(str(err)) from None
+    async with aiohttp.ClientSession(timeout=timeout, headers=members.headers(secret)) as session:
         ci = ClusterInfo(session, opts["lookupd_http_address"])
         if opts["drain"]:
             answer = await post_leader(ci, "cluster/node/drain", {"node": opts["drain"]})

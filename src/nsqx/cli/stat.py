@@ -115,9 +115,10 @@ async def main(opts: dict[str, Any]) -> int:
     interval: float = opts["interval"]
     async with aiohttp.ClientSession(timeout=timeout) as session:
         ci = ClusterInfo(session, opts["lookupd_http_address"], opts["nsqd_http_address"])
-        old = await read_channel(ci, topic, channel)
-        printed = 0
         loop = asyncio.get_running_loop()
+        old = await read_channel(ci, topic, channel)
+        old_at = loop.time()
+        printed = 0
         next_at = loop.time()
         while not opts["count"] or printed < opts["count"]:
             if printed % 25 == 0:
@@ -125,8 +126,11 @@ async def main(opts: dict[str, Any]) -> int:
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             new = await read_channel(ci, topic, channel)
-            print(row(new, old, interval, new["delivered"]), flush=True)
-            old = new
+            # the rates over the time between the two readings (a slow /stats or a late
+            # wake-up makes it longer than --interval)
+            new_at = loop.time()
+            print(row(new, old, max(new_at - old_at, 1e-3), new["delivered"]), flush=True)
+            old, old_at = new, new_at
             printed += 1
     return 0
 

@@ -4,7 +4,8 @@ It subscribes to each ``--topic`` on a channel (by default a fresh
 ``tail<6 digits>#ephemeral`` one, which nsqd deletes when the tail goes away), prints
 each body followed by a newline (``topic | body`` with ``--print-topic``) and finishes
 it. ``--n`` stops after that many messages. When stdout is not a terminal, a progress
-line (count and rate) goes to stderr every ``--progress-interval``.
+line (count and rate) goes to stderr every ``--progress-interval``, and a summary at the
+end, however the tail stops (``--n``, Ctrl-C, SIGTERM).
 """
 
 from __future__ import annotations
@@ -88,9 +89,9 @@ async def main(opts: dict[str, Any]) -> int:
     shown = 0
     flush_pending = False
     loop = asyncio.get_running_loop()
-    progress = Progress(
-        "nsqx tail", "messages", 0 if sys.stdout.isatty() else opts["progress_interval"]
-    )
+    # progress and the summary only where they cannot mix with the messages
+    quiet = sys.stdout.isatty()
+    progress = Progress("nsqx tail", "messages", 0 if quiet else opts["progress_interval"])
 
     def flush() -> None:
         nonlocal flush_pending
@@ -138,11 +139,14 @@ async def main(opts: dict[str, Any]) -> int:
             await consumer.start()
         await done.wait()
     finally:
-        await progress.stop()
-        for consumer in consumers:
-            with contextlib.suppress(Exception):
-                await consumer.close(timeout=5)
-        flush()
+        # however it ends (--n, Ctrl-C, SIGTERM): close, write out, then the summary
+        try:
+            for consumer in consumers:
+                with contextlib.suppress(Exception):
+                    await consumer.close(timeout=5)
+            flush()
+        finally:
+            await progress.stop("" if quiet else "nsqx tail: {count} messages in {seconds:.1f}s")
     return 0
 
 

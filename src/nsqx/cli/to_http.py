@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import sys
 import time
 from typing import Any
 from urllib.parse import quote_plus
@@ -30,6 +29,7 @@ from nsqx.cli.toolbase import (
     VERSION,
     Kind,
     Progress,
+    StatusEvery,
     Tool,
     ToolError,
     check_lookupds,
@@ -54,7 +54,12 @@ FLAGS = (
     flag("sample", Kind.FLOAT, 1.0, "share of messages to send (0.0 to 1.0)"),
     CONNECT_TIMEOUT,
     flag("http-client-request-timeout", Kind.DURATION, 20.0, "timeout for HTTP request"),
-    flag("status-every", Kind.INT, 250, "the # of requests between status lines, 0 disables"),
+    flag(
+        "status-every",
+        Kind.INT,
+        250,
+        "the # of requests between status lines (their latencies, as Go's), 0 disables",
+    ),
     flag("content-type", Kind.STR, _DEFAULT_CONTENT_TYPE, "the Content-Type of POST requests"),
     flag("post", Kind.STR_LIST, [], "URL to POST each message to (the body)", "url"),
     flag("get", Kind.STR_LIST, [], "URL to GET; its %s is replaced by the escaped body", "url"),
@@ -132,7 +137,15 @@ async def main(opts: dict[str, Any]) -> int:
         await check_lookupds(opts["lookupd_http_address"])
     headers.setdefault("User-Agent", user_agent("nsq_to_http"))
     progress = Progress("nsqx to-http", "requests", opts["progress_interval"])
-    status_every = opts["status_every"]
+    if opts["status_every"] < 0:
+        raise ToolError("--status-every must be >= 0")
+    # Go's status lines: the latencies of every --status-every requests, in all and
+    # (with several URLs) per URL
+    aggregate = StatusEvery("nsqx to-http", "[aggregate]", opts["status_every"])
+    per_url = {
+        u: StatusEvery("nsqx to-http", f"[{u}]", opts["status_every"] if len(urls) > 1 else 0)
+        for u in urls
+    }
     timeout = aiohttp.ClientTimeout(
         total=opts["http_client_request_timeout"], sock_connect=opts["http_client_connect_timeout"]
     )
@@ -156,18 +169,20 @@ async def main(opts: dict[str, Any]) -> int:
         async def handle(msg: Message) -> None:
             if sample < 1.0 and random.random() > sample:
                 return
-            for url in pool.pick(time.monotonic()):
+            began = time.monotonic()
+            for url in pool.pick(began):
                 started = time.monotonic()
                 try:
                     await send(url, msg.body)
-                except (ToolError, aiohttp.ClientError, OSError, TimeoutError) as err:
+                except (ToolError, aiohttp.ClientError, OSError, TimeoutError):
+                    # requeued; the consumer says why, in one line at most every few s
                     pool.mark(url, False, time.monotonic())
-                    print(f"nsqx to-http: {err or type(err).__name__}", file=sys.stderr)
                     raise
-                pool.mark(url, True, time.monotonic(), time.monotonic() - started)
+                now = time.monotonic()
+                pool.mark(url, True, now, now - started)
+                per_url[url].record(now - started)
                 progress.add()
-                if status_every and progress.count % status_every == 0:
-                    progress.report()
+            aggregate.record(time.monotonic() - began)
 
         consumer = Consumer(
             topic,

@@ -28,6 +28,7 @@ from nsqx.cli.toolbase import (
     VERSION,
     Kind,
     Progress,
+    StatusEvery,
     Tool,
     ToolError,
     check_lookupds,
@@ -52,7 +53,12 @@ FLAGS = (
         "topic",
     ),
     MAX_IN_FLIGHT,
-    flag("status-every", Kind.INT, 250, "the # of requests between status lines, 0 disables"),
+    flag(
+        "status-every",
+        Kind.INT,
+        250,
+        "the # of requests between status lines (their latencies, as Go's), 0 disables",
+    ),
     flag("mode", Kind.STR, "hostpool", f"how to pick a destination: {', '.join(MODES)}"),
     NSQD_TCP,
     flag("destination-nsqd-tcp-address", Kind.STR_LIST, [], "destination nsqd TCP address", "addr"),
@@ -165,7 +171,17 @@ async def main(opts: dict[str, Any]) -> int:
         opts["require_json_field"], opts["require_json_value"], opts["whitelist_json_field"]
     )
     progress = Progress("nsqx to-nsq", "relayed", opts["progress_interval"])
-    status_every = opts["status_every"]
+    if opts["status_every"] < 0:
+        raise ToolError("--status-every must be >= 0")
+    # Go's status lines: the latencies of every --status-every publishes, in all and
+    # (with several destinations) per destination
+    aggregate = StatusEvery("nsqx to-nsq", "[aggregate]", opts["status_every"])
+    per_address = {
+        d: StatusEvery(
+            "nsqx to-nsq", f"[{d}]", opts["status_every"] if len(destinations) > 1 else 0
+        )
+        for d in destinations
+    }
 
     def handler_for(topic: str) -> Any:
         dest = opts["destination_topic"] or topic
@@ -177,17 +193,19 @@ async def main(opts: dict[str, Any]) -> int:
                 if filtered is None:
                     return
                 body = filtered
-            for addr in pool.pick(time.monotonic()):
+            began = time.monotonic()
+            for addr in pool.pick(began):
                 started = time.monotonic()
                 try:
                     await producers[addr].publish(dest, body)
                 except Exception:
                     pool.mark(addr, False, time.monotonic())
                     raise
-                pool.mark(addr, True, time.monotonic(), time.monotonic() - started)
+                now = time.monotonic()
+                pool.mark(addr, True, now, now - started)
+                per_address[addr].record(now - started)
             progress.add()
-            if status_every and progress.count % status_every == 0:
-                progress.report()
+            aggregate.record(time.monotonic() - began)
 
         return handle
 

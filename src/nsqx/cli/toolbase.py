@@ -6,7 +6,12 @@ Each tool (``nsqx tail``, ``pub``, ``to-file``, ``to-http``, ``to-nsq``, ``stat`
 ``main``. :func:`run_tool` gives them one behaviour for what goes wrong: a bad flag is
 one line and exit 2; a :class:`ToolError` (unreachable server, bad topic name, ...) is
 one line and exit 1; Ctrl-C or SIGTERM stops the tool cleanly. No traceback reaches the
-operator.
+operator: the client library's warnings become the tool's own one-line messages, each
+at most once per :data:`REPEAT_WINDOW` seconds (:class:`ToolLog`).
+
+Progress is by time: :class:`Progress` prints the count and the rate over the last
+interval every ``--progress-interval``; ``--status-every`` is Go's count-based line of
+request latencies (:class:`StatusEvery`).
 """
 
 from __future__ import annotations
@@ -14,8 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
+import logging
+import math
 import os
+import re
 import signal
+import struct
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -40,18 +50,23 @@ __all__ = [
     "NSQD_TCP",
     "PRODUCER_OPT",
     "PROGRESS",
+    "REPEAT_WINDOW",
     "REQUEST_TIMEOUT",
     "VERSION",
     "Kind",
     "Progress",
+    "StatusEvery",
     "Tool",
     "ToolError",
+    "ToolLog",
     "check_lookupds",
     "check_name",
     "check_nsqds",
     "check_one_source",
     "client_config",
     "flag",
+    "one_line",
+    "retrieve",
     "run_tool",
     "user_agent",
 ]
@@ -144,26 +159,32 @@ def run_tool(tool: Tool, argv: Sequence[str]) -> int:
         return 0
     values = tool.flagset.resolve(parsed)
     opts = {**tool.flagset.defaults(), **values}
+    tool_log = ToolLog(prog)
+    tool_log.install()
+    error = ""
+    status = 1
     try:
         # uvloop for this run only: no process-wide policy change (tests call this too)
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            return runner.run(_guarded(tool, opts))
-    except ToolError as err:
-        print(f"{prog}: {err}", file=sys.stderr)
-        return 1
-    except (ConfigError, NSQError, ValueError) as err:
-        print(f"{prog}: {err}", file=sys.stderr)
-        return 1
+            status = runner.run(_guarded(tool, opts, tool_log))
+    except (ToolError, ConfigError, NSQError, ValueError) as err:
+        error = str(err)
     except KeyboardInterrupt:
-        return 130
+        status = 130
     except BrokenPipeError:
         # the reader went away (tail | head): not an error worth a traceback
         with contextlib.suppress(OSError):
             sys.stdout = open("/dev/null", "w")  # noqa: SIM115 - silence the exit flush
-        return 0
+        status = 0
     except OSError as err:
-        print(f"{prog}: {err}", file=sys.stderr)
+        error = str(err)
+    finally:
+        tool_log.uninstall()  # with the repeats it held back
+    if error:
+        # the reason to stop is the last line
+        print(f"{prog}: {error}", file=sys.stderr)
         return 1
+    return status
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -174,10 +195,11 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
-async def _guarded(tool: Tool, opts: dict[str, Any]) -> int:
+async def _guarded(tool: Tool, opts: dict[str, Any], tool_log: ToolLog) -> int:
     """Run ``main`` until it returns or SIGINT/SIGTERM asks to stop (then it is cancelled
     and may clean up in ``finally``)."""
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(tool_log.loop_error)
     task = asyncio.ensure_future(tool.main(opts))
     stopping = False
 
@@ -195,6 +217,120 @@ async def _guarded(tool: Tool, opts: dict[str, Any]) -> int:
         if stopping:
             return 0
         raise
+
+
+# -- what the client library says --------------------------------------------------------
+
+#: Seconds during which the same warning is printed once (the repeats are counted).
+REPEAT_WINDOW = 10.0
+
+# message ids (16 hex digits) make each "handler failed on message ..." different
+_MESSAGE_ID = re.compile(r"\b[0-9a-f]{16}\b")
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line of text: its own words for the errors the operator can
+    act on, with its type for anything else."""
+    if isinstance(err, (ToolError, NSQError, ConfigError)):
+        text = str(err) or type(err).__name__
+    elif isinstance(err, (OSError, TimeoutError)):
+        text = _reason(err)
+    else:
+        text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return " ".join(text.split())
+
+
+class ToolLog(logging.Handler):
+    """The ``nsqx`` loggers' warnings (the client's "cannot connect", "handler failed
+    on message ...") as the tool's own lines on stderr: ``nsqx pub: <message>``.
+
+    Each is one line: an exception adds its type and text, never a traceback. The same
+    line (message ids aside) is printed at most once per ``window`` seconds; the next
+    one printed says how many were held back, and :meth:`uninstall` prints what is
+    still held back.
+    """
+
+    def __init__(
+        self,
+        prog: str,
+        window: float = REPEAT_WINDOW,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(logging.WARNING)
+        self.prog = prog
+        self.window = window
+        self.clock = clock
+        #: key -> [printed at, repeats held back since, the last repeat's text]
+        self._seen: dict[str, list[Any]] = {}
+        self._logger = logging.getLogger("nsqx")
+        self._propagate = True
+
+    def install(self) -> None:
+        self._propagate = self._logger.propagate
+        self._logger.addHandler(self)
+        self._logger.propagate = False
+
+    def uninstall(self) -> None:
+        self._logger.removeHandler(self)
+        self._logger.propagate = self._propagate
+        self.flush_repeats()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None:
+                text = f"{text}: {one_line(record.exc_info[1])}"
+            self.say(text)
+        except Exception:  # pragma: no cover - logging must never raise
+            self.handleError(record)
+
+    def loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The event loop's exception handler: asyncio's reports, in one line."""
+        text = str(context.get("message") or "unexpected error in the event loop")
+        exc = context.get("exception")
+        self.say(f"{text}: {one_line(exc)}" if isinstance(exc, BaseException) else text)
+
+    def say(self, text: str) -> None:
+        """Print ``text`` unless the same line was printed less than a window ago."""
+        text = " ".join(text.split())
+        key = _MESSAGE_ID.sub("-", text)
+        now = self.clock()
+        seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < self.window:
+            seen[1] += 1
+            seen[2] = text
+            return
+        if seen is not None and seen[1]:
+            text += f" (and {seen[1]:,} more like it in the {now - seen[0]:.0f}s before)"
+        elif len(self._seen) >= 1000:
+            self._seen.pop(next(iter(self._seen)))  # the oldest: a bounded memory
+        self._seen[key] = [now, 0, text]
+        self._write(text)
+
+    def flush_repeats(self) -> None:
+        """Print the lines held back since their last printing, once each."""
+        now = self.clock()
+        for at, repeats, text in self._seen.values():
+            if repeats:
+                more = f" ({repeats:,} times in the last {now - at:.0f}s)" if repeats > 1 else ""
+                self._write(text + more)
+        self._seen.clear()
+
+    def _write(self, text: str) -> None:
+        stream = sys.stderr
+        stream.write(f"{self.prog}: {text}\n")
+        stream.flush()
+
+
+def retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark ``fut``'s outcome as seen once it is done (a publish nobody awaits any more
+    then fails quietly, without asyncio's "exception was never retrieved")."""
+    fut.add_done_callback(_retrieved)
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 # -- checks -------------------------------------------------------------------------------
@@ -219,20 +355,57 @@ def check_one_source(opts: dict[str, Any], http: bool = False) -> None:
 
 
 async def check_nsqds(addresses: Iterable[str], timeout: float = 5.0) -> None:
-    """ToolError naming the first nsqd TCP address that cannot be reached."""
+    """ToolError naming every nsqd TCP address that does not answer.
+
+    Each is asked for an IDENTIFY, all at once: an nsqd that accepts connections but
+    does not answer (stopped, hung) is found here, within ``timeout``, rather than by
+    the first publish.
+    """
+    targets: list[tuple[str, str, int]] = []
     for address in addresses:
         try:
             host, port = split_address(address)
         except ValueError as err:
             raise ToolError(str(err)) from None
-        try:
-            async with asyncio.timeout(timeout):
-                _, writer = await asyncio.open_connection(host, port)
-        except (OSError, TimeoutError) as err:
-            raise ToolError(f"cannot connect to nsqd at {address}: {_reason(err)}") from None
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
+        targets.append((address, host, port))
+    reasons = await asyncio.gather(*(_probe(host, port, timeout) for _, host, port in targets))
+    failures = [
+        f"{address}: {why}" for (address, _, _), why in zip(targets, reasons, strict=True) if why
+    ]
+    if failures:
+        raise ToolError("cannot connect to nsqd at " + "; ".join(failures))
+
+
+_I32 = struct.Struct(">i")
+
+
+async def _probe(host: str, port: int, timeout: float) -> str:
+    """Why the nsqd at host:port cannot be used ("" when it answers IDENTIFY)."""
+    body = json.dumps(
+        {"client_id": "nsqx-check", "user_agent": user_agent("nsqx"), "feature_negotiation": False}
+    ).encode()
+    writer: asyncio.StreamWriter | None = None
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"  V2IDENTIFY\n" + _I32.pack(len(body)) + body)
+            head = await reader.readexactly(4)  # the size of nsqd's answer
+    except TimeoutError:
+        if writer is None:
+            return "timed out"
+        return f"no answer within {timeout:g}s (is nsqd stopped or hung?)"
+    except asyncio.IncompleteReadError:
+        return "the connection was closed without an answer"
+    except OSError as err:
+        return _reason(err)
+    finally:
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+    if head == b"HTTP":
+        return "an HTTP server, not nsqd's TCP port"
+    return ""
 
 
 async def check_lookupds(addresses: Sequence[str], timeout: float = 5.0) -> None:
@@ -314,23 +487,43 @@ def _convert(kind: Any, text: str) -> Any:
 class Progress:
     """A count and its rate on stderr every ``interval`` seconds (0: never), and a summary.
 
-    Lines look like ``nsqx pub: 12,345 messages (2,345/s)``; on a terminal they are
-    rewritten in place.
+    Lines look like ``nsqx pub: 12,345 published (2,345/s)``: the rate is over the time
+    since the previous line (a real window, never a burst of a few messages). The count
+    is what :meth:`add` added, or what ``counter`` returns when given. ``detail`` adds
+    to each line what it returns (when anything). On a terminal lines are rewritten in
+    place.
     """
 
-    def __init__(self, name: str, noun: str, interval: float, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        noun: str,
+        interval: float,
+        stream: TextIO | None = None,
+        detail: Callable[[], str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        counter: Callable[[], int] | None = None,
+    ) -> None:
         self.name = name
         self.noun = noun
         self.interval = interval
         self.stream = stream or sys.stderr
-        self.count = 0
-        self.started = time.monotonic()
+        self.detail = detail
+        self.clock = clock
+        self._count = 0
+        self._counter = counter
+        self.started = clock()
         self._last = (self.started, 0)
         self._task: asyncio.Task[None] | None = None
         self._tty = self.stream.isatty()
 
+    @property
+    def count(self) -> int:
+        """What was counted: by :meth:`add`, or what ``counter`` says."""
+        return self._counter() if self._counter is not None else self._count
+
     def add(self, n: int = 1) -> None:
-        self.count += n
+        self._count += n
 
     def start(self) -> None:
         if self.interval > 0:
@@ -338,15 +531,21 @@ class Progress:
 
     async def _run(self) -> None:
         while True:
+            # never sooner: each line's rate is over at least one interval
             await asyncio.sleep(self.interval)
             self.report()
 
     def report(self) -> None:
-        now = time.monotonic()
+        """Print the line: the count and its rate since the previous line."""
+        now = self.clock()
         then, count = self._last
-        rate = (self.count - count) / (now - then) if now > then else 0.0
-        self._last = (now, self.count)
-        line = f"{self.name}: {self.count:,} {self.noun} ({rate:,.0f}/s)"
+        total = self.count
+        rate = (total - count) / (now - then) if now > then else 0.0
+        self._last = (now, total)
+        line = f"{self.name}: {total:,} {self.noun} ({rate:,.0f}/s)"
+        extra = self.detail() if self.detail is not None else ""
+        if extra:
+            line += f"; {extra}"
         if self._tty:
             self.stream.write("\r" + line + "   ")
         else:
@@ -363,9 +562,51 @@ class Progress:
         if self._tty and self.interval > 0:
             self.stream.write("\n")
         if summary:
-            seconds = max(time.monotonic() - self.started, 1e-9)
+            seconds = max(self.clock() - self.started, 1e-9)
+            count = self.count
             self.stream.write(
-                summary.format(count=f"{self.count:,}", seconds=seconds, rate=self.count / seconds)
-                + "\n"
+                summary.format(count=f"{count:,}", seconds=seconds, rate=count / seconds) + "\n"
             )
         self.stream.flush()
+
+
+class StatusEvery:
+    """Go's ``--status-every`` (its ``timer_metrics``): after every ``every`` requests,
+    a line with their latencies on stderr::
+
+        nsqx to-nsq: [127.0.0.1:4150]: finished 250 - 99th: 1.21ms - 95th: 0.93ms - avg: 0.41ms
+
+    It counts requests, not time, as NSQ's tools do; the rate is :class:`Progress`'s.
+    """
+
+    def __init__(self, name: str, prefix: str, every: int, stream: TextIO | None = None) -> None:
+        self.name = name
+        self.prefix = prefix
+        self.every = every
+        self.stream = stream
+        self.timings: list[float] = []
+
+    def record(self, seconds: float) -> None:
+        if self.every <= 0:
+            return
+        self.timings.append(seconds)
+        if len(self.timings) < self.every:
+            return
+        timings = sorted(self.timings)
+        self.timings.clear()
+        avg = sum(timings) / len(timings)
+        stream = self.stream or sys.stderr
+        stream.write(
+            f"{self.name}: {self.prefix}: finished {len(timings)} - "
+            f"99th: {_percentile(99.0, timings) * 1000:.2f}ms - "
+            f"95th: {_percentile(95.0, timings) * 1000:.2f}ms - avg: {avg * 1000:.2f}ms\n"
+        )
+        stream.flush()
+
+
+def _percentile(perc: float, ordered: Sequence[float]) -> float:
+    """Go's timer_metrics percentile of sorted ``ordered``."""
+    if not ordered:
+        return 0.0
+    index = math.ceil(perc / 100.0 * len(ordered) + 0.5)
+    return ordered[min(index, len(ordered) - 1)]

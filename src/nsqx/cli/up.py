@@ -10,6 +10,8 @@ import argparse
 import asyncio
 import logging
 import os
+import shlex
+import shutil
 import sys
 
 from nsqx.admin import AdminOptions, NSQAdmin
@@ -22,17 +24,40 @@ from nsqx.nsqd.options import NsqdOptions
 HOST = "127.0.0.1"
 
 
-def _examples(nsqd_tcp: str, nsqd_http: str, lookupd_http: str) -> str:
-    """What to try next, with the tools (each has --help)."""
+def nsqx_command() -> str:
+    """How to type ``nsqx`` in the shell that started this one: ``nsqx`` when the PATH
+    finds this installation's script, else the script beside this interpreter
+    (``.venv/bin/nsqx`` after ``make up``, relative to the current directory when it is
+    under it; make does not put .venv/bin on the PATH)."""
+    script = os.path.join(os.path.dirname(sys.executable), "nsqx")
+    if not os.path.isfile(script):
+        return "nsqx"
+    found = shutil.which("nsqx")
+    if found and os.path.samefile(found, script):
+        return "nsqx"
+    relative = os.path.relpath(script)
+    if relative.startswith(os.pardir):
+        return shlex.quote(script)
+    return shlex.quote(relative if os.sep in relative else os.path.join(os.curdir, relative))
+
+
+def _examples(nsqx: str, nsqd_tcp: str, nsqd_http: str, lookupd_http: str, archive: str) -> str:
+    """What to try next, with the tools (each has --help), as lines to paste: ``nsqx``
+    is how this shell finds the command (nsqx_command)."""
+    header = "try:"
+    activate = os.path.join(os.path.dirname(shlex.split(nsqx)[0]), "activate")
+    if nsqx != "nsqx" and os.path.isfile(activate):
+        header = f"try (or run `source {shlex.quote(activate)}` first: then nsqx is on the PATH):"
     return "\n".join(
         [
-            "try:",
-            f"  publish:  echo hello | nsqx pub --topic=test --nsqd-tcp-address={nsqd_tcp}",
-            f"  tail:     nsqx tail --topic=test --lookupd-http-address={lookupd_http}",
-            f"  stats:    nsqx stat --topic=test --channel=tail"
+            header,
+            f"  publish:  echo hello | {nsqx} pub --topic=test --nsqd-tcp-address={nsqd_tcp}",
+            f"  tail:     {nsqx} tail --topic=test --channel=tail"
             f" --lookupd-http-address={lookupd_http}",
-            f"  archive:  nsqx to-file --topic=test --lookupd-http-address={lookupd_http}"
-            " --output-dir=./archive",
+            f"  stats:    {nsqx} stat --topic=test --channel=tail"
+            f" --lookupd-http-address={lookupd_http}",
+            f"  archive:  {nsqx} to-file --topic=test --lookupd-http-address={lookupd_http}"
+            f" --output-dir={shlex.quote(archive)}",
             f"  http:     curl -d hello 'http://{nsqd_http}/pub?topic=test'",
             f"  lookup:   curl 'http://{lookupd_http}/lookup?topic=test'",
         ]
@@ -97,7 +122,10 @@ async def _run(args: argparse.Namespace) -> None:
         lines.append(f"  nsqd HTTP        http://{nsqd_http}")
     lines.append(f"  data             {os.path.abspath(args.data_dir)}")
     print("\n".join(lines), flush=True)
-    print(_examples(nsqd_tcp, nsqd_http, lookupd_http), flush=True)
+    # the archive goes beside the cluster's data (./data is ignored by git), not into
+    # the directory nsqx up was started in
+    archive = os.path.join(args.data_dir, "archive")
+    print(_examples(nsqx_command(), nsqd_tcp, nsqd_http, lookupd_http, archive), flush=True)
     await wait_for_termination()
     print("stopping...", file=sys.stderr, flush=True)
     await admin.close()

@@ -51,11 +51,8 @@ class _Pair:
 
 
 def _wire_factory(name: str) -> CodecFactory | None:
-    """The codec from ``nsqx.wire.compression``, when that module is present.
-
-    It is being written in another branch, with ``codec_pair(snappy, deflate, level)``
-    returning ``(compressor, decompressor)``; until it lands this finds nothing.
-    """
+    """The codec from ``nsqx.wire.compression`` (``codec_pair(snappy, deflate,
+    level)`` returns ``(compressor, decompressor)``), shared with nsqd."""
     try:
         mod: Any = importlib.import_module("nsqx.wire.compression")
     except ImportError:

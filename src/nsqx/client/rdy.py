@@ -235,9 +235,22 @@ class RdyController(Generic[K]):
         for c in self.conns.values():
             if c.rdy > share:
                 self._set(c, share, now, out)
+        budget = self._budget()
+        # fewer in flight than connections: some give their RDY back (the idlest
+        # first), redistribution moves it around later
+        for c in sorted(self.conns.values(), key=lambda c: c.received):
+            excess = self.total - budget
+            if excess <= 0:
+                break
+            if c.rdy:
+                self._set(c, max(c.rdy - excess, 0), now, out)
+                self.need_redistribute = True
         for c in self.conns.values():
-            # connections that never had a message start at 1, as new ones do
+            # connections that never had a message start at 1, as new ones do; never
+            # past the budget (more connections than max_in_flight: the rest get RDY by
+            # redistribution)
             target = share if c.received else min(1, share)
+            target = min(target, c.rdy + max(budget - self.total, 0))
             if c.rdy < target:
                 self._set(c, target, now, out)
         if len(self.conns) > max_in_flight:

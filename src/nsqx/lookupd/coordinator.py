@@ -28,9 +28,10 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 
+from nsqx.lookupd.liveness import Timing
 from nsqx.lookupd.meta_store import MemoryMetaStore, MetaStore
 from nsqx.lookupd.node_sessions import NodeSessions
 from nsqx.lookupd.nsqd_client import NsqdCallError, NsqdClient
@@ -101,9 +102,19 @@ class Coordinator:
     max_concurrent_calls = 16
 
     def __init__(
-        self, db: RegistrationDB, client: NsqdClient, inactive_producer_timeout: float
+        self,
+        db: RegistrationDB,
+        client: NsqdClient,
+        inactive_producer_timeout: float,
+        timing: Timing | None = None,
     ) -> None:
         self.db = db
+        #: heartbeats, leases and the node timeout (nsqx.lookupd.liveness)
+        self.timing = timing or Timing(2.0)
+        #: With several nsqlookupd over etcd: the loop time until which this
+        #: nsqlookupd's etcd session (which carries its node session keys) surely lasts;
+        #: None for a single nsqlookupd, which can always grant a lease.
+        self.session_deadline: Callable[[], float] | None = None
         #: Set by :meth:`start`; an empty in-memory store until then.
         self.store: MetaStore = MemoryMetaStore()
         self.client = client
@@ -120,6 +131,7 @@ class Coordinator:
         self._attempts: dict[tuple[str, str, int, str | None], _Attempt] = {}
         self._tasks: dict[tuple[str, str, int, str | None], asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
+        self._background: set[asyncio.Future[None]] = set()
         self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
         #: leaders, ISRs, epochs and elections of replicated topics
@@ -145,7 +157,9 @@ class Coordinator:
     async def close(self) -> None:
         self._closed = True
         self._wake.set()
-        tasks = [t for t in (self._loop_task, *self._tasks.values()) if t is not None]
+        tasks = [
+            t for t in (self._loop_task, *self._tasks.values(), *self._background) if t is not None
+        ]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -208,21 +222,61 @@ class Coordinator:
         """The topic's record, if it was created through lookupd."""
         return self.records.get(topic)
 
+    def can_grant_lease(self) -> bool:
+        """Whether a PING answered now may extend a node's lease: always for a single
+        nsqlookupd; with etcd, only while this nsqlookupd's session (and so the node
+        sessions it holds) surely outlasts the lease, so that no other nsqlookupd can
+        judge the node lost while the lease runs."""
+        deadline = self.session_deadline
+        if deadline is None:
+            return True
+        return asyncio.get_running_loop().time() + self.timing.lease < deadline()
+
+    def alive(self, node_id: str) -> bool:
+        """Whether the node is alive: connected here and not silent, or (several
+        nsqlookupd over etcd) holding a session with another nsqlookupd."""
+        return node_id in self.nodes() or bool(self.sessions.holders(node_id))
+
     def nodes(self) -> dict[str, Peer]:
-        """Placement targets (:func:`is_placement_target`) that are connected and
-        active, by node id."""
+        """Placement targets (:func:`is_placement_target`) that are connected, active
+        and not silent past the node timeout, by node id."""
         now = time.time_ns()
         timeout = int(self.inactive_producer_timeout * 1e9)
         nodes: dict[str, Peer] = {}
         for p in self.db.find_producers(CLIENT, "", ""):
             peer = p.peer
-            if not is_placement_target(peer) or now - peer.last_update > timeout:
+            if peer.lost or not is_placement_target(peer) or now - peer.last_update > timeout:
                 continue
             old = nodes.get(peer.node_id)
             # a node that reconnected before its old connection was closed: the newest
             if old is None or peer.last_update >= old.last_update:
                 nodes[peer.node_id] = peer
         return nodes
+
+    # -- the interface of Replicas -----------------------------------------------------
+
+    @property
+    def admin_lock(self) -> asyncio.Lock:
+        """Held by every administrative change (each reads, decides and writes)."""
+        return self._admin
+
+    async def save(self, topic: str, record: TopicRecord) -> None:
+        """Store a topic's new record (it becomes the current one)."""
+        await self._save(topic, record)
+
+    def load(self) -> Counter[str]:
+        """Replicas held per node id, over every record."""
+        return self._load()
+
+    def holds(self, peer: Peer, topic: str, partition: int) -> bool:
+        """Whether the node registered the partition on its current connection."""
+        return (topic, partition, None) in self._seen.get(peer.id, ())
+
+    def ask_to_create(self, peer: Peer, topic: str, partition: int, record: TopicRecord) -> None:
+        """Ask the node to create the partition now (in the background)."""
+        task = asyncio.ensure_future(self._ask(peer, topic, partition, None, record))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     @property
     def pending_asks(self) -> int:
@@ -259,7 +313,8 @@ class Coordinator:
         """The connection closed: forget what it registered and its pending asks; a
         node that does not come back loses its leaderships (replicated topics)."""
         if peer.speaks_partitions:
-            self.sessions.closed(peer)
+            # its session (for other nsqlookupd) ends once any lease it holds has ended
+            self.sessions.closed(peer, self.timing.lost_after(peer.last_heard))
         self.replicas.peer_gone(peer)
         self._seen.pop(peer.id, None)
         self._identified_at.pop(peer.id, None)
@@ -504,7 +559,10 @@ class Coordinator:
         except NoNodeAvailable as err:
             log.info("META: cannot place topic %s: %s", topic, err)
             raise CoordinatorError(400, ERR_NODE_UNAVAILABLE) from None
-        return record.with_placements({**record.placements, **new})
+        record = record.with_placements({**record.placements, **new})
+        if record.meta.replica > 1:
+            record = record.with_first_epochs(sorted(new), "placed")
+        return record
 
     def _adopted(self, topic: str, meta: TopicMeta) -> dict[int, tuple[str, ...]]:
         """Partitions of a topic made directly on nsqx nodes (before it had a record):

@@ -46,6 +46,7 @@ from nsqx.lookupd.registration_db import (
     Registration,
     filter_active,
 )
+from nsqx.wire import members
 from nsqx.wire.lookupd import parse_partition_id
 from nsqx.wire.names import is_valid_name
 
@@ -59,6 +60,26 @@ GO_ZERO_TIME_UNIX_NANO = -6795364578871345152
 
 
 Handler = Callable[[web.Request], Awaitable[Any]]
+
+#: what only members of the cluster may use (with --cluster-secret): the cluster's and
+#: the topics' administration; lookups and listings stay open
+MEMBER_PATHS = frozenset(
+    {
+        "/topic/create",
+        "/topic/delete",
+        "/channel/create",
+        "/channel/delete",
+        "/topic/tombstone",
+        "/topic/partition/expand",
+        "/topic/meta/update",
+        "/topic/partition/move",
+        "/partition/isr/leave",
+        "/partition/isr/join",
+        "/partition/leader/unreachable",
+        "/cluster/node/roles",
+        "/cluster/node/drain",
+    }
+)
 
 
 def meta_store_error(err: MetaStoreError) -> tuple[int, str]:
@@ -114,6 +135,11 @@ class LookupdHTTP:
             # nsqx's replication: leaders report followers behind / caught up
             "/partition/isr/leave": {post: self.partitions.isr_leave},
             "/partition/isr/join": {post: self.partitions.isr_join},
+            # followers that cannot hear their leader; a node confirming its leaderships
+            # within a new lease; each partition's epoch history
+            "/partition/leader/unreachable": {post: self.partitions.leader_unreachable},
+            "/cluster/node/roles": {post: self.partitions.node_roles},
+            "/partition/history": {get: self.partitions.partition_history},
             "/topic/partition/move": {post: self.partitions.move_partition},
             "/cluster/node/drain": {post: self.partitions.drain_node},
             "/cluster/nodes": {get: self.cluster_nodes},
@@ -147,6 +173,11 @@ class LookupdHTTP:
         methods = self.routes.get(path)
         if methods is not None and method in methods:
             handler = methods[method]
+            if path in MEMBER_PATHS and not members.is_member(
+                self.lookupd.options.cluster_secret, request.headers
+            ):
+                log.warning("%s %s refused: not a member of the cluster", method, path)
+                return respond_v1(403, members.NOT_A_MEMBER)
             try:
                 data = await handler(request)
             except HTTPError as err:

@@ -335,8 +335,56 @@ class PartitionAPI:
         moved = await self.coordinator.replicas.drain(node)
         return {"moved": moved}
 
+    async def leader_unreachable(self, request: web.Request) -> None:
+        """nsqx: ``POST /partition/leader/unreachable?topic&partition&node&epoch``: an
+        in-sync follower cannot hear its leader."""
+        await self._isr_report(request, self.coordinator.replicas.leader_unreachable, True)
+
+    async def node_roles(self, request: web.Request) -> dict[str, Any]:
+        """nsqx: ``POST /cluster/node/roles?node=<id>``: a node that holds a new lease
+        asks which leaderships it may acknowledge writes for (fencing: see
+        nsqx.lookupd.replicas). 409 if this nsqlookupd does not count it alive."""
+        node = Params(request).get("node") or ""
+        if not node:
+            raise HTTPError(400, "MISSING_ARG_NODE")
+        self.leader_only()
+        roles = self.coordinator.replicas.confirm_roles(node)
+        if roles is None:
+            raise HTTPError(409, "E_NODE_NOT_ALIVE")
+        return {"roles": roles}
+
+    async def partition_history(self, request: web.Request) -> dict[str, Any]:
+        """nsqx: ``GET /partition/history?topic[&partition]``: each partition's epoch,
+        leader, ISR and replicas now, and its latest epoch changes (when and why)."""
+        params = Params(request)
+        topic = params.get("topic") or ""
+        if not topic:
+            raise HTTPError(400, "MISSING_ARG_TOPIC")
+        record = self.coordinator.record(topic)
+        if record is None:
+            raise HTTPError(404, "TOPIC_NOT_FOUND")
+        only = params.get("partition")
+        pid = parse_partition_id(only) if only else None
+        if only and pid is None:
+            raise HTTPError(400, "INVALID_ARG_TOPIC_PARTITION")
+        partitions: dict[str, Any] = {}
+        for p, placement in sorted(record.placements.items()):
+            if pid is not None and p != pid:
+                continue
+            partitions[str(p)] = {
+                "epoch": record.epoch_of(p),
+                "leader": placement[0] if placement else "",
+                "isr": list(record.isr_of(p)),
+                "replicas": list(placement),
+                "history": [c.to_json() for c in record.history.get(p, ())],
+            }
+        return {"topic": topic, "replica": record.meta.replica, "partitions": partitions}
+
     async def _isr_report(
-        self, request: web.Request, action: Callable[[str, int, str], Awaitable[str]]
+        self,
+        request: web.Request,
+        action: Callable[[str, int, str, int | None], Awaitable[str]],
+        need_epoch: bool = False,
     ) -> None:
         params = Params(request)
         topic = params.get("topic") or ""
@@ -344,9 +392,13 @@ class PartitionAPI:
         pid = parse_partition_id(params.get("partition") or "")
         if not topic or not node or pid is None:
             raise HTTPError(400, "MISSING_ARG")
+        raw_epoch = params.get("epoch") or ""
+        epoch = int(raw_epoch) if raw_epoch.isdigit() else None
+        if epoch is None and (raw_epoch or need_epoch):
+            raise HTTPError(400, "INVALID_ARG_EPOCH")
         # nsqd tries the next nsqlookupd on this answer, until it reaches the leader
         self.leader_only()
-        result = await action(topic, pid, node)
+        result = await action(topic, pid, node, epoch)
         if result != "OK":
             raise HTTPError(409, result)
 

@@ -148,6 +148,11 @@ class Leadership:
             return self._epoch
         return None
 
+    def session_deadline(self) -> float:
+        """The loop time before which this nsqlookupd's session lease (and so every key
+        it carries, the node sessions among them) cannot expire; 0 without a session."""
+        return self._deadline if self._lease else 0.0
+
     async def nodes(self) -> list[LookupdNode]:
         """Every nsqlookupd with a session (as last seen, if etcd does not answer)."""
         try:

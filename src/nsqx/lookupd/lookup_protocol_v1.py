@@ -31,6 +31,7 @@ from nsqx.lookupd.registration_db import (
     Registration,
 )
 from nsqx.wire.lookupd import (
+    NO_LEASE,
     OK,
     Identify,
     LookupParser,
@@ -69,6 +70,7 @@ class LookupProtocolV1(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.remote = ""
         self.peer: Peer | None = None
+        self._loop = asyncio.get_running_loop()
 
     def __str__(self) -> str:
         return self.remote
@@ -86,6 +88,8 @@ class LookupProtocolV1(asyncio.Protocol):
         log.info("TCP: new client(%s)", self.remote)
 
     def data_received(self, data: bytes) -> None:
+        if self.peer is not None:
+            self.peer.last_heard = self._loop.time()
         out: list[bytes] = []
         for event in self.parser.feed(data):
             if isinstance(event, ProtocolError):
@@ -123,6 +127,23 @@ class LookupProtocolV1(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def time_out(self, silent_for: float) -> None:
+        """The node has been silent for the node timeout (stopped, hung, cut off): it
+        no longer counts as alive, and the connection is dropped without waiting for
+        its buffers to drain (they may never)."""
+        peer = self.peer
+        if peer is None or peer.lost:
+            return
+        log.warning(
+            "CLIENT(%s): node %s silent for %.2fs: connection closed, node lost",
+            self,
+            peer.node_id,
+            silent_for,
+        )
+        peer.lost = True
+        if self.transport is not None:
+            self.transport.abort()
+
     def _write(self, out: list[bytes]) -> None:
         if out and self.transport is not None:
             self.transport.write(b"".join(out))
@@ -130,20 +151,24 @@ class LookupProtocolV1(asyncio.Protocol):
     # -- commands ---------------------------------------------------------------------
 
     def _ping(self) -> bytes:
-        if self.peer is not None:
+        peer = self.peer
+        if peer is not None:
             # a PING may come before IDENTIFY; only an identified peer has a clock to refresh
             now = time.time_ns()
             log.debug(
                 "CLIENT(%s): pinged (last ping %.3fs)",
-                self.peer.id,
-                (now - self.peer.last_update) / 1e9,
+                peer.id,
+                (now - peer.last_update) / 1e9,
             )
-            self.peer.last_update = now
+            peer.last_update = now
+            if peer.speaks_partitions and not self.lookupd.coordinator.can_grant_lease():
+                # the PING still counts for liveness; only the lease is refused
+                return NO_LEASE
         return OK
 
     def _identify(self, event: Identify) -> bytes:
         info = event.info
-        self.peer = Peer(self.remote, info, time.time_ns())
+        self.peer = Peer(self.remote, info, time.time_ns(), self._loop.time())
         log.info(
             "CLIENT(%s): IDENTIFY Address:%s TCP:%d HTTP:%d Version:%s%s",
             self,
@@ -169,6 +194,8 @@ class LookupProtocolV1(asyncio.Protocol):
             # only a peer that announced itself partition-aware hears of partitions: a
             # Go nsqd gets NSQ's reply exactly
             reply["partitions"] = True
+            # how often to PING, the lease an answered PING grants, the node timeout
+            reply.update(lookupd.coordinator.timing.identify_fields())
             reply = dict(sorted(reply.items()))
         return json.dumps(reply, separators=(",", ":")).encode()
 

@@ -73,8 +73,9 @@ class NodeSessions:
         """A partition-aware node identified on a connection of this nsqlookupd."""
         self._local.setdefault(peer.node_id, {})[peer.id] = peer
 
-    def closed(self, peer: Peer) -> None:
-        """That connection closed."""
+    def closed(self, peer: Peer, not_before: float = 0.0) -> None:
+        """That connection closed; a lease the node got through it may run until
+        ``not_before`` (loop time): other nsqlookupd must not judge it lost before."""
         conns = self._local.get(peer.node_id)
         if conns is not None and conns.pop(peer.id, None) is not None and not conns:
             del self._local[peer.node_id]
@@ -133,10 +134,16 @@ class EtcdNodeSessions(NodeSessions):
         if first:
             self._mark(peer.node_id)
 
-    def closed(self, peer: Peer) -> None:
+    def closed(self, peer: Peer, not_before: float = 0.0) -> None:
         super().closed(peer)
         if not self.local(peer.node_id):
-            self._mark(peer.node_id)
+            # the key goes once any lease the node got here has surely ended (and the
+            # publish loop deletes it only if no new connection came meanwhile)
+            loop = asyncio.get_running_loop()
+            if not_before > loop.time():
+                loop.call_at(not_before, self._mark, peer.node_id)
+            else:
+                self._mark(peer.node_id)
 
     def use_lease(self, lease: int) -> None:
         """A new lease (after the leadership session was granted one): every session

@@ -18,6 +18,7 @@ import aiohttp
 from yarl import URL
 
 from nsqx.lookupd.topic_meta import TopicMeta
+from nsqx.wire import members
 from nsqx.wire.lookupd import PeerInfo
 
 log = logging.getLogger("nsqx.lookupd")
@@ -52,14 +53,22 @@ def topic_create_params(topic: str, partition: int, meta: TopicMeta) -> dict[str
 class NsqdClient:
     """An aiohttp session for nsqd calls, with connect and total timeouts."""
 
-    def __init__(self, connect_timeout: float, request_timeout: float) -> None:
+    def __init__(
+        self, connect_timeout: float, request_timeout: float, cluster_secret: str = ""
+    ) -> None:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout, connect=connect_timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._headers = members.headers(cluster_secret)
+
+    def use_secret(self, cluster_secret: str) -> None:
+        """Send this cluster secret from now on (before the first call)."""
+        self._headers = members.headers(cluster_secret)
 
     def _get_session(self) -> aiohttp.ClientSession:
-        # created on first use, inside the running loop, as aiohttp requires
+        # created on first use, inside the running loop, as aiohttp requires; roles and
+        # fences are members-only calls
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
         return self._session
 
     async def close(self) -> None:
@@ -94,6 +103,14 @@ class NsqdClient:
             "/partition/role",
             {"topic": topic, "partition": str(partition)},
             json.dumps(role).encode(),
+        )
+
+    async def fence(self, node: PeerInfo, topic: str, partition: int, epoch: int) -> None:
+        """Tell the node's leadership of ``epoch`` to stop acknowledging (a move)."""
+        await self.post(
+            node,
+            "/partition/fence",
+            {"topic": topic, "partition": str(partition), "epoch": str(epoch)},
         )
 
     async def partition_state(self, node: PeerInfo, topic: str, partition: int) -> dict[str, Any]:

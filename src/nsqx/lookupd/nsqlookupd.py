@@ -7,11 +7,13 @@ import logging
 
 from aiohttp import web
 
+from nsqx.cluster_secret import load_secret
 from nsqx.lookupd.coordinator import Coordinator
 from nsqx.lookupd.etcd_client import EtcdClient
 from nsqx.lookupd.etcd_store import EtcdKeys, EtcdMetaStore
 from nsqx.lookupd.http import LookupdHTTP
 from nsqx.lookupd.leadership import Leadership, LookupdNode
+from nsqx.lookupd.liveness import LivenessMonitor, Timing
 from nsqx.lookupd.lookup_protocol_v1 import LookupProtocolV1
 from nsqx.lookupd.meta_store import FileMetaStore, MemoryMetaStore, MetaStore
 from nsqx.lookupd.node_sessions import EtcdNodeSessions
@@ -43,9 +45,16 @@ class NSQLookupd:
         self.db = RegistrationDB()
         self.coordinator = Coordinator(
             self.db,
-            NsqdClient(options.http_client_connect_timeout, options.http_client_request_timeout),
+            NsqdClient(
+                options.http_client_connect_timeout,
+                options.http_client_request_timeout,
+                options.cluster_secret,
+            ),
             options.inactive_producer_timeout,
+            Timing(options.node_timeout),
         )
+        #: Closes the connections of nodes silent for the node timeout.
+        self.liveness = LivenessMonitor(self.coordinator.timing, lambda: list(self.clients))
         #: With ``--etcd-endpoints``: the etcd client and this node's leadership.
         self.etcd: EtcdClient | None = None
         self.leadership: Leadership | None = None
@@ -93,7 +102,11 @@ class NSQLookupd:
 
     async def start(self) -> None:
         """Open the meta store, bind the TCP and HTTP listeners (port 0 picks a free
-        port). Raises OSError or ValueError (an unreadable meta file) if it cannot."""
+        port). Raises OSError or ValueError (an unreadable meta file or cluster secret
+        file) if it cannot."""
+        opts = self.options
+        opts.cluster_secret = load_secret(opts.cluster_secret, opts.cluster_secret_file)
+        self.coordinator.client.use_secret(opts.cluster_secret)
         store = self._open_store()
         # a shared store is followed by all and written by the leader only; without
         # etcd reachable this nsqlookupd still starts, serves lookups and keeps trying
@@ -120,7 +133,9 @@ class NSQLookupd:
                 sessions.use_lease,
             )
             store.fence = self.leadership.fence
+            self.coordinator.session_deadline = self.leadership.session_deadline
             self.leadership.start()
+        self.liveness.start()
 
     async def _listen(self) -> None:
         loop = asyncio.get_running_loop()
@@ -151,6 +166,7 @@ class NSQLookupd:
         if self.leadership is not None:
             # first: another nsqlookupd may lead while this one closes its listeners
             await self.leadership.close()
+        await self.liveness.close()
         if self._server is not None:
             self._server.close()
         for client in list(self.clients):

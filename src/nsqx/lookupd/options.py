@@ -37,6 +37,13 @@ class LookupdOptions:
     cluster_id: str = "nsqx"
     #: TTL of the etcd lease of this nsqlookupd's session and leadership (seconds).
     etcd_lease_ttl: float = 5.0
+    #: A partition-aware nsqd silent this long is lost (nsqx.lookupd.liveness).
+    node_timeout: float = 2.0
+    #: Members of the cluster send it; cluster and topic-admin endpoints refuse
+    #: callers without it (nsqx.wire.members; empty: open).
+    cluster_secret: str = field(default="", repr=False)
+    #: a file whose first line is the secret (read at start; beats cluster_secret)
+    cluster_secret_file: str = ""
 
     def etcd_endpoint_list(self) -> list[str]:
         """``etcd_endpoints`` split at commas."""
@@ -63,6 +70,11 @@ class LookupdOptions:
             check_cluster_id(self.cluster_id)
         if not 2 <= self.etcd_lease_ttl <= 3600 or self.etcd_lease_ttl != int(self.etcd_lease_ttl):
             raise ValueError("--etcd-lease-ttl must be whole seconds from 2s to 1h")
+        if not 0.2 <= self.node_timeout <= 600:
+            raise ValueError("--node-timeout must be from 200ms to 10m")
+        if self.etcd_endpoints and self.node_timeout / 4 >= self.etcd_lease_ttl / 2:
+            # a node's lease must end well within this nsqlookupd's own etcd lease
+            raise ValueError("--node-timeout must be below twice --etcd-lease-ttl")
         if self.log_level not in ("debug", "info", "warn", "error", "fatal"):
             raise ValueError(
                 f"--log-level must be debug|info|warn|error|fatal, got {self.log_level}"

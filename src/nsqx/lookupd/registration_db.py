@@ -60,6 +60,12 @@ class Peer:
     info: PeerInfo
     #: Unix ns of the IDENTIFY or the latest PING.
     last_update: int
+    #: Loop time (monotonic) when anything was last read from the connection: what
+    #: liveness is judged by (:mod:`nsqx.lookupd.liveness`).
+    last_heard: float = 0.0
+    #: Set when the connection was closed for silence: the node is not counted as
+    #: alive from then on, though its registrations go a moment later, with the close.
+    lost: bool = False
 
     @property
     def remote_address(self) -> str:

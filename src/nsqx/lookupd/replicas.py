@@ -6,11 +6,13 @@ first), its ISR and its epoch, and tells every node that holds a replica
 registers the partition (so a node that restarted learns the current role before it
 accepts a write).
 
-* **A node is lost** when its registration connection closes and it has not come back
-  within ``lost_grace`` seconds, and (several nsqlookupd over etcd) no other nsqlookupd
-  holds a session of it (:mod:`nsqx.lookupd.node_sessions`): a node cut off from the
-  leading nsqlookupd only keeps its roles, and a node whose last session ends anywhere
-  is judged even if it never connected to the leading one. For each partition it led,
+* **A node is lost** when its registration connection closes, or stays silent for the
+  node timeout (:mod:`nsqx.lookupd.liveness`: a stopped, hung or cut-off node), and it
+  has not come back once any lease it held has surely ended, and (several nsqlookupd
+  over etcd) no other nsqlookupd holds a session of it
+  (:mod:`nsqx.lookupd.node_sessions`): a node cut off from the leading nsqlookupd only
+  keeps its roles, and a node whose last session ends anywhere is judged even if it
+  never connected to the leading one. For each partition it led,
   the coordinator asks the other live ISR members for their log end (``GET
   nsqd/partition/state``), elects the one with the newest log, moves the old leader to
   the end of the placement (it will catch up when it returns, after cutting what the
@@ -21,7 +23,16 @@ accepts a write).
   no replica of the partition takes the lost node's place in the placement: it is asked
   to create the partition, catches up from the leader, and joins the ISR.
 * **Leaders report** a member that stays behind (``/partition/isr/leave``) and a replica
-  that caught up (``/partition/isr/join``).
+  that caught up (``/partition/isr/join``), in the epoch they hold (a report of another
+  epoch is refused: it was decided on an ISR that is no longer the partition's).
+* **Followers report** a leader they cannot hear (``/partition/leader/unreachable``):
+  when in-sync followers that could write without it (more than half of the replicas)
+  all report it, the leadership moves to one of them, as after a loss.
+* **Fencing.** A leader acknowledges writes only while it holds a lease (a PING
+  answered by an nsqlookupd) and after the coordinator confirmed its leadership in that
+  lease (``/cluster/node/roles``). A node is judged lost only after any lease it held
+  has ended; a live leader that is replaced (a move, a drain, an unreachable leader)
+  must step down (it is told its new role) before the new leader is confirmed.
 
 Every change is one new record, saved before any node is told, in a new epoch; nodes
 refuse a role of an older epoch than the one they hold.
@@ -46,8 +57,9 @@ log = logging.getLogger("nsqx.lookupd")
 class Replicas:
     """Leaders, ISRs and epochs of replicated partitions; elections."""
 
-    #: seconds a node whose connection closed has to come back before it is lost
-    lost_grace = 0.5
+    #: seconds a node whose connection closed has at least to come back before it is
+    #: lost (also bounded below by the end of any lease it held)
+    lost_grace = 0.3
     #: seconds before a role that could not be told is told again
     retell_delay = 0.5
 
@@ -61,6 +73,12 @@ class Replicas:
         self._gone_unjudged: set[str] = set()
         # nodes being judged (lost or not)
         self._judging: set[str] = set()
+        # (topic, partition) -> former leaders that have not yet taken a role in which
+        # they do not lead: the new leader is not confirmed until they have, or are lost
+        self._stepping_down: dict[tuple[str, int], set[str]] = {}
+        # (topic, partition, epoch) -> in-sync follower -> loop time of its report that
+        # it cannot hear the leader
+        self._unreachable: dict[tuple[str, int, int], dict[str, float]] = {}
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -132,7 +150,18 @@ class Replicas:
             self._spawn(self._retell(peer, topic, pid, role["epoch"]))
             return False
         self._told[key] = role["epoch"]
+        if role["leader"] != peer.node_id:
+            # it took a role in which it does not lead: it stopped acknowledging
+            self._stepped_down(topic, pid, peer.node_id)
         return True
+
+    def _stepped_down(self, topic: str, pid: int, node_id: str) -> None:
+        pending = self._stepping_down.get((topic, pid))
+        if pending is not None and node_id in pending:
+            pending.discard(node_id)
+            if not pending:
+                del self._stepping_down[(topic, pid)]
+            log.info("REPL: %s:%d: former leader %s stepped down", topic, pid, node_id)
 
     async def _retell(self, peer: Peer, topic: str, pid: int, epoch: int) -> None:
         await asyncio.sleep(self.retell_delay)
@@ -179,7 +208,11 @@ class Replicas:
             del self._told[key]
         if peer.speaks_partitions:
             if self.coord.leading:
-                self._spawn(self._maybe_lost(peer.node_id))
+                # not before any lease it got from this nsqlookupd has ended; a node
+                # closed for silence is long past that, and is judged at once
+                not_before = self.coord.timing.lost_after(peer.last_heard)
+                grace = 0.0 if peer.lost else self.lost_grace
+                self._spawn(self._maybe_lost(peer.node_id, not_before, grace))
             else:
                 self._gone_unjudged.add(peer.node_id)
 
@@ -188,8 +221,11 @@ class Replicas:
         that are still away are lost now, so their leaderships move."""
         gone, self._gone_unjudged = self._gone_unjudged, set()
         self._told.clear()  # roles told by a former leader are told again
+        # when they went is not known here: a full lease from now, to be safe
+        loop = asyncio.get_running_loop()
+        not_before = self.coord.timing.lost_after(loop.time())
         for node_id in gone:
-            self._spawn(self._maybe_lost(node_id))
+            self._spawn(self._maybe_lost(node_id, not_before, self.lost_grace))
 
     def peer_arrived(self, peer: Peer) -> None:
         """A node connected: partitions that lost a replica when no spare was free may
@@ -206,7 +242,7 @@ class Replicas:
         coord = self.coord
         if not coord.leading:
             return
-        async with coord._admin:
+        async with coord.admin_lock:
             nodes = coord.nodes()
             for topic, record in list(coord.records.items()):
                 if record.meta.replica < 2:
@@ -220,8 +256,10 @@ class Replicas:
                     if spare is None:
                         continue
                     new_placement = tuple(spare if n == gone[0] else n for n in placement)
-                    record = record.with_replicas(pid, new_placement, isr)
-                    await coord._save(topic, record)
+                    record = record.with_replicas(
+                        pid, new_placement, isr, f"{spare} replaces {gone[0]} (isr too small)"
+                    )
+                    await coord.save(topic, record)
                     log.warning(
                         "REPL: %s:%d epoch %d: isr %s is too small to write; %s replaces %s",
                         topic,
@@ -237,16 +275,21 @@ class Replicas:
         """The node's last session with any nsqlookupd ended (several nsqlookupd over
         etcd: it may never have been connected to this one)."""
         if self.coord.leading:
-            self._spawn(self._maybe_lost(node_id))
+            # the nsqlookupd that held it deleted its key only once the lease it could
+            # grant had ended
+            self._spawn(self._maybe_lost(node_id, 0.0, 0.0))
         else:
             self._gone_unjudged.add(node_id)
 
-    async def _maybe_lost(self, node_id: str) -> None:
+    async def _maybe_lost(self, node_id: str, not_before: float, grace: float) -> None:
+        """Judge the node once ``not_before`` (loop time) has passed and it had at least
+        ``grace`` seconds to come back."""
         if node_id in self._judging:
             return  # its connection here and its last session elsewhere both ended
         self._judging.add(node_id)
         try:
-            await asyncio.sleep(self.lost_grace)
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(max(not_before - loop.time(), grace, 0.0))
             if node_id in self.coord.nodes() or not self.coord.leading:
                 return  # it came back, or another nsqlookupd decides now
             held = self.coord.sessions.holders(node_id)
@@ -267,7 +310,15 @@ class Replicas:
     async def node_lost(self, node_id: str) -> None:
         """Move every leadership of ``node_id`` away and take it out of every ISR."""
         coord = self.coord
-        async with coord._admin:
+        async with coord.admin_lock:
+            if coord.alive(node_id):
+                # it came back while this waited for the lock: it keeps its roles (a
+                # lease it holds now is a new one, confirmed anew)
+                log.info("REPL: node %s is back; not lost", node_id)
+                return
+            # any lease it held has ended: no former leadership of it needs waiting for
+            for key in [k for k, nodes in self._stepping_down.items() if node_id in nodes]:
+                self._stepped_down(key[0], key[1], node_id)
             for topic, record in list(coord.records.items()):
                 if record.meta.replica < 2:
                     continue
@@ -277,7 +328,7 @@ class Replicas:
                     changed = await self._without(topic, record, pid, node_id)
                     if changed is not None:
                         record = changed
-                        await coord._save(topic, record)
+                        await coord.save(topic, record)
                         log.warning(
                             "REPL: %s:%d epoch %d: leader %s, isr %s (node %s lost)",
                             topic,
@@ -299,16 +350,7 @@ class Replicas:
         nodes = self.coord.nodes()
         if placement[0] == node_id:
             candidates = [n for n in isr if n != node_id and n in nodes]
-            ends: dict[str, int] = {}
-            states = await asyncio.gather(
-                *(self.coord.client.partition_state(nodes[n].info, topic, pid) for n in candidates),
-                return_exceptions=True,
-            )
-            for n, state in zip(candidates, states, strict=True):
-                if isinstance(state, dict) and isinstance(state.get("end"), int):
-                    ends[n] = state["end"]
-                else:
-                    log.warning("REPL: %s:%d: no state from %s: %s", topic, pid, n, state)
+            ends = await self._log_ends(topic, pid, candidates, nodes)
             if not ends:
                 log.error(
                     "REPL: %s:%d: leader %s lost and no in-sync replica answers; "
@@ -340,14 +382,14 @@ class Replicas:
                     node_id,
                 )
                 new_placement = (*[n for n in new_placement if n != node_id], spare)
-        return record.with_replicas(pid, new_placement, new_isr)
+        return record.with_replicas(pid, new_placement, new_isr, f"node {node_id} lost")
 
     def _spare(
         self, record: TopicRecord, placement: tuple[str, ...], nodes: dict[str, Peer]
     ) -> str | None:
         """A live node that can take a replica of a partition placed on ``placement``."""
         in_topic = {n for held in record.placements.values() for n in held}
-        load = self.coord._load()
+        load = self.coord.load()
         free = [
             n
             for n in sorted(nodes)
@@ -361,25 +403,30 @@ class Replicas:
         nodes = self.coord.nodes()
         for node in record.placements[pid]:
             peer = nodes.get(node)
-            if peer is not None and (topic, pid, None) not in self.coord._seen.get(peer.id, ()):
-                self._spawn(self.coord._ask(peer, topic, pid, None, record))
+            if peer is not None and not self.coord.holds(peer, topic, pid):
+                self.coord.ask_to_create(peer, topic, pid, record)
 
     # -- reports from leaders ---------------------------------------------------------
 
-    async def isr_leave(self, topic: str, pid: int, node: str) -> str:
+    async def isr_leave(self, topic: str, pid: int, node: str, epoch: int | None = None) -> str:
         """A leader reports ``node`` behind: take it out of the ISR."""
         coord = self.coord
-        async with coord._admin:
+        async with coord.admin_lock:
             record = coord.records.get(topic)
             if record is None or pid not in record.placements:
                 return "unknown partition"
+            if epoch is not None and epoch != record.epoch_of(pid):
+                return f"stale epoch {epoch} (now {record.epoch_of(pid)})"
             isr = record.isr_of(pid)
             if node not in isr or node == record.placements[pid][0]:
                 return "not in the isr"
             new = record.with_replicas(
-                pid, record.placements[pid], tuple(n for n in isr if n != node)
+                pid,
+                record.placements[pid],
+                tuple(n for n in isr if n != node),
+                f"{node} behind the leader",
             )
-            await coord._save(topic, new)
+            await coord.save(topic, new)
             log.warning(
                 "REPL: %s:%d epoch %d: %s left the isr (behind the leader)",
                 topic,
@@ -390,18 +437,24 @@ class Replicas:
             await self._apply(topic, new, pid)
             return "OK"
 
-    async def isr_join(self, topic: str, pid: int, node: str) -> str:
-        """A leader reports ``node`` caught up: it joins the ISR."""
+    async def isr_join(self, topic: str, pid: int, node: str, epoch: int | None = None) -> str:
+        """A leader reports ``node`` caught up: it joins the ISR. (The leader counts it
+        in its commit point from the report on, so the ISR here is never larger than
+        the one the leader commits by.)"""
         coord = self.coord
-        async with coord._admin:
+        async with coord.admin_lock:
             record = coord.records.get(topic)
             if record is None or pid not in record.placements:
                 return "unknown partition"
+            if epoch is not None and epoch != record.epoch_of(pid):
+                return f"stale epoch {epoch} (now {record.epoch_of(pid)})"
             isr = record.isr_of(pid)
             if node in isr or node not in record.placements[pid]:
                 return "not a catching-up replica"
-            new = record.with_replicas(pid, record.placements[pid], (*isr, node))
-            await coord._save(topic, new)
+            new = record.with_replicas(
+                pid, record.placements[pid], (*isr, node), f"{node} caught up"
+            )
+            await coord.save(topic, new)
             log.info("REPL: %s:%d epoch %d: %s joined the isr", topic, pid, new.epoch_of(pid), node)
             await self._apply(topic, new, pid)
             return "OK"
@@ -414,7 +467,7 @@ class Replicas:
         committed (those publishes were never acknowledged), catches up and rejoins
         the ISR. Returns the new leader."""
         coord = self.coord
-        async with coord._admin:
+        async with coord.admin_lock:
             return await self._move_leader(topic, pid, to)
 
     async def _move_leader(self, topic: str, pid: int, to: str | None) -> str:
@@ -438,8 +491,12 @@ class Replicas:
             raise ValueError("no other live in-sync replica")
         new_isr = (new, *[n for n in isr if n != new])
         new_placement = (new, *[n for n in placement if n not in (new, old)], old)
-        changed = record.with_replicas(pid, new_placement, new_isr)
-        await coord._save(topic, changed)
+        changed = record.with_replicas(pid, new_placement, new_isr, f"moved from {old}")
+        # the new leader is confirmed once the old one took its new role (or is lost);
+        # the old one stops acknowledging before the change is recorded
+        self._stepping_down.setdefault((topic, pid), set()).add(old)
+        await self._fence(topic, pid, old, record.epoch_of(pid), nodes)
+        await coord.save(topic, changed)
         log.warning(
             "REPL: %s:%d epoch %d: leadership moved from %s to %s",
             topic,
@@ -457,7 +514,7 @@ class Replicas:
         in-sync replica stay and are listed as errors in the log."""
         coord = self.coord
         moved: list[str] = []
-        async with coord._admin:
+        async with coord.admin_lock:
             for topic, record in list(coord.records.items()):
                 if record.meta.replica < 2:
                     continue
@@ -469,6 +526,148 @@ class Replicas:
                         except ValueError as err:
                             log.error("REPL: drain %s: %s:%d stays: %s", node_id, topic, pid, err)
         return moved
+
+    # -- fencing: leaders confirmed within their lease --------------------------------
+
+    def confirm_roles(self, node_id: str) -> list[dict[str, Any]] | None:
+        """The roles of every replicated partition placed on ``node_id``, for a node
+        that holds a new lease (``/cluster/node/roles``); None if the node is not alive
+        here (judged lost, or being judged: it must reconnect first).
+
+        Each role has ``"confirmed"``: true where the node leads and may acknowledge
+        writes within the lease it asked in. Nothing moves a leadership away from a
+        live node without telling it first, and a node is judged lost only after its
+        lease has ended, so a leadership confirmed now holds until that lease ends.
+        False where a former leader has not yet stepped down.
+
+        Not under the admin lock: a node may ask while the coordinator waits for its
+        answer to a role (its reads are of one moment: no await). An election that is
+        being decided sets what keeps a stale answer out first: the node being judged
+        (a loss), or the former leader stepping down (a move)."""
+        coord = self.coord
+        if not coord.alive(node_id) or node_id in self._judging:
+            return None
+        nodes = coord.nodes()
+        roles: list[dict[str, Any]] = []
+        for topic, record in sorted(coord.records.items()):
+            if record.meta.replica < 2:
+                continue
+            for pid, placement in sorted(record.placements.items()):
+                if node_id not in placement:
+                    continue
+                role = self.role(topic, record, pid, nodes)
+                if role is None:
+                    continue
+                role["topic"] = topic
+                role["partition"] = pid
+                role["confirmed"] = placement[0] == node_id and not self._stepping_down.get(
+                    (topic, pid)
+                )
+                roles.append(role)
+        return roles
+
+    async def leader_unreachable(
+        self, topic: str, pid: int, reporter: str, epoch: int | None
+    ) -> str:
+        """An in-sync follower cannot hear its leader (its stream stayed silent for the
+        node timeout). Once the followers reporting it within a node timeout could
+        write without the leader (more than half of the replicas), the leadership moves
+        to the one of them with the newest log, as after a loss; the leader, if alive,
+        must step down before the new one is confirmed."""
+        coord = self.coord
+        async with coord.admin_lock:
+            record = coord.records.get(topic)
+            if record is None or pid not in record.placements:
+                return "unknown partition"
+            if epoch != record.epoch_of(pid):
+                return f"stale epoch {epoch} (now {record.epoch_of(pid)})"
+            placement = record.placements[pid]
+            leader, isr = placement[0], record.isr_of(pid)
+            if record.meta.replica < 2:
+                return "the topic is not replicated"
+            if reporter == leader or reporter not in isr:
+                return "not an in-sync follower"
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            window = coord.timing.node_timeout
+            for key in [k for k in self._unreachable if k[:2] == (topic, pid) and k[2] != epoch]:
+                del self._unreachable[key]
+            reports = self._unreachable.setdefault((topic, pid, epoch), {})
+            reports[reporter] = now
+            nodes = coord.nodes()
+            voters = sorted(
+                n for n, at in reports.items() if now - at <= window and n in isr and n in nodes
+            )
+            if len(voters) <= record.meta.replica // 2:
+                log.warning(
+                    "REPL: %s:%d epoch %d: %s cannot hear leader %s (%d of %d needed)",
+                    topic,
+                    pid,
+                    epoch,
+                    reporter,
+                    leader,
+                    len(voters),
+                    record.meta.replica // 2 + 1,
+                )
+                return "OK"
+            ends = await self._log_ends(topic, pid, voters, nodes)
+            if len(ends) <= record.meta.replica // 2:
+                return "OK"
+            new = max(ends, key=lambda n: (ends[n], -isr.index(n)))
+            new_isr = (new, *[n for n in isr if n in ends and n != new])
+            new_placement = (new, *[n for n in placement if n not in (new, leader)], leader)
+            changed = record.with_replicas(
+                pid, new_placement, new_isr, f"leader {leader} unreachable from {','.join(voters)}"
+            )
+            # alive or not: until it steps down or is judged lost, it may hold a lease
+            self._stepping_down.setdefault((topic, pid), set()).add(leader)
+            await self._fence(topic, pid, leader, epoch, nodes)
+            await coord.save(topic, changed)
+            del self._unreachable[(topic, pid, epoch)]
+            log.warning(
+                "REPL: %s:%d epoch %d: leader %s unreachable from %s: %s leads, isr %s",
+                topic,
+                pid,
+                changed.epoch_of(pid),
+                leader,
+                ",".join(voters),
+                new,
+                ",".join(new_isr),
+            )
+            await self._apply(topic, changed, pid)
+            return "OK"
+
+    async def _fence(
+        self, topic: str, pid: int, leader: str, epoch: int, nodes: dict[str, Peer]
+    ) -> None:
+        """Ask a leader that is being replaced to stop acknowledging at once (best
+        effort: if it does not answer, its successor still waits for it to step down
+        or be judged lost before it is confirmed)."""
+        peer = nodes.get(leader)
+        if peer is None:
+            return
+        try:
+            await asyncio.wait_for(
+                self.coord.client.fence(peer.info, topic, pid, epoch), self.coord.timing.lease
+            )
+        except (NsqdCallError, TimeoutError) as err:
+            log.warning("REPL: %s:%d: fencing %s failed: %s", topic, pid, leader, err)
+
+    async def _log_ends(
+        self, topic: str, pid: int, candidates: list[str], nodes: dict[str, Peer]
+    ) -> dict[str, int]:
+        """The log end of each candidate that answers."""
+        ends: dict[str, int] = {}
+        states = await asyncio.gather(
+            *(self.coord.client.partition_state(nodes[n].info, topic, pid) for n in candidates),
+            return_exceptions=True,
+        )
+        for n, state in zip(candidates, states, strict=True):
+            if isinstance(state, dict) and isinstance(state.get("end"), int):
+                ends[n] = state["end"]
+            else:
+                log.warning("REPL: %s:%d: no state from %s: %s", topic, pid, n, state)
+        return ends
 
     # -- views ------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ The limits are Youzan's (nsqlookupd/http.go and consistence/nsqlookup_coord_api.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_RETENTION_DAYS",
     "MAX_SYNC_EVERY",
     "UNKNOWN_TOPIC_META_JSON",
+    "EpochChange",
     "TopicMeta",
     "TopicRecord",
 ]
@@ -50,6 +52,43 @@ UNKNOWN_TOPIC_META_JSON: dict[str, Any] = {
 }
 
 
+#: Epoch changes kept per partition (the newest).
+HISTORY_MAX = 32
+
+
+@dataclass(frozen=True)
+class EpochChange:
+    """One change of a replicated partition's leader, ISR or placement: its new epoch,
+    leader and ISR, when (Unix ms, the deciding nsqlookupd's clock) and why."""
+
+    epoch: int
+    leader: str
+    isr: tuple[str, ...]
+    at_ms: int
+    reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "leader": self.leader,
+            "isr": list(self.isr),
+            "at": self.at_ms,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> EpochChange:
+        if not isinstance(obj, dict):
+            raise ValueError(f"bad epoch change {obj!r}")
+        epoch, leader, isr = obj.get("epoch"), obj.get("leader"), obj.get("isr")
+        at, reason = obj.get("at", 0), obj.get("reason", "")
+        if not isinstance(epoch, int) or not isinstance(leader, str) or not isinstance(at, int):
+            raise ValueError(f"bad epoch change {obj!r}")
+        if not isinstance(isr, list) or not all(isinstance(n, str) for n in isr):
+            raise ValueError(f"bad epoch change {obj!r}")
+        return cls(epoch, leader, tuple(isr), at, reason if isinstance(reason, str) else "")
+
+
 @dataclass(frozen=True)
 class TopicRecord:
     """One topic's stored state: settings, placement, lookupd-created channels."""
@@ -66,6 +105,8 @@ class TopicRecord:
     isr: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
     #: partition -> its epoch, bumped at every change of leader or ISR (1 if missing)
     epochs: Mapping[int, int] = field(default_factory=dict)
+    #: partition -> its latest epoch changes, oldest first (at most HISTORY_MAX)
+    history: Mapping[int, tuple[EpochChange, ...]] = field(default_factory=dict)
 
     def isr_of(self, partition: int) -> tuple[str, ...]:
         """The partition's in-sync replicas, leader first."""
@@ -76,18 +117,39 @@ class TopicRecord:
         return self.epochs.get(partition, 1)
 
     def with_replicas(
-        self, partition: int, placement: tuple[str, ...], isr: tuple[str, ...]
+        self,
+        partition: int,
+        placement: tuple[str, ...],
+        isr: tuple[str, ...],
+        reason: str = "",
     ) -> TopicRecord:
-        """A new leader, ISR or placement for one partition, in a new epoch."""
+        """A new leader, ISR or placement for one partition, in a new epoch (noted in
+        its history with ``reason``)."""
         placements = {**self.placements, partition: placement}
         isrs = {**self.isr, partition: isr}
-        epochs = {**self.epochs, partition: self.epoch_of(partition) + 1}
+        epoch = self.epoch_of(partition) + 1
+        epochs = {**self.epochs, partition: epoch}
+        change = EpochChange(epoch, placement[0] if placement else "", isr, now_ms(), reason)
+        changes = (*self.history.get(partition, ()), change)[-HISTORY_MAX:]
+        history = {**self.history, partition: changes}
         return replace(
             self,
             placements=dict(sorted(placements.items())),
             isr=dict(sorted(isrs.items())),
             epochs=dict(sorted(epochs.items())),
+            history=dict(sorted(history.items())),
         )
+
+    def with_first_epochs(self, partitions: list[int], reason: str) -> TopicRecord:
+        """The history of newly placed partitions starts: their epoch, leader and ISR."""
+        history = dict(self.history)
+        at = now_ms()
+        for pid in partitions:
+            placement = self.placements.get(pid)
+            if placement:
+                change = EpochChange(self.epoch_of(pid), placement[0], self.isr_of(pid), at, reason)
+                history[pid] = (*history.get(pid, ()), change)[-HISTORY_MAX:]
+        return replace(self, history=dict(sorted(history.items())))
 
     def leader(self, partition: int) -> str | None:
         """The node id that leads ``partition``, if it is placed."""
@@ -108,6 +170,10 @@ class TopicRecord:
             "channels": list(self.channels),
             "isr": {str(p): list(nodes) for p, nodes in sorted(self.isr.items())},
             "epochs": {str(p): e for p, e in sorted(self.epochs.items())},
+            "history": {
+                str(p): [c.to_json() for c in changes]
+                for p, changes in sorted(self.history.items())
+            },
         }
 
     @classmethod
@@ -150,10 +216,24 @@ class TopicRecord:
             if not key.isdigit() or not isinstance(epoch, int) or epoch < 1:
                 raise ValueError(f"bad epoch {key!r}: {epoch!r}")
             epochs[int(key)] = epoch
+        history: dict[int, tuple[EpochChange, ...]] = {}
+        raw_history = obj.get("history", {})
+        if not isinstance(raw_history, dict):
+            raise ValueError("history is not an object")
+        for key, changes in raw_history.items():
+            if not key.isdigit() or not isinstance(changes, list):
+                raise ValueError(f"bad history {key!r}")
+            history[int(key)] = tuple(EpochChange.from_json(c) for c in changes)
         return cls(
             meta,
             dict(sorted(placements.items())),
             tuple(channels),
             dict(sorted(isr.items())),
             dict(sorted(epochs.items())),
+            dict(sorted(history.items())),
         )
+
+
+def now_ms() -> int:
+    """Unix time in ms: when an epoch change was decided."""
+    return time.time_ns() // 1_000_000

@@ -158,10 +158,11 @@ class Channel:
         """The checkpoint of this channel now (see nsqx.store.cursor)."""
         pending = array("q")
         attempts_of = self.attempts.get
+        id_base = self.partition.id_base
         for c in self.clients:
             for table in (c.inflight, c.irregular):
                 for mid in table:
-                    pending.extend((seq_of(mid), attempts_of(mid, 1), 0))
+                    pending.extend((seq_of(mid, id_base), attempts_of(mid, 1), 0))
         for seq, attempts in self.requeued:
             pending.extend((seq, attempts, 0))
         to_wall = clock.time_ns() - clock.monotonic_ns()
@@ -199,11 +200,12 @@ class Channel:
             low = min(low, min(s for s, _ in self.requeued))
         if self.deferred:
             low = min(low, min(s for _, s, _ in self.deferred))
+        id_base = self.partition.id_base
         for c in self.clients:
             if c.inflight:
-                low = min(low, min(map(seq_of, c.inflight)))
+                low = min(low, min(seq_of(mid, id_base) for mid in c.inflight))
             if c.irregular:
-                low = min(low, min(map(seq_of, c.irregular)))
+                low = min(low, min(seq_of(mid, id_base) for mid in c.irregular))
         return low
 
     # -- clients ----------------------------------------------------------------------
@@ -234,7 +236,8 @@ class Channel:
         for table in (client.inflight, client.irregular):
             if table:
                 pop = self.attempts.pop
-                self.requeued.extend((seq_of(mid), pop(mid, 1)) for mid in table)
+                id_base = self.partition.id_base
+                self.requeued.extend((seq_of(mid, id_base), pop(mid, 1)) for mid in table)
                 if self.traced:
                     for mid in table:
                         self._trace_end(tr.REQ, mid, client, {"reason": "client left"})
@@ -433,7 +436,7 @@ class Channel:
                 group = by_tag.get("", [])
             takers = [c for c in group if room.get(c, 0) > 0]
             if not takers:
-                back.append((seq_of(mid), int.from_bytes(frame[16:18], "big") - 1))
+                back.append((self.partition.seq_of(mid), int.from_bytes(frame[16:18], "big") - 1))
                 self.attempts.pop(mid, None)
                 continue
             rr += 1
@@ -601,7 +604,7 @@ class Channel:
         client.finish_count += len(done)
         self.dirty = True
         if self.e2e is not None:
-            self.e2e.record(self.log, done)
+            self.e2e.record(self.log, done, self.partition.id_base)
         self.notify()
         return [(mid, self._not_in_flight(client, mid)) for mid in missing]
 
@@ -624,11 +627,11 @@ class Channel:
         self.requeue_count += 1
         client.requeue_count += 1
         if timeout_ms <= 0:
-            self.requeued.append((seq_of(msg_id), attempts))
+            self.requeued.append((self.partition.seq_of(msg_id), attempts))
             self.notify()
         else:
             due = clock.monotonic_ns() + timeout_ms * 1_000_000
-            heapq.heappush(self.deferred, (due, seq_of(msg_id), attempts))
+            heapq.heappush(self.deferred, (due, self.partition.seq_of(msg_id), attempts))
             self._arm_deferred()
             self.notify()  # the client's RDY has room again
         return None
@@ -665,7 +668,8 @@ class Channel:
                     for mid in expired:
                         self._trace_end(tr.TIMEOUT, mid, c)
                 pop = self.attempts.pop
-                self.requeued.extend((seq_of(mid), pop(mid, 1)) for mid in expired)
+                id_base = self.partition.id_base
+                self.requeued.extend((seq_of(mid, id_base), pop(mid, 1)) for mid in expired)
                 self.timeout_count += len(expired)
                 c.timeout_count += len(expired)
                 moved = True

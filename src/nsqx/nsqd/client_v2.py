@@ -466,8 +466,9 @@ class ClientV2(asyncio.Protocol):
         if not self.yz_detail:
             return [youzan_frame(f, with_ext, None) for f in frames]
         offset_of = channel.log.offset_of
+        id_base = channel.partition.id_base
         return [
-            youzan_frame(f, with_ext, (offset_of(seq_of(mid)) or 0, len(f)))
+            youzan_frame(f, with_ext, (offset_of(seq_of(mid, id_base)) or 0, len(f)))
             for f, mid in zip(frames, ids, strict=True)
         ]
 

@@ -129,8 +129,9 @@ class LatencyWindow:
         for index, slot in res.offer(len(latencies_ns)):
             res.put(slot, latencies_ns[index])
 
-    def record(self, log: MessageLog, ids: Sequence[bytes]) -> None:
-        """FINs of ``ids`` happened now: sample their publish-to-FIN latencies."""
+    def record(self, log: MessageLog, ids: Sequence[bytes], id_base: int) -> None:
+        """FINs of ``ids`` (of a log with ``id_base``, guid.py) happened now: sample
+        their publish-to-FIN latencies."""
         self._roll(time.monotonic_ns())
         res = self._current
         picks = res.offer(len(ids))
@@ -141,7 +142,7 @@ class LatencyWindow:
         unpack = _TS.unpack_from
         for index, slot in picks:
             try:
-                frame = get(seq_of(ids[index]))
+                frame = get(seq_of(ids[index], id_base))
             except ValueError:  # not one of our ids
                 frame = None
             # a FINed record is still in the log (trimming waits for the scan loop)

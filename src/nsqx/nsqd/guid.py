@@ -2,6 +2,13 @@
 
 The partition sits in the high bits and the log sequence below, so an id leads back
 to its record without any table: redelivery needs no per-message bookkeeping.
+
+An id is never 0 (Youzan's clients read an answered id 0 as "no id"): a record's id is
+``partition << 50 | (sequence + 1)``. Logs written before that rule keep their ids
+(``partition << 50 | sequence``, and so the first message of partition 0 has id 0): each
+partition has an *id base*, the first sequence whose id is sequence + 1 (0 for a log
+made since; :data:`LEGACY_ID_BASE`, never reached, for one that holds records of the old
+rule). See docs/storage.md.
 """
 
 from __future__ import annotations
@@ -10,6 +17,8 @@ from typing import Final
 
 PARTITION_SHIFT: Final = 50
 SEQ_MASK: Final = (1 << PARTITION_SHIFT) - 1
+#: the id base of a log whose ids are its sequences (written before ids started at 1)
+LEGACY_ID_BASE: Final = 1 << PARTITION_SHIFT
 
 
 # The low 16 bits as hex, precomputed: a batch of ids is then one prefix joined to
@@ -30,9 +39,13 @@ class _Prefix:
 _LAST_PREFIX: Final = _Prefix()
 
 
-def make_ids(first_seq: int, count: int, partition: int = 0) -> list[bytes]:
-    """Hex ids for ``count`` consecutive records starting at ``first_seq``."""
+def make_ids(first_seq: int, count: int, partition: int = 0, id_base: int = 0) -> list[bytes]:
+    """Hex ids for ``count`` consecutive records starting at ``first_seq``, of a log
+    whose id base is ``id_base`` (a batch never straddles it: a log's base only moves
+    where it has no records)."""
     n = (partition << PARTITION_SHIFT) + first_seq
+    if first_seq >= id_base:
+        n += 1
     if count == 1:  # a PUB
         high = n >> 16
         last = _LAST_PREFIX.last
@@ -50,6 +63,12 @@ def make_ids(first_seq: int, count: int, partition: int = 0) -> list[bytes]:
     return ids
 
 
-def seq_of(msg_id: bytes) -> int:
-    """The log sequence of a message id made by :func:`make_ids`."""
-    return int(msg_id, 16) & SEQ_MASK
+def id_of(seq: int, partition: int = 0, id_base: int = 0) -> int:
+    """The id (a u64) of the record at ``seq``, as :func:`make_ids` makes it."""
+    return (partition << PARTITION_SHIFT) | (seq + 1 if seq >= id_base else seq)
+
+
+def seq_of(msg_id: bytes, id_base: int = 0) -> int:
+    """The log sequence of a message id made by :func:`make_ids` with ``id_base``."""
+    n = int(msg_id, 16) & SEQ_MASK
+    return n - 1 if n > id_base else n

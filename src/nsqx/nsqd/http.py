@@ -34,10 +34,11 @@ from nsqx.nsqd.replication.leader import CommitFailed
 from nsqx.nsqd.replication.replica import StaleEpoch
 from nsqx.nsqd.replication.state import ReplicaRole
 from nsqx.store.disklog import DiskLog, RangeFramesOut
+from nsqx.wire import members
 from nsqx.wire import replication as rp
 from nsqx.wire.commands import parse_consume_start, parse_mpub_body
 from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, ProtocolError
-from nsqx.wire.frames import record_parts
+from nsqx.wire.frames import ID_AT, ID_END, record_parts
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.range import encode_range_frames
 from nsqx.wire.topic_meta import TopicMeta
@@ -74,7 +75,7 @@ DURATION_OPTIONS = frozenset(
     }
 )
 #: NsqdOptions attributes that are no flag in NSQ, so /config does not know them.
-_HIDDEN_OPTIONS = frozenset({"queue_scan_interval", "client_timeout", "node_id"})
+_HIDDEN_OPTIONS = frozenset({"queue_scan_interval", "client_timeout", "node_id", "cluster_secret"})
 #: config names that differ from the attribute name
 _CONFIG_ALIASES = {"id": "node_id"}
 #: NSQ's LogLevel values (lg.DEBUG=1 ... lg.FATAL=5): /config shows the number
@@ -91,6 +92,10 @@ LINGER_SECONDS = 0.5
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _INT = re.compile(r"[+-]?[0-9]+")
+
+
+#: how long POST /partition/role waits for a new leadership's confirmation (seconds)
+CONFIRM_WAIT = 1.0
 
 
 class HTTPError(Exception):
@@ -288,6 +293,11 @@ class HTTPServer:
         handler = methods.get(request.method)
         if handler is not None and self._refused_admin(request, path):
             return error_response(403, "FORBIDDEN")
+        if path in MEMBER_PATHS and not members.is_member(
+            self.nsqd.options.cluster_secret, request.headers
+        ):
+            log.warning("HTTP: %s %s refused: not a member of the cluster", request.method, path)
+            return error_response(403, members.NOT_A_MEMBER)
         if handler is None:
             allow = ", ".join(sorted({*methods, "OPTIONS"}))
             if request.method == "OPTIONS":
@@ -652,7 +662,8 @@ class HTTPServer:
         if mode == "count":
             seq = max(pos - 1, 0)  # counted from 1, as Youzan counts
         elif mode == "id":
-            seq = pos & SEQ_MASK
+            n = pos & SEQ_MASK
+            seq = n - 1 if n > part.id_base else n  # (guid.seq_of)
         elif mode == "virtual_offset":
             seq = log_.seek_offset(pos)  # not at a message's start: the next message
         else:
@@ -661,10 +672,13 @@ class HTTPServer:
         offset = log_.offset_of(seq) if frame is not None else None
         if frame is None or offset is None:
             raise HTTPError(404, "MESSAGE_NOT_FOUND")
+        msg_id = int(frame[ID_AT:ID_END], 16)  # (as stored: guid.py)
+        if mode == "id" and msg_id != pos:
+            raise HTTPError(404, "MESSAGE_NOT_FOUND")
         trace_id, _ver, ext, body_at = record_parts(frame)
         body = frame[body_at:]
         out: dict[str, Any] = {
-            "id": (part.id << PARTITION_SHIFT) | seq,
+            "id": msg_id,
             "trace_id": trace_id,
             "body": body.decode("utf-8", "replace"),
             "timestamp": int.from_bytes(frame[8:16], "big", signed=True),
@@ -763,6 +777,23 @@ class HTTPServer:
             part.replica.apply_role(role)
         except StaleEpoch as err:
             raise HTTPError(409, f"E_STALE_EPOCH {err}") from None
+        # a new leadership asks the coordinator to confirm it within this node's lease
+        # before answering, so that the coordinator's work (a create, an election) is
+        # done when the partition takes writes
+        await self.nsqd.replication.wait_confirmed(part.replica, CONFIRM_WAIT)
+        return ok_empty()
+
+    async def partition_fence(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """POST /partition/fence?topic&partition&epoch: the coordinator is about to move
+        this leadership away: stop acknowledging now (writes are held) until the new
+        role arrives, or the leadership is confirmed again (the move did not happen).
+        409 if this node does not lead the partition in that epoch."""
+        part = self._replica_partition(params)
+        epoch = _int_param(params, "epoch", -1)
+        if part.replica is None or not part.replica.fence(epoch):
+            raise HTTPError(409, "E_NOT_LEADER_IN_EPOCH")
         return ok_empty()
 
     async def partition_state(
@@ -1056,6 +1087,7 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/message/trace/disable": {"POST": _R.message_trace_switch},
     "/range": {"GET": _R.range_read},
     "/partition/role": {"POST": _R.partition_role},
+    "/partition/fence": {"POST": _R.partition_fence},
     "/partition/state": {"GET": _R.partition_state},
     "/replication/stream": {"GET": _R.replication_stream},
 }
@@ -1171,6 +1203,11 @@ def _int_param(params: dict[str, list[str]], key: str, default: int) -> int:
 
 _CONFIG_ROUTE: dict[str, Handler] = {"GET": _R.config, "PUT": _R.config}
 
+#: what only members of the cluster may use (with --cluster-secret): changing a
+#: partition's role and pulling its log
+MEMBER_PATHS = frozenset({"/partition/role", "/partition/fence", "/replication/stream"})
+
+
 #: what --http-admin-allow restricts (with PUT /config/*): every action that changes
 #: topics, channels, partitions or settings; reads and publishing stay open
 ADMIN_PATHS = frozenset(
@@ -1190,5 +1227,6 @@ ADMIN_PATHS = frozenset(
         "/message/trace/enable",
         "/message/trace/disable",
         "/partition/role",
+        "/partition/fence",
     }
 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from nsqx.nsqd.events import TopologyEvent
 from nsqx.wire.errors import ProtocolError
 from nsqx.wire.lookupd import (
     MAGIC_V1,
+    OK,
     LookupdInfo,
     PeerInfo,
     ReplyDecoder,
@@ -193,28 +195,50 @@ class LookupPeer:
         inbox: asyncio.Queue[tuple[str, bytes]],
         commands: list[bytes],
     ) -> None:
-        """Write commands in batches, match replies to them in order, PING every 15 s."""
+        """Write commands in batches, match replies to them in order, PING every 15 s
+        (or as often as a partition-aware nsqlookupd asks: its answers are the lease
+        that lets this node's partition leaders acknowledge writes)."""
         loop = asyncio.get_running_loop()
-        sent: deque[bytes] = deque()  # commands awaiting their reply, oldest first
-        next_ping = loop.time() + PING_INTERVAL
+        info = self.info
+        interval = PING_INTERVAL
+        lease = 0.0
+        reply_timeout = REPLY_TIMEOUT
+        if info is not None and info.partitions and info.heartbeat_interval_ms > 0:
+            interval = info.heartbeat_interval_ms / 1000
+            lease = info.lease_ms / 1000
+            if info.node_timeout_ms > 0:
+                # a silent nsqlookupd is left as soon as it would judge this node lost
+                reply_timeout = info.node_timeout_ms / 1000
+        if lease > 0:
+            # from now on a leader acknowledges only within a lease
+            self.manager.nsqd.replication.lease.required = True
+        # commands awaiting their reply, oldest first, with when each was written
+        sent: deque[tuple[bytes, float]] = deque()
+        # a lease-granting lookupd is PINGed at once: the lease starts with registration
+        next_ping = loop.time() + (interval if lease <= 0 else 0.0)
         reply_deadline = 0.0
+        ping = encode_ping()
         while True:
             if commands:
                 for cmd in commands:
-                    log.debug("LOOKUPD(%s): %s", self, cmd.rstrip(b"\n").decode())
+                    if cmd is not ping:
+                        log.debug("LOOKUPD(%s): %s", self, cmd.rstrip(b"\n").decode())
+                now = loop.time()
                 if not sent:
-                    reply_deadline = loop.time() + REPLY_TIMEOUT
+                    reply_deadline = now + reply_timeout
+                # (the lease counts from before the write, on the clock leaders check)
+                at = time.monotonic()
                 writer.write(b"".join(commands))
-                sent.extend(commands)
+                sent.extend((cmd, at) for cmd in commands)
                 commands = []
                 await writer.drain()
             now = loop.time()
             if now >= next_ping:
-                commands.append(encode_ping())
-                next_ping = now + PING_INTERVAL
+                commands.append(ping)
+                next_ping = now + interval
                 continue
             if sent and now >= reply_deadline:
-                raise TimeoutError(f"no reply to {sent[0]!r} within {REPLY_TIMEOUT}s")
+                raise TimeoutError(f"no reply to {sent[0][0]!r} within {reply_timeout:g}s")
             timeout = min(next_ping, reply_deadline) - now if sent else next_ping - now
             # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
             # cancellation that races with the queue's answer, and close() then waits
@@ -233,8 +257,14 @@ class LookupPeer:
                 if kind == "cmd":
                     commands.append(data)
                     continue
-                cmd = sent.popleft() if sent else b"?"
-                reply_deadline = loop.time() + REPLY_TIMEOUT
+                cmd, at = sent.popleft() if sent else (b"?", 0.0)
+                reply_deadline = loop.time() + reply_timeout
+                if cmd is ping:
+                    if lease > 0 and data == OK:
+                        self.manager.lease_granted(at, lease)
+                    elif data != OK:
+                        log.debug("LOOKUPD(%s): PING - %s", self, data.decode(errors="replace"))
+                    continue
                 if is_error_reply(data):
                     log.error(
                         "LOOKUPD(%s): %s - %s",
@@ -311,6 +341,19 @@ class LookupManager:
                 log.info("LOOKUP(%s): adding peer", address)
                 self.peers[address] = LookupPeer(self, address)
 
+    def lease_granted(self, sent: float, duration: float) -> None:
+        """A lookupd answered a PING sent at ``sent`` (time.monotonic) with a lease."""
+        self.nsqd.replication.lease_granted(sent, duration)
+
+    def node_timeout(self) -> float:
+        """The longest node timeout the connected lookupds announced (2 s if none)."""
+        timeouts = [
+            p.info.node_timeout_ms / 1000
+            for p in self.peers.values()
+            if p.info is not None and p.info.node_timeout_ms > 0
+        ]
+        return max(timeouts, default=2.0)
+
     def lookupd_http_addresses(self) -> list[str]:
         """``host:port`` of the connected lookupds' HTTP APIs (from their IDENTIFY)."""
         out = []
@@ -350,6 +393,8 @@ class LookupManager:
             distributed_id=getattr(self.nsqd, "node_id", "")
             or f"{opts.broadcast_address}:{tcp_port}",
             replication_address=opts.replication_address,
+            # PINGs as often as nsqlookupd asks: it may judge this node by time
+            liveness="heartbeat",
         )
 
     def registration_commands(self, partitioned: bool) -> list[bytes]:

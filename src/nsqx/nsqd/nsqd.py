@@ -11,6 +11,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from nsqx import NSQ_VERSION
+from nsqx.cluster_secret import load_secret
 from nsqx.nsqd import clock
 from nsqx.nsqd.auth import AuthClient
 from nsqx.nsqd.client_v2 import ClientV2
@@ -330,6 +331,8 @@ class NSQD:
         log.info("%s", version_string())  # as nsqd's first line, plus compiled or not
         # a bad certificate or key stops the start, as in nsqd
         self.tls_context = build_server_context(self.options)
+        opts = self.options
+        opts.cluster_secret = load_secret(opts.cluster_secret, opts.cluster_secret_file)
         if self.tls_context is None and self.tls_required:
             raise ValueError("cannot require TLS client connections without TLS key and cert")
         os.makedirs(self.data_path, exist_ok=True)

@@ -50,7 +50,7 @@ class NsqdOptions:
     retention: float = 0.0
     #: nsqx: an ISR member behind the leader this long (seconds) is reported to the
     #: coordinator, which takes it out of the ISR
-    replication_lag_timeout: float = 3.0
+    replication_lag_timeout: float = 2.0
     #: nsqx: host:port where followers reach this node's HTTP API for replication
     #: (empty: the broadcast address and HTTP port)
     replication_address: str = ""
@@ -93,6 +93,11 @@ class NsqdOptions:
     auth_http_addresses: list[str] = field(default_factory=list)
     #: [nsqx] networks (CIDR) the HTTP API's admin actions are taken from; empty: any
     http_admin_allow: list[str] = field(default_factory=list)
+    #: Members of the cluster send it; /partition/role, /partition/fence and
+    #: /replication/stream refuse callers without it (nsqx.wire.members; empty: open).
+    cluster_secret: str = field(default="", repr=False)
+    #: a file whose first line is the secret (read at start; beats cluster_secret)
+    cluster_secret_file: str = ""
     # stats
     statsd_address: str = ""
     statsd_prefix: str = "nsq.%s"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from nsqx.nsqd import clock
 from nsqx.nsqd.channel import Channel
 from nsqx.nsqd.events import TopologyEvent
-from nsqx.nsqd.guid import PARTITION_SHIFT, make_ids
+from nsqx.nsqd.guid import LEGACY_ID_BASE, PARTITION_SHIFT, SEQ_MASK, make_ids, seq_of
 from nsqx.nsqd.waiters import Waiter, future_waiter
 from nsqx.store.disklog import DiskLog
 from nsqx.store.memlog import MemoryLog
@@ -30,8 +30,14 @@ from nsqx.wire.commands import (
     OFFSET_VIRTUAL_QUEUE,
     ConsumeStart,
 )
+from nsqx.wire.frames import (
+    ID_AT,
+    ID_END,
+    encode_extended_batch,
+    encode_message_batch,
+    is_extended,
+)
 from nsqx.wire.frames import MESSAGE_FRAME_OVERHEAD as FRAME_OVERHEAD
-from nsqx.wire.frames import encode_extended_batch, encode_message_batch, is_extended
 
 if TYPE_CHECKING:
     from nsqx.nsqd.loopturn import LoopTurn
@@ -123,6 +129,11 @@ class Partition:
         #: True once the log holds an extended record (a trace id or ext data): delivery
         #: then looks at each chunk's kind (see nsqx.wire.frames)
         self.extended = bool(state.get("extended", False))
+        #: the first sequence whose id is sequence + 1 (guid.py; records below it, written
+        #: before ids started at 1, keep id = sequence); a log without it in its state file
+        #: says it in its records, and one that never had a record starts at 0
+        known = "id_base" in state and self.log.end > 0
+        self.id_base: int = state["id_base"] if known else self._stored_id_base()
         #: set by empty() while paused: what it dropped, for depth
         self._emptied_to = 0
         self._ephemeral_channels = 0
@@ -140,6 +151,29 @@ class Partition:
         self.replica: PartitionReplica | None = None
         if self.durable and topic.meta.replica > 1:
             self.replicate()
+
+    def _stored_id_base(self) -> int:
+        """The id base this log's records were written with (a state file without one:
+        nsqx before ids started at 1): their first sequence if their ids are sequence +
+        1, LEGACY_ID_BASE if they are their sequences; a log without records (a memory
+        log too) starts the rule at its end (the ids it gave before were at most that)."""
+        disk = self._disk
+        found = disk.first_id() if disk is not None else None
+        if found is not None:
+            seq, msg_id = found
+            try:
+                n = int(msg_id, 16) & SEQ_MASK
+            except ValueError:
+                n = -1  # (damage: the end's rule, right for an old log)
+            if n == seq:
+                return LEGACY_ID_BASE
+            if n == seq + 1:
+                return seq
+        return self.log.end
+
+    def seq_of(self, msg_id: bytes) -> int:
+        """The log sequence of one of this partition's message ids (hex)."""
+        return seq_of(msg_id, self.id_base)
 
     def replicate(self) -> None:
         """Become a replica of a replicated topic: writes wait for the coordinator's
@@ -190,7 +224,8 @@ class Partition:
         return {
             k: int(v)
             for k, v in state.items()
-            if k in ("hold_from", "visible_end", "extended") and isinstance(v, (int, bool))
+            if k in ("hold_from", "visible_end", "extended", "id_base")
+            and isinstance(v, (int, bool))
         }
 
     def save_state(self) -> None:
@@ -198,7 +233,7 @@ class Partition:
         whether the log holds extended records."""
         if self._state_path is None:
             return
-        state: dict[str, int | bool] = {"hold_from": self.hold_from}
+        state: dict[str, int | bool] = {"hold_from": self.hold_from, "id_base": self.id_base}
         if self.paused:
             state["visible_end"] = self.visible_end
         if self.extended:
@@ -231,7 +266,8 @@ class Partition:
         disk = self._disk
         n = len(bodies)
         seq = disk.next_seq if disk is not None else self.log.next_seq
-        ids = make_ids(seq, n, self.id)
+        id_base = self.id_base
+        ids = make_ids(seq, n, self.id, id_base)
         ts = clock.time_ns()
         if trace_ids is None and exts is None:
             chunk, stride = encode_message_batch(ts, ids, bodies)
@@ -270,7 +306,8 @@ class Partition:
                 self._turn.commit_soon(self)
         else:
             self._appended()
-        return Published((self.id << PARTITION_SHIFT) | seq, offset, seq, len(chunk), n)
+        first_id = (self.id << PARTITION_SHIFT) | (seq + 1 if seq >= id_base else seq)
+        return Published(first_id, offset, seq, len(chunk), n)
 
     def _appended(self) -> None:
         """New records are in the log: channels may deliver them (a replicated
@@ -310,6 +347,8 @@ class Partition:
             log.error("TOPIC(%s): write failed: %s", self.name, err)
             for w in waiters:
                 w(err)
+            if self.replica is not None:
+                self.replica.write_failed(err)  # a leader hands its leadership on
             return err
         self._staged_messages = self._staged_bytes = 0
         if self._turn.health_error is not None:
@@ -413,12 +452,14 @@ class Partition:
         self._drop_staged("made a follower")
         messages = 0
         extended = False
+        id_base = self.id_base
         try:
             for b in batches:
                 if b.first != log_.next_seq:
                     raise ValueError(
                         f"batch at {b.first} does not follow the log end {log_.next_seq}"
                     )
+                id_base = self._leaders_id_base(b, id_base)
                 ext = is_extended(b.chunk)
                 # (the ids are in the frames: read from there if a consumer ever
                 # reads these records from the cache, not made for every record)
@@ -437,9 +478,37 @@ class Partition:
             raise
         log_.commit()
         self.message_count += messages
-        if extended and not self.extended:
-            self.extended = True
+        if id_base != self.id_base or (extended and not self.extended):
+            self.id_base = id_base
+            self.extended = self.extended or extended
             self.save_state()
+
+    def _leaders_id_base(self, batch: StoredBatch, id_base: int) -> int:
+        """The id base after a leader's ``batch`` (its ids are the leader's, and the
+        leader's base is this log's): it moves to the batch when the batch starts ids at
+        sequence + 1 where this log had none or had the rule before (a leader that kept
+        an old log, then had nothing left of it at a restart), and to LEGACY_ID_BASE when
+        a log without records gets the rule before."""
+        first = batch.first
+        try:
+            delta = (int(batch.chunk[ID_AT:ID_END], 16) & SEQ_MASK) - first
+        except ValueError:  # (not an id: stored as it is, as any leader's record)
+            return id_base
+        if delta == (1 if first >= id_base else 0):
+            return id_base
+        log_ = self.log
+        if delta == 1:
+            return first
+        if delta == 0 and log_.next_seq == log_.start:
+            return LEGACY_ID_BASE
+        log.warning(
+            "TOPIC(%s): the leader's message ids from sequence %d do not follow this "
+            "partition's rule (id base %d): a leader of another nsqx version?",
+            self.name,
+            first,
+            id_base,
+        )
+        return id_base
 
     def truncate(self, seq: int) -> None:
         """Cut the log at ``seq`` (records a failed leader wrote that the new leader
@@ -447,6 +516,9 @@ class Partition:
         not yet written are dropped unanswered."""
         self._drop_staged("truncated")
         end = self.log.truncate(seq)
+        if self.id_base >= end:
+            # none of the records from the id base on is left: the next leader's say
+            self.id_base = end if self.log.start >= end else LEGACY_ID_BASE
         self.visible_end = min(self.visible_end, end)
         self.hold_from = min(self.hold_from, end)
         for ch in self.channels.values():
@@ -475,6 +547,7 @@ class Partition:
         follower lacks); positions come up to it."""
         self._drop_staged("reset")
         self.log.reset(seq, offset)
+        self.id_base = seq  # (no record: the leader's next batch says its rule)
         self.visible_end = seq
         self.hold_from = max(self.hold_from, seq)
         for ch in self.channels.values():

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from nsqx.nsqd.guid import PARTITION_SHIFT, seq_of
+from nsqx.nsqd.guid import PARTITION_SHIFT, SEQ_MASK
 
 if TYPE_CHECKING:
     from nsqx.nsqd.partition import Partition
@@ -57,7 +57,7 @@ class Tracer:
             "event": event,
             "topic": part.name,
             "partition": part.id,
-            "msg_id": (part.id << PARTITION_SHIFT) | seq_of(msg_id),
+            "msg_id": (part.id << PARTITION_SHIFT) | (int(msg_id, 16) & SEQ_MASK),
             "trace_id": trace_id,
         }
         if channel:

@@ -1325,6 +1325,22 @@ class DiskLog:
         self.cache = BatchCache(self.end)
         return self.end
 
+    def first_id(self) -> tuple[int, bytes] | None:
+        """The sequence and hex id of the oldest record, read from its file with one
+        small read (no cache, no crc check: nsqd reads its id rule from it, see
+        nsqx.nsqd.guid), or None if the log has no record."""
+        for seg in self.segments:
+            if seg.end_seq <= seg.base_seq:
+                continue
+            with open(seg.path, "rb") as f:
+                f.seek(SEG_HEAD_SIZE)
+                head = f.read(BATCH_HEAD_SIZE + MIN_FRAME_SIZE)
+            if len(head) < BATCH_HEAD_SIZE + MIN_FRAME_SIZE:
+                return None
+            first = _BATCH_HEAD.unpack_from(head, 0)[2]
+            return first, head[BATCH_HEAD_SIZE + 18 : BATCH_HEAD_SIZE + 34]
+        return None
+
     def locate(self, seq: int) -> tuple[int, int] | None:
         """(virtual offset, timestamp ns) of the message at ``seq``, or None."""
         found = self._find(seq)

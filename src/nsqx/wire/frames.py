@@ -259,7 +259,7 @@ class YouzanMessage(NamedTuple):
 
     @property
     def internal_id(self) -> int:
-        """The u64 message id (partition << 50 | sequence)."""
+        """The u64 message id (partition << 50 | sequence + 1: nsqx.nsqd.guid)."""
         return int(_U64.unpack_from(self.id)[0])
 
 

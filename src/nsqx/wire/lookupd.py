@@ -32,6 +32,10 @@ from nsqx.wire.names import is_valid_name
 
 MAGIC_V1 = b"  V1"
 OK = b"OK"
+#: nsqx's lookupd answers a partition-aware peer's PING with this instead of OK when it
+#: cannot grant a lease now (its own etcd session may be ending): the PING kept the
+#: node's session alive, but a partition leader may not count it to acknowledge writes.
+NO_LEASE = b"E_NO_LEASE"
 
 #: Youzan's lookupd error for a REGISTER/UNREGISTER partition that is not 0..254.
 E_BAD_PARTITIONID = "E_BAD_PARTITIONID"
@@ -68,6 +72,10 @@ class PeerInfo:
     #: nsqx: ``host:port`` where this node's followers reach its HTTP API for
     #: replication, when not the broadcast address and HTTP port
     replication_address: str = ""
+    #: nsqx: ``"heartbeat"`` from an nsqd that PINGs as often as nsqlookupd asks (its
+    #: IDENTIFY reply), so that nsqlookupd may judge it by time; empty: judged by its
+    #: connection only (an older nsqd PINGs every 15 s)
+    liveness: str = ""
 
     @property
     def speaks_partitions(self) -> bool:
@@ -123,6 +131,7 @@ _PEER_FIELDS: dict[str, type] = {
     "version": str,
     "distributed_id": str,
     "replication_address": str,
+    "liveness": str,
 }
 
 
@@ -176,6 +185,7 @@ def parse_identify_body(body: bytes) -> PeerInfo:
         hostname=values.get("hostname", ""),
         distributed_id=values.get("distributed_id", ""),
         replication_address=values.get("replication_address", ""),
+        liveness=values.get("liveness", ""),
     )
     if not info.broadcast_address or not info.tcp_port or not info.http_port or not info.version:
         raise ProtocolError(E_BAD_BODY, "IDENTIFY missing fields")
@@ -373,6 +383,8 @@ def encode_identify(info: PeerInfo | Mapping[str, Any]) -> bytes:
             data["distributed_id"] = info.distributed_id
         if info.replication_address:
             data["replication_address"] = info.replication_address
+        if info.liveness:
+            data["liveness"] = info.liveness
     else:
         data = dict(info)
     body = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
@@ -421,6 +433,13 @@ class LookupdInfo:
     hostname: str
     #: nsqx's lookupd says ``"partitions": true`` to a peer that sent a distributed_id.
     partitions: bool = False
+    #: nsqx's lookupd, to a partition-aware peer: PING this often (ms; 0: NSQ's 15 s)...
+    heartbeat_interval_ms: int = 0
+    #: ...an answered PING lets a partition leader acknowledge writes for this long
+    #: after it was sent (ms; 0: this lookupd grants no leases)...
+    lease_ms: int = 0
+    #: ...and a node silent this long is lost (ms; 0: unknown).
+    node_timeout_ms: int = 0
 
     @property
     def speaks_partitions(self) -> bool:
@@ -450,6 +469,9 @@ def parse_identify_reply(data: bytes) -> LookupdInfo:
         broadcast_address=get("broadcast_address", str, ""),
         hostname=get("hostname", str, ""),
         partitions=_get_bool(obj, "partitions"),
+        heartbeat_interval_ms=max(get("heartbeat_interval", int, 0), 0),
+        lease_ms=max(get("lease", int, 0), 0),
+        node_timeout_ms=max(get("node_timeout", int, 0), 0),
     )
 
 

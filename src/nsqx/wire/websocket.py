@@ -39,13 +39,16 @@ class WebSocketError(ValueError):
     """The peer broke the protocol (a bad handshake, frame or size)."""
 
 
-def client_handshake(host: str, target: str) -> tuple[bytes, bytes]:
+def client_handshake(
+    host: str, target: str, headers: dict[str, str] | None = None
+) -> tuple[bytes, bytes]:
     """The opening request for ``target`` (path and query) on ``host`` ("host:port"),
-    and the key whose answer :func:`check_handshake` expects."""
+    with extra ``headers``, and the key whose answer :func:`check_handshake` expects."""
     key = base64.b64encode(os.urandom(16))
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     request = (
         f"GET {target} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\n"
-        "Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n{extra}"
     ).encode("latin-1")
     return request + b"Sec-WebSocket-Key: " + key + b"\r\n\r\n", key
 

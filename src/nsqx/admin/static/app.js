@@ -194,17 +194,29 @@
    * sort?: bool, cell(row) -> node|string}]. Sorting state survives refreshes. */
   function Table(id, columns, opts) {
     opts = opts || {};
-    var self = this;
-    this.columns = columns;
     this.sortKey = opts.sortKey || null;
     this.sortDir = opts.sortDir || 1;
     this.rows = [];
     this.filter = null;
+    this.thead = h("thead");
     this.tbody = h("tbody");
     this.foot = h("tfoot");
-    var ths = columns.map(function (c) {
+    this.table = h("table", { id: id, class: opts.class || null }, this.thead, this.tbody, this.foot);
+    this.el = h("div", { class: "scroll" }, this.table);
+    this.empty = opts.empty || "none";
+    this.setColumns(columns);
+  }
+
+  // (re)build the header; a no-op when the columns are the same keys
+  Table.prototype.setColumns = function (columns) {
+    var self = this;
+    var keys = columns.map(function (c) { return c.key; }).join("\u0000");
+    if (keys === this.keys) return;
+    this.keys = keys;
+    this.columns = columns;
+    this.ths = columns.map(function (c) {
       var th = h("th", { class: (c.text ? "text " : "") + (c.sort ? "sortable" : ""),
-                         "data-col": c.key, scope: "col" }, c.label);
+                         "data-col": c.key, scope: "col", title: c.title || null }, c.label);
       if (c.sort) {
         th.addEventListener("click", function () {
           if (self.sortKey === c.key) self.sortDir = -self.sortDir;
@@ -214,11 +226,9 @@
       }
       return th;
     });
-    this.ths = ths;
-    this.table = h("table", { id: id }, h("thead", null, h("tr", null, ths)), this.tbody, this.foot);
-    this.el = h("div", { class: "scroll" }, this.table);
-    this.empty = opts.empty || "none";
-  }
+    replace(this.thead, h("tr", null, this.ths));
+    if (this.rows.length || this.total) this.draw();
+  };
 
   Table.prototype.set = function (rows, total) {
     this.rows = rows;
@@ -248,26 +258,52 @@
     replace(this.foot, this.total ? this.row(this.total, "total") : null);
   };
 
+  /* A row with _down (a node that did not answer, or a missing partition) shows its
+   * first cell, a badge (_badge, default "not answering") with _down as its title,
+   * and "–" in every other cell. */
   Table.prototype.row = function (r, cls) {
-    return h("tr", { class: cls, "data-row": r._id !== undefined ? r._id : null },
-      this.columns.map(function (c) {
-        var v = c.cell ? c.cell(r) : r[c.key];
+    return h("tr", { class: (cls || "") + (r._down ? " down" : ""),
+                     "data-row": r._id !== undefined ? r._id : null, "data-down": r._down ? "true" : null },
+      this.columns.map(function (c, i) {
+        var v;
+        if (r._down && i > 0) v = c.downCell ? c.downCell(r) : "–";
+        else v = c.cell ? c.cell(r) : r[c.key];
         if (typeof v === "number") v = num(v);
-        return h("td", { class: c.text ? "text" : null, "data-col": c.key }, v);
+        if (r._down && i === 0) {
+          v = [v, h("span", { class: "badge bad", "data-testid": r._badgeId || "not-answering", title: r._down },
+                    r._badge || "not answering")];
+        }
+        return h("td", { class: (c.text ? "text" : "") + (c.wrap ? " wrap" : "") || null, "data-col": c.key }, v);
       }));
   };
 
+  // rows for the nodes of an answer's not_answering that are not among rows already
+  function downRows(data, rows, extra) {
+    var have = {};
+    rows.forEach(function (r) { have[r.node] = true; });
+    return (data.not_answering || []).filter(function (d) { return !have[d.node]; }).map(function (d) {
+      return Object.assign({ _id: d.node, node: d.node, hostname: d.hostname || d.node,
+        _down: (d.skipped ? "not asked: known not to answer since " + new Date(d.since * 1000).toLocaleTimeString() + " (" + d.error + ")" : d.error) }, extra || {});
+    });
+  }
+
   // -- charts ---------------------------------------------------------------------------
 
+  /* A chart of a history series. The x axis is always a time window ending now (at
+   * least the last minute, at most the history kept), whatever the number of points;
+   * both y axes start at zero, so that small changes do not look like crashes. */
   function chart(container, series) {
     if (typeof uPlot === "undefined") return null;
     var width = Math.max(320, container.clientWidth || 900);
+    var state = { x: null };
+    function fromZero(u, min, max) {
+      return [0, max !== null && max !== undefined && max > 0 ? max * 1.1 : 1];
+    }
     var opts = {
       width: width, height: 220,
-      scales: { x: { time: true, range: function (u, min, max) {
-        // one point alone would stretch the axis over years: show its last minute
-        return min === max ? [min - 60, max + 1] : [min, max];
-      } }, rate: {}, count: {} },
+      scales: { x: { time: true, auto: false, range: function (u, min, max) {
+        return state.x || [min, max];
+      } }, rate: { range: fromZero }, count: { range: fromZero } },
       series: [{}].concat(series.map(function (s) {
         return { label: s.label, stroke: s.color, width: 2, scale: s.scale,
                  value: function (u, v) { return v === null ? "–" : (s.scale === "rate" ? rate(v) : num(v)); },
@@ -275,10 +311,19 @@
       })),
       axes: [{}, { scale: "rate", label: "msgs/s" },
              { scale: "count", side: 1, label: "messages", grid: { show: false } }],
-      legend: { live: true }
+      legend: { live: true },
+      hooks: { setScale: [function (u, key) {
+        // for tests and the curious: the scales' bounds on the chart's box
+        var sc = u.scales[key];
+        if (sc && sc.min !== null && sc.min !== undefined) {
+          container.setAttribute("data-" + key + "-min", String(sc.min));
+          container.setAttribute("data-" + key + "-max", String(sc.max));
+        }
+      }] }
     };
     var data = [[]].concat(series.map(function () { return []; }));
     var u = new uPlot(opts, data, container);
+    u._window = state;
     view.charts.push(u);
     return u;
   }
@@ -289,9 +334,14 @@
         var pts = data.points || [];
         container.setAttribute("data-points", String(pts.length));
         if (!u) return;
+        var now = data.now || Date.now() / 1000;
+        var first = pts.length ? pts[0].ts : now;
+        var start = Math.max(Math.min(first, now - 60), now - (data.length || CFG.history_length));
+        u._window.x = [start, now];
         var cols = [pts.map(function (p) { return p.ts; })];
         fields.forEach(function (f) { cols.push(pts.map(function (p) { return p[f]; })); });
         u.setData(cols);
+        u.setScale("x", { min: start, max: now });
       });
     };
   }
@@ -321,7 +371,10 @@
     if (pcts.length && !e2e.count) return h("p", { class: "muted", "data-testid": "e2e-empty" },
       "No message was finished in the latency window yet.");
     if (!pcts.length) return h("p", { class: "muted", "data-testid": "e2e-none" },
-      "End-to-end latency is not measured (nsqd --e2e-processing-latency-percentile).");
+      "No latency to show: nsqd measures it per channel, with --e2e-processing-latency-percentile.");
+    function withNode(ns, node) {
+      return [nanos(ns), node ? h("span", { class: "muted node" }, " " + node) : null];
+    }
     return h("table", { id: "e2e" },
       h("thead", null, h("tr", null, h("th", { class: "text" }, "Percentile"),
         h("th", null, "Average"), h("th", null, "Min (node)"), h("th", null, "Max (node)"),
@@ -330,8 +383,24 @@
         return h("tr", { "data-row": String(p.quantile) },
           h("td", { class: "text" }, quantile(p.quantile)),
           h("td", { "data-col": "average" }, nanos(p.average)),
-          h("td", null, nanos(p.min)), h("td", null, nanos(p.max)), h("td", null, num(p.count)));
+          h("td", { "data-col": "min" }, withNode(p.min, p.min_node)),
+          h("td", { "data-col": "max" }, withNode(p.max, p.max_node)),
+          h("td", { "data-col": "count" }, num(p.count)));
       })));
+  }
+
+  // one column per percentile of e2e: each row's own value (over nodes: the average)
+  function e2eColumns(e2e) {
+    return ((e2e && e2e.percentiles) || []).map(function (p) {
+      var q = p.quantile;
+      return { key: "e2e_" + q, label: "E2E " + quantile(q),
+               title: "end-to-end processing latency, " + quantile(q) + " percentile",
+               cell: function (r) {
+                 var e = r.e2e_processing_latency;
+                 var mine = ((e && e.percentiles) || []).filter(function (x) { return x.quantile === q; })[0];
+                 return mine && mine.count ? nanos(mine.average) : "–";
+               } };
+    });
   }
 
   function confirmThen(question, fn) {
@@ -398,9 +467,73 @@
     poll(refresh);
   }
 
+  // a topic that no server knows: say so, and offer nothing that would create it
+  function missingTopic(name) {
+    replace(app,
+      h("h1", null, "No such topic: ", h("span", { id: "topic-name" }, name)),
+      h("p", { class: "alert warning", id: "no-such-topic", "data-testid": "no-such-topic" },
+        "No nsqd and no nsqlookupd of this cluster knows a topic named \u201c" + name +
+        "\u201d. Check the name, or go back to ", link("topics", "the topics"), "."),
+      h("p", { class: "muted" }, "This page shows the topic if it appears."));
+  }
+
+  /* Load a topic's page only once the topic is known to exist: a mistyped name shows
+   * "no such topic" (and keeps watching), never actions or forms. */
+  function whenTopicExists(name, path, show) {
+    var token = view.token;
+    replace(app, h("h1", null, "Topic ", h("span", { id: "topic-name" }, name)),
+      h("p", { class: "muted" }, "Loading…"));
+    poll(function () {
+      return api("GET", path).then(function (data) {
+        if (token !== view.token) return;
+        leave();
+        show(data);
+      }, function (err) {
+        if (token !== view.token) return;
+        if (err.status === 404 && /TOPIC_NOT_FOUND/.test(err.message)) { missingTopic(name); return; }
+        if (err.status === 404) { leave(); show(null, err); return; }
+        throw err;
+      });
+    });
+  }
+
+  function partitionRows(data) {
+    var rows = (data.partitions || []).map(function (p) { p._id = p.partition + "@" + p.node; return p; });
+    (data.missing_partitions || []).forEach(function (m) {
+      rows.push(Object.assign({}, m, { _id: "missing-" + m.partition, _down: missingText(m),
+                                       _badge: "missing", _badgeId: "partition-missing" }));
+    });
+    return rows;
+  }
+
+  function missingText(m) {
+    var where = m.node ? "last seen on " + (m.hostname || m.node) + " (" + m.node + ")" : "never seen by this admin";
+    var why = { not_answering: "its node is not answering", not_on_node: "its node no longer has it",
+                not_listed: "its node is not in the cluster now" }[m.reason] || "no node has it";
+    return why + "; " + where;
+  }
+
+  function lastNodeCell(p) {
+    if (!p._down) return p.node;
+    return p.node ? (p.hostname || p.node) + " (" + p.node + ", last known)" : "unknown";
+  }
+
+  function missingNote(el, data, what) {
+    var ms = data.missing_partitions || [];
+    el.hidden = !ms.length;
+    if (!ms.length) return;
+    replace(el, "Partition" + (ms.length > 1 ? "s " : " ") + ms.map(function (m) { return m.partition; }).join(", ") +
+      " of " + data.partition_num + (ms.length > 1 ? " are" : " is") + " missing" + (what || "") + ": ",
+      ms.map(function (m) { return "partition " + m.partition + ": " + missingText(m); }).join("; "), ".");
+  }
+
   // -- one topic ------------------------------------------------------------------------
 
   function topicView(name) {
+    whenTopicExists(name, "api/topics/" + enc(name), function (first) { topicPage(name, first); });
+  }
+
+  function topicPage(name, first) {
     var title = h("h1", null, "Topic ", h("span", { id: "topic-name" }, name));
     var pauseBtn = h("button", { id: "pause-topic" }, "Pause");
     var paused = false;
@@ -425,7 +558,7 @@
       { label: "depth", field: "depth", scale: "count", color: "#d4a72c" }
     ]);
 
-    var nodes = new Table("topic-nodes", [
+    var nodeCols = [
       { key: "node", label: "Node", text: true, sort: true, cell: function (n) {
         return n.node === "*" ? "Total" : link("nodes/" + enc(n.node), n.hostname + " (" + n.node + ")");
       } },
@@ -434,20 +567,21 @@
         cell: function (n) { return num(n.memory_depth) + " + " + num(n.backend_depth); } },
       { key: "message_count", label: "Messages", sort: true },
       { key: "channels", label: "Channels", cell: function (n) { return num((n.channels || []).length); } },
-      { key: "paused", label: "Paused", cell: function (n) { return n.paused ? "paused" : ""; } },
-      { key: "tombstone", label: "", cell: function (n) {
-        if (n.node === "*" || !CFG.is_admin || !CFG.nsqlookupd.length) return "";
-        return h("button", { class: "danger tombstone", onclick: confirmThen(
-          "Tombstone " + name + " on " + n.node + "? The topic is deleted there.", function () {
-            act("tombstone " + n.node, api("DELETE", "api/nodes/" + enc(n.node), { topic: name }), refresh);
-          }) }, "Tombstone");
-      } }
-    ], { empty: "No node has this topic." });
+      { key: "paused", label: "Paused", cell: function (n) { return n.paused ? "paused" : ""; } }
+    ];
+    var tombCol = { key: "tombstone", label: "", cell: function (n) {
+      if (n.node === "*" || !CFG.is_admin || !CFG.nsqlookupd.length) return "";
+      return h("button", { class: "danger tombstone", onclick: confirmThen(
+        "Tombstone " + name + " on " + n.node + "? The topic is deleted there.", function () {
+          act("tombstone " + n.node, api("DELETE", "api/nodes/" + enc(n.node), { topic: name }), refresh);
+        }) }, "Tombstone");
+    }, downCell: function () { return ""; } };
+    var nodes = new Table("topic-nodes", nodeCols.concat([tombCol]), { empty: "No node has this topic." });
 
     var partSection = h("section", { id: "partitions-section", hidden: true });
     var parts = new Table("partitions", [
       { key: "partition", label: "Partition", text: true, sort: true, cell: function (p) { return String(p.partition); } },
-      { key: "node", label: "Node", text: true, sort: true },
+      { key: "node", label: "Node", text: true, sort: true, cell: lastNodeCell, downCell: lastNodeCell },
       { key: "depth", label: "Depth", sort: true },
       { key: "message_count", label: "Messages", sort: true },
       { key: "offsets", label: "Offsets", cell: function (p) {
@@ -456,9 +590,11 @@
         return [p.is_multi_ordered ? "ordered" : null, p.is_ext ? "ext" : null,
                 p.is_leader ? "leader" : null].filter(Boolean).join(", "); } }
     ], { sortKey: "partition", sortDir: 1 });
-    append(partSection, [h("h2", null, "Partitions ", h("span", { class: "muted", id: "partition-num" })), parts.el]);
+    var partMissing = h("p", { class: "alert warning", id: "partitions-missing", hidden: true });
+    append(partSection, [h("h2", null, "Partitions ", h("span", { class: "muted", id: "partition-num" })),
+                         partMissing, parts.el]);
 
-    var channels = new Table("channels", [
+    var chanCols = [
       { key: "channel_name", label: "Channel", text: true, sort: true, cell: function (c) {
         return [link("topics/" + enc(name) + "/" + enc(c.channel_name), c.channel_name),
                 c.paused ? h("span", { class: "badge paused" }, "paused") : null];
@@ -471,7 +607,8 @@
       { key: "message_count", label: "Messages", sort: true },
       { key: "rate", label: "Msgs/s", sort: true, cell: function (c) { return rate(c.rate); } },
       { key: "client_count", label: "Clients", sort: true }
-    ], { sortKey: "channel_name", sortDir: 1, empty: "No channels." });
+    ];
+    var channels = new Table("channels", chanCols, { sortKey: "channel_name", sortDir: 1, empty: "No channels." });
 
     var e2eBox = h("div", { id: "e2e-box" });
     var chName = h("input", { placeholder: "channel", id: "new-channel", required: true });
@@ -489,23 +626,36 @@
       h("h2", null, "Channels"), channels.el, adminOnly(chForm),
       h("h2", null, "End-to-end processing latency"), e2eBox);
 
+    function apply(t) {
+      warnOf(t);
+      paused = t.paused;
+      pauseBtn.textContent = paused ? "Unpause" : "Pause";
+      replace(title, "Topic ", h("span", { id: "topic-name" }, name),
+        paused ? h("span", { class: "badge paused", id: "topic-paused" }, "paused") : null);
+      var e2eCols = e2eColumns(t.e2e_processing_latency);
+      nodes.setColumns(nodeCols.concat(e2eCols, [tombCol]));
+      var rows = (t.nodes || []).map(function (n) { n._id = n.node; return n; });
+      nodes.set(rows.concat(downRows(t, rows)), Object.assign({}, t, { node: "*", _id: "*" }));
+      var ms = t.missing_partitions || [];
+      partSection.hidden = !t.partition_num;
+      document.getElementById("partition-num").textContent = t.partition_num ?
+        "(" + t.partition_num + " in the cluster" + (ms.length ? ", " + ms.length + " missing" : "") + ")" : "";
+      missingNote(partMissing, t);
+      parts.set(partitionRows(t));
+      channels.setColumns(chanCols.concat(e2eCols));
+      channels.set((t.channels || []).map(function (c) { c._id = c.channel_name; return c; }));
+      replace(e2eBox, e2eTable(t.e2e_processing_latency));
+    }
+    var token = view.token;
     function refresh() {
       return api("GET", "api/topics/" + enc(name)).then(function (t) {
-        warnOf(t);
-        paused = t.paused;
-        pauseBtn.textContent = paused ? "Unpause" : "Pause";
-        replace(title, "Topic ", h("span", { id: "topic-name" }, name),
-          paused ? h("span", { class: "badge paused", id: "topic-paused" }, "paused") : null);
-        nodes.set((t.nodes || []).map(function (n) { n._id = n.node; return n; }),
-          Object.assign({}, t, { node: "*", _id: "*" }));
-        var ps = (t.partitions || []).map(function (p) { p._id = p.partition + "@" + p.node; return p; });
-        partSection.hidden = !t.partition_num;
-        document.getElementById("partition-num").textContent = t.partition_num ? "(" + t.partition_num + " in the cluster)" : "";
-        parts.set(ps);
-        channels.set((t.channels || []).map(function (c) { c._id = c.channel_name; return c; }));
-        replace(e2eBox, e2eTable(t.e2e_processing_latency));
+        if (token === view.token) apply(t);
+      }, function (err) {
+        if (err.status === 404 && token === view.token) { render(); return; }  // deleted meanwhile
+        throw err;
       });
     }
+    apply(first);
     poll(function () { return Promise.all([refresh(), ch.poll()]); });
   }
 
@@ -513,6 +663,10 @@
 
   function channelView(topic, name) {
     var path = "api/topics/" + enc(topic) + "/" + enc(name);
+    whenTopicExists(topic, path, function (first) { channelPage(topic, name, path, first); });
+  }
+
+  function channelPage(topic, name, path, first) {
     var title = h("h1", null, link("topics/" + enc(topic), topic), " / ", name);
     var paused = false;
     var pauseBtn = h("button", { id: "pause-channel" }, "Pause");
@@ -545,10 +699,12 @@
       when.hidden = kind.value !== "timestamp";
       value.hidden = kind.value === "timestamp" || kind.value === "special";
     });
+    var resetMissing = h("p", { class: "alert warning", id: "reset-missing", hidden: true });
     var resetForm = h("form", { class: "inline", id: "reset-channel", hidden: true },
       h("label", { for: "reset-kind" }, "Reset this channel to"), kind, when, value,
       h("span", { id: "reset-on", hidden: true }, h("label", { for: "reset-partition" }, " on "), partSel),
       h("button", { class: "danger", type: "submit" }, "Reset"));
+    var resetBox = h("div", { id: "reset-box" }, resetMissing, resetForm);
     resetForm.addEventListener("submit", function (ev) {
       ev.preventDefault();
       var position;
@@ -574,7 +730,10 @@
         { label: "in-flight", field: "in_flight_count", scale: "count", color: "#8250df" }
       ]);
 
-    var cols = [
+    var nodeCols = [
+      { key: "node", label: "Node", text: true, sort: true, cell: function (n) {
+        return n.node === "*" ? "Total" : link("nodes/" + enc(n.node), n.hostname + " (" + n.node + ")");
+      } },
       { key: "depth", label: "Depth", sort: true },
       { key: "memory_depth", label: "Memory + Disk",
         cell: function (n) { return num(n.memory_depth) + " + " + num(n.backend_depth); } },
@@ -585,15 +744,12 @@
       { key: "message_count", label: "Messages", sort: true },
       { key: "client_count", label: "Clients", sort: true }
     ];
-    var nodes = new Table("channel-nodes", [
-      { key: "node", label: "Node", text: true, sort: true, cell: function (n) {
-        return n.node === "*" ? "Total" : link("nodes/" + enc(n.node), n.hostname + " (" + n.node + ")");
-      } }].concat(cols, [
-      { key: "paused", label: "Paused", cell: function (n) { return n.paused ? "paused" : ""; } }]));
+    var pausedCol = { key: "paused", label: "Paused", cell: function (n) { return n.paused ? "paused" : ""; } };
+    var nodes = new Table("channel-nodes", nodeCols.concat([pausedCol]));
     var partSection = h("section", { hidden: true, id: "channel-partitions-section" });
     var parts = new Table("channel-partitions", [
       { key: "partition", label: "Partition", text: true, sort: true, cell: function (p) { return String(p.partition); } },
-      { key: "node", label: "Node", text: true, sort: true },
+      { key: "node", label: "Node", text: true, sort: true, cell: lastNodeCell, downCell: lastNodeCell },
       { key: "depth", label: "Depth", sort: true },
       { key: "in_flight_count", label: "In-flight", sort: true },
       { key: "deferred_count", label: "Deferred", sort: true },
@@ -603,12 +759,11 @@
     append(partSection, [h("h2", null, "Partitions"), parts.el]);
 
     var clients = new Table("clients", [
-      { key: "hostname", label: "Client host", text: true, sort: true, cell: function (c) {
-        return h("span", { class: "wrap" }, c.hostname); } },
-      { key: "client_id", label: "Client ID", text: true, sort: true },
+      { key: "hostname", label: "Client host", text: true, wrap: true, sort: true },
+      { key: "client_id", label: "Client ID", text: true, wrap: true, sort: true },
       { key: "remote_address", label: "Address", text: true, sort: true },
-      { key: "user_agent", label: "User agent", text: true, sort: true, cell: function (c) {
-        return h("span", { class: "wrap" }, c.user_agent || c.version || ""); } },
+      { key: "user_agent", label: "User agent", text: true, wrap: true, sort: true, cell: function (c) {
+        return c.user_agent || c.version || ""; } },
       { key: "node", label: "nsqd", text: true, sort: true },
       { key: "ready_count", label: "Ready", sort: true },
       { key: "in_flight_count", label: "In-flight", sort: true },
@@ -616,68 +771,113 @@
       { key: "finish_count", label: "Finished", sort: true },
       { key: "requeue_count", label: "Requeued", sort: true },
       { key: "connected", label: "Connected", sort: true, cell: function (c) { return since(c.connected); } },
-      { key: "sample_rate", label: "Sample", cell: function (c) { return c.sample_rate ? c.sample_rate + "%" : ""; } },
-      { key: "tls", label: "TLS", text: true, cell: function (c) {
-        return c.tls ? (c.tls_version || "TLS") + (c.tls_negotiated_protocol_is_mutual ? " (mutual)" : "") : ""; } },
-      { key: "compression", label: "Compression", text: true, cell: function (c) {
-        return c.snappy ? "snappy" : c.deflate ? "deflate" : ""; } },
-      { key: "auth_identity", label: "Auth", text: true, cell: function (c) {
+      { key: "attributes", label: "Attributes", text: true, wrap: true, title: "TLS, compression, sample rate",
+        cell: clientAttributes },
+      { key: "auth_identity", label: "Auth", text: true, wrap: true, cell: function (c) {
         return c.authed ? (c.auth_identity || "yes") : ""; } }
-    ], { sortKey: "hostname", sortDir: 1, empty: "No clients connected." });
+    ], { sortKey: "hostname", sortDir: 1, empty: "No clients connected.", class: "compact" });
 
     var e2eBox = h("div", { id: "e2e-box" });
     var missing = h("p", { class: "alert warning", id: "not-found", hidden: true },
       "This channel does not exist (yet, or any more) on any node.");
-    replace(app, title, missing, adminOnly(actions), adminOnly(resetForm), ch.el,
+    var acts = h("div", null, adminOnly(actions), adminOnly(resetBox));
+    replace(app, title, missing, acts, ch.el,
       h("h2", null, "Nodes"), nodes.el, partSection,
       h("h2", null, "Clients ", h("span", { class: "muted", id: "client-count" })), clients.el,
       h("h2", null, "End-to-end processing latency"), e2eBox);
 
     var knownParts = "";
+    function setPartitions(c) {
+      var present = {};
+      (c.partitions || []).forEach(function (p) { present[p.partition] = true; });
+      var ms = c.missing_partitions || [];
+      var ids = [];
+      for (var i = 0; i < (c.partition_num || 0); i++) ids.push(i);
+      var key = ids.join(",") + "|" + ms.map(function (m) { return m.partition + ":" + m.node + ":" + m.reason; }).join(",");
+      resetMissing.hidden = !ms.length;
+      if (ms.length) {
+        var avail = ids.filter(function (p) { return present[p]; });
+        missingNote(resetMissing, c, ", so a reset cannot move " + (ms.length > 1 ? "them" : "it") +
+          " (\u201cevery partition\u201d resets only " + (avail.length ? avail.join(", ") : "none") + ")");
+      }
+      if (key === knownParts) return;
+      knownParts = key;
+      var keep = partSel.value;
+      var missingBy = {};
+      ms.forEach(function (m) { missingBy[m.partition] = m; });
+      replace(partSel, h("option", { value: "" }, ms.length ?
+          "every answering partition (" + (ids.length - ms.length) + " of " + ids.length + ")" : "every partition"),
+        ids.map(function (p) {
+          var m = missingBy[p];
+          return h("option", { value: String(p), disabled: !!m },
+            "partition " + p + (m ? " \u2013 missing" + (m.node ? " (last on " + m.node + ")" : "") : ""));
+        }));
+      partSel.value = missingBy[keep] ? "" : keep;
+      document.getElementById("reset-on").hidden = !ids.length;
+    }
+
+    function apply(c, err) {
+      if (err) {  // CHANNEL_NOT_FOUND: keep watching, a consumer may be about to create it
+        missing.hidden = false;
+        acts.hidden = true;
+        return;
+      }
+      warnOf(c);
+      missing.hidden = true;
+      acts.hidden = false;
+      paused = c.paused;
+      pauseBtn.textContent = paused ? "Unpause" : "Pause";
+      replace(title, link("topics/" + enc(topic), topic), " / ", h("span", { id: "channel-name" }, name),
+        paused ? h("span", { class: "badge paused", id: "channel-paused" }, "paused") : null);
+      resetForm.hidden = !c.setoffset_supported;
+      if (!c.setoffset_supported) resetMissing.hidden = true;
+      nodes.setColumns(nodeCols.concat(e2eColumns(c.e2e_processing_latency), [pausedCol]));
+      var rows = (c.nodes || []).map(function (n) { n._id = n.node; return n; });
+      nodes.set(rows.concat(downRows(c, rows)), Object.assign({}, c, { node: "*", _id: "*" }));
+      partSection.hidden = !c.partition_num;
+      parts.set(partitionRows(c));
+      if (c.setoffset_supported) setPartitions(c);
+      var cs = (c.clients || []).map(function (x, i) { x._id = x.client_id + "@" + x.remote_address + "#" + i; return x; });
+      document.getElementById("client-count").textContent = "(" + cs.length + ")";
+      clients.set(cs);
+      replace(e2eBox, e2eTable(c.e2e_processing_latency));
+    }
+    var token = view.token;
     function refresh() {
-      return api("GET", path).then(function (c) {
-        warnOf(c);
-        paused = c.paused;
-        pauseBtn.textContent = paused ? "Unpause" : "Pause";
-        replace(title, link("topics/" + enc(topic), topic), " / ", h("span", { id: "channel-name" }, name),
-          paused ? h("span", { class: "badge paused", id: "channel-paused" }, "paused") : null);
-        resetForm.hidden = !c.setoffset_supported;
-        nodes.set((c.nodes || []).map(function (n) { n._id = n.node; return n; }),
-          Object.assign({}, c, { node: "*", _id: "*" }));
-        var ps = (c.partitions || []).map(function (p) { p._id = p.partition + "@" + p.node; return p; });
-        partSection.hidden = !c.partition_num;
-        parts.set(ps);
-        var ids = ps.map(function (p) { return p.partition; }).filter(function (p, i, a) { return a.indexOf(p) === i; });
-        if (ids.join(",") !== knownParts) {
-          knownParts = ids.join(",");
-          var keep = partSel.value;
-          replace(partSel, h("option", { value: "" }, "every partition"),
-            ids.map(function (p) { return h("option", { value: String(p) }, "partition " + p); }));
-          partSel.value = keep;
-          document.getElementById("reset-on").hidden = !ids.length;
-        }
-        var cs = (c.clients || []).map(function (x, i) { x._id = x.client_id + "@" + x.remote_address + "#" + i; return x; });
-        document.getElementById("client-count").textContent = "(" + cs.length + ")";
-        clients.set(cs);
-        replace(e2eBox, e2eTable(c.e2e_processing_latency));
-        missing.hidden = true;
-      }, function (err) {
-        if (err.status === 404) {
-          // keep watching: a consumer may be about to create it
-          missing.hidden = false;
-          return;
-        }
+      return api("GET", path).then(function (c) { if (token === view.token) apply(c); }, function (err) {
+        if (token !== view.token) return;
+        if (err.status === 404 && /TOPIC_NOT_FOUND/.test(err.message)) { render(); return; }
+        if (err.status === 404) { apply(null, err); return; }
         throw err;
       });
     }
+    apply(first, first ? null : true);
     poll(function () { return Promise.all([refresh(), ch.poll()]); });
+  }
+
+  function clientAttributes(c) {
+    var out = [];
+    if (c.tls) out.push((c.tls_version || "TLS") + (c.tls_negotiated_protocol_is_mutual ? " (mutual)" : ""));
+    if (c.snappy) out.push("snappy");
+    if (c.deflate) out.push("deflate");
+    if (c.sample_rate) out.push("sample " + c.sample_rate + "%");
+    return out.join(", ");
   }
 
   // -- nodes ----------------------------------------------------------------------------
 
   function health(text) {
     var ok = text === "OK";
-    return h("span", { class: "badge " + (ok ? "ok" : "bad"), "data-health": ok ? "ok" : "bad" }, text || "?");
+    var down = /^NOT ANSWERING/.test(text || "");
+    return h("span", { class: "badge " + (ok ? "ok" : "bad"), "data-health": ok ? "ok" : (down ? "down" : "bad"),
+                       title: ok ? null : text }, ok ? text : (down ? "not answering" : text || "?"));
+  }
+
+  function topicList(n) {
+    return (n.topics || []).map(function (t, i) {
+      return [i ? " " : null, h("span", { class: "topic-name" + (t.tombstoned ? " tombstoned" : "") },
+        link("topics/" + enc(t.topic), t.topic))];
+    });
   }
 
   function nodesView() {
@@ -690,8 +890,11 @@
       { key: "version", label: "Version", text: true, sort: true, cell: function (n) {
         return [n.version, n.out_of_date ? h("span", { class: "badge warn" }, "out of date") : null]; } },
       { key: "health", label: "Health", text: true, sort: true, cell: function (n) { return health(n.health); } },
-      { key: "topic_count", label: "Topics", sort: true },
-      { key: "tombstoned", label: "Tombstoned", text: true, cell: function (n) {
+      { key: "remote_addresses", label: "nsqlookupd connections", text: true, wrap: true, cell: function (n) {
+        return (n.remote_addresses || []).map(function (a, i) { return [i ? h("br") : null, a]; }); } },
+      { key: "topic_count", label: "Topics", text: true, wrap: true, sort: true, cell: function (n) {
+        return [h("span", { class: "muted" }, num(n.topic_count) + " "), topicList(n)]; } },
+      { key: "tombstoned", label: "Tombstoned", text: true, wrap: true, cell: function (n) {
         return n.topics.filter(function (t) { return t.tombstoned; }).map(function (t) { return t.topic; }).join(", "); } }
     ], { sortKey: "hostname", sortDir: 1, empty: "No nsqd found." });
     var lookupds = new Table("lookupds", [
@@ -707,7 +910,7 @@
           warnOf(d);
           nsqds.set((d.nodes || []).map(function (n) {
             n._id = n.broadcast_address + ":" + n.http_port;
-            n.topic_count = (n.topics || []).length;
+            n.topic_count = (n.topics || []).filter(function (t) { return !t.tombstoned; }).length;
             return n;
           }));
         }),
@@ -721,6 +924,9 @@
   function nodeView(node) {
     var head = h("h1", null, "Node ", h("span", { id: "node-name" }, node));
     var summary = h("p", { class: "muted", id: "node-summary" });
+    var down = h("p", { class: "alert warning", id: "node-down", hidden: true });
+    var lookupdsEl = h("p", { class: "muted", id: "node-lookupds" });
+    var tombs = h("p", { id: "node-tombstones" });
     var topics = new Table("node-topics", [
       { key: "name", label: "Topic / channel", text: true, sort: true, cell: function (r) {
         return r.channel ? ["↳ ", link("topics/" + enc(r.topic) + "/" + enc(r.channel), r.channel)]
@@ -734,12 +940,41 @@
       { key: "client_count", label: "Clients" },
       { key: "paused", label: "Paused", cell: function (r) { return r.paused ? "paused" : ""; } }
     ], { sortKey: "name", sortDir: 1, empty: "No topics on this node." });
-    replace(app, head, summary, topics.el);
+    var clients = new Table("node-clients", [
+      { key: "hostname", label: "Client host", text: true, wrap: true, sort: true },
+      { key: "client_id", label: "Client ID", text: true, wrap: true, sort: true },
+      { key: "remote_address", label: "Address", text: true, sort: true },
+      { key: "where", label: "Topic / channel", text: true, wrap: true, sort: true, cell: function (c) {
+        return link("topics/" + enc(c.topic_name) + "/" + enc(c.channel_name), c.topic_name + " / " + c.channel_name); } },
+      { key: "user_agent", label: "User agent", text: true, wrap: true, sort: true, cell: function (c) {
+        return c.user_agent || c.version || ""; } },
+      { key: "ready_count", label: "Ready", sort: true },
+      { key: "in_flight_count", label: "In-flight", sort: true },
+      { key: "message_count", label: "Messages", sort: true },
+      { key: "finish_count", label: "Finished", sort: true },
+      { key: "requeue_count", label: "Requeued", sort: true },
+      { key: "connected", label: "Connected", sort: true, cell: function (c) { return since(c.connected); } },
+      { key: "attributes", label: "Attributes", text: true, wrap: true, cell: clientAttributes },
+      { key: "auth_identity", label: "Auth", text: true, wrap: true, cell: function (c) {
+        return c.authed ? (c.auth_identity || "yes") : ""; } }
+    ], { sortKey: "hostname", sortDir: 1, empty: "No clients connected.", class: "compact" });
+    replace(app, head, summary, down, lookupdsEl, h("h2", null, "Tombstones"), tombs,
+      h("h2", null, "Topics and channels"), topics.el,
+      h("h2", null, "Clients ", h("span", { class: "muted", id: "node-client-count" })), clients.el);
     poll(function () {
       return api("GET", "api/nodes/" + enc(node)).then(function (d) {
         warnOf(d);
         summary.textContent = d.hostname + " · nsqd " + d.version + " · " + num(d.total_messages) +
           " messages · " + num(d.total_clients) + " clients";
+        var me = (d.not_answering || []).filter(function (x) { return x.node === node; })[0];
+        down.hidden = !me;
+        if (me) down.textContent = "This nsqd is not answering (" + me.error + "): its topics and clients are not shown.";
+        lookupdsEl.textContent = (d.remote_addresses || []).length ?
+          "nsqlookupd connections: " + d.remote_addresses.join(", ") : "";
+        var ts = d.tombstones || [];
+        replace(tombs, ts.length ? ts.map(function (t, i) {
+          return [i ? ", " : null, link("topics/" + enc(t), t)];
+        }) : h("span", { class: "muted" }, "No topic is tombstoned on this node."));
         var rows = [];
         (d.topics || []).forEach(function (t) {
           rows.push({ _id: t.topic_name, name: t.topic_name, topic: t.topic_name, depth: t.depth,
@@ -753,6 +988,13 @@
           });
         });
         topics.set(rows);
+        var cs = (d.clients || []).map(function (c, i) {
+          c._id = c.client_id + "@" + c.remote_address + "#" + i;
+          c.where = c.topic_name + "/" + c.channel_name;
+          return c;
+        });
+        document.getElementById("node-client-count").textContent = "(" + cs.length + ")";
+        clients.set(cs);
       }, function (err) {
         if (err.status === 404) { summary.textContent = "No such node in the cluster."; return; }
         throw err;

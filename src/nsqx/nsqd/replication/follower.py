@@ -39,9 +39,10 @@ ANSWER_TIMEOUT = 10.0
 MAX_MESSAGE = 1 << 30
 #: bytes read at a time (but a big message is received straight into its own buffer)
 READ_SIZE = 16 * 1024
-#: a ping every HEARTBEAT seconds; a stream that received nothing for 1.5 times that is
-#: taken for dead (the leader pings as often: aiohttp's heartbeat)
-HEARTBEAT = 5.0
+#: a ping every HEARTBEAT seconds at most; a stream that received nothing for twice the
+#: node timeout is taken for dead and opened again (a live leader sends the channels'
+#: positions twice a second)
+HEARTBEAT = 1.0
 
 
 class ReplicationError(Exception):
@@ -130,9 +131,9 @@ class _Stream(asyncio.BufferedProtocol):
 
     # -- the follower's side ----------------------------------------------------------
 
-    def open(self, host: str, target: str) -> None:
+    def open(self, host: str, target: str, headers: dict[str, str] | None = None) -> None:
         assert self.transport is not None
-        request, self._key = ws.client_handshake(host, target)
+        request, self._key = ws.client_handshake(host, target, headers)
         self.transport.write(request)
 
     def send(self, opcode: int, payload: bytes) -> None:
@@ -207,7 +208,18 @@ class FollowerReplication:
         self.commit = 0
         #: the log end last acknowledged on this stream
         self._acked = -1
+        #: when the leader was last heard (time.monotonic), on any stream
+        self.heard_at = time.monotonic()
+        self._stream: _Stream | None = None
         self._task = asyncio.create_task(self._run(), name=f"follow {self.part}")
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since anything came from the leader (connected or not)."""
+        stream = self._stream
+        heard = self.heard_at
+        if stream is not None and stream.accepted.done() and stream.received_at > heard:
+            heard = stream.received_at
+        return now - heard
 
     async def close(self) -> None:
         self._task.cancel()
@@ -233,7 +245,8 @@ class FollowerReplication:
                     loop.create_connection(_Stream, host.strip("[]"), int(port)), CONNECT_TIMEOUT
                 )
                 stream = opened
-                opened.open(self.leader_http, target)
+                self._stream = opened
+                opened.open(self.leader_http, target, self.replica.member_headers())
                 await self._follow(opened)
             except asyncio.CancelledError:
                 raise
@@ -244,7 +257,10 @@ class FollowerReplication:
             finally:
                 self.connected = False
                 if stream is not None:
+                    if stream.accepted.done() and stream.received_at > self.heard_at:
+                        self.heard_at = stream.received_at
                     stream.close()
+                self._stream = None
             if part.log.end != before:
                 delay = RETRY_MIN  # the leader closed a working stream: at once
             await asyncio.sleep(delay)
@@ -301,12 +317,14 @@ class FollowerReplication:
         log.info("REPL: %s: following %s from %d", part, self.leader_http, log_.end)
         # (acknowledges the log's end at once: the leader's commit point may wait on it)
         stream.stream_to(self)
+        dead_after = 2 * replica.node_timeout()
+        every = min(HEARTBEAT, dead_after / 4)
         while not stream.done.done():
-            await asyncio.wait([stream.done], timeout=HEARTBEAT)
+            await asyncio.wait([stream.done], timeout=every)
             if stream.done.done():
                 break
-            if time.monotonic() - stream.received_at > 1.5 * HEARTBEAT:
-                raise ReplicationError(f"nothing from the leader for {1.5 * HEARTBEAT:g} s")
+            if time.monotonic() - stream.received_at > dead_after:
+                raise ReplicationError(f"nothing from the leader for {dead_after:g} s")
             stream.send(ws.OP_PING, b"")
         stream.done.result()
 

@@ -144,6 +144,11 @@ class LeaderReplication:
         #: when each ISR member was last seen at the leader's end (monotonic)
         self.caught_up_at: dict[str, float] = {}
         self.commit = min(commit, self.part.log.end)
+        #: replicas reported caught up (node -> the epoch of the report), counted in
+        #: the commit point until a newer role says whether they joined: the
+        #: coordinator's ISR is then never larger than the one commits wait for (Kafka's
+        #: "maximal ISR"), so whoever it elects holds every acknowledged write
+        self.joining: dict[str, int] = {}
         self._waiters: deque[tuple[int, CommitWaiter, float]] = deque()
         self.closed = False
         now = time.monotonic()
@@ -156,7 +161,7 @@ class LeaderReplication:
         """Call ``waiter(None)`` once every record below ``seq`` is committed (in the
         call that moves the commit point: a future would answer the publisher one loop
         iteration later), ``waiter(CommitFailed)`` if it will not be."""
-        if self.commit >= seq:
+        if self.commit >= seq and self.replica.may_acknowledge():
             waiter(None)
         elif self.closed:
             waiter(CommitFailed("not the leader any more"))
@@ -169,25 +174,40 @@ class LeaderReplication:
         except Exception:  # (one waiter's bug must not keep the others waiting)
             log.exception("REPL: %s: a commit waiter failed", self.part)
 
+    def role_changed(self, epoch: int) -> None:
+        """A newer role arrived while leading: it decided the joins reported before."""
+        for node in [n for n, e in self.joining.items() if e < epoch]:
+            del self.joining[node]
+
     def recompute(self) -> None:
-        """Move the commit point to the lowest end among the ISR, if the ISR is big
-        enough to write; answer the writes it passes; show the records to channels."""
+        """Move the commit point to the lowest end among the ISR (and the replicas
+        reported caught up), if the ISR is big enough to write and the leadership may
+        acknowledge now (the lease); answer the writes it passes; show the records to
+        channels."""
         role = self.replica.role
         if role is None or self.closed:
+            return
+        if not self.replica.may_acknowledge():
+            # fenced: nothing is acknowledged until the lease is held and confirmed
+            self.replica.manager.blocked.add(self.replica)
             return
         me = self.replica.node_id
         end = self.part.log.end
         if not role.quorum_ok:
             return
         commit = end
+        acked = self.acked
         for node in role.isr:
             if node != me:
-                commit = min(commit, self.acked.get(node, 0))
-        if commit <= self.commit:
-            return
-        self.commit = commit
-        self.part.committed(commit)  # (visible to channels before the answers go out)
+                commit = min(commit, acked.get(node, 0))
+        for node in self.joining:
+            if node != me:
+                commit = min(commit, acked.get(node, 0))
+        if commit > self.commit:
+            self.commit = commit
+            self.part.committed(commit)  # (visible to channels before the answers go out)
         waiters = self._waiters
+        commit = self.commit
         while waiters and waiters[0][0] <= commit:
             self._tell(waiters.popleft()[1], None)
         # followers learn the commit point with the next batches, or from heartbeat()
@@ -395,7 +415,7 @@ class LeaderReplication:
         now = time.monotonic()
         end = self.part.log.end
         out = []
-        for node in role.isr:
+        for node in (*role.isr, *(n for n in self.joining if n not in role.isr)):
             if node == self.replica.node_id:
                 continue
             if self.acked.get(node, 0) >= end:

@@ -3,12 +3,20 @@
 Twice a second it looks at every partition this node leads: an ISR member that has been
 behind for ``--replication-lag-timeout`` is reported to the coordinator (nsqlookupd:
 ``POST /partition/isr/leave``), a replica that caught up is reported too
-(``/partition/isr/join``), and the channels' positions go to the followers.
+(``/partition/isr/join``), and the channels' positions go to the followers. A follower
+that has not heard its leader for the node timeout says so
+(``/partition/leader/unreachable``).
+
+It also holds the node's lease (nsqx.nsqd.replication.lease): the answered PINGs of
+nsqlookupd. A leader acknowledges writes only within the lease, and only once the
+coordinator confirmed its leadership in the lease's generation (``POST
+/cluster/node/roles``, asked whenever a leadership or a generation is new).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Coroutine
@@ -16,7 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from nsqx.nsqd.replication.replica import PartitionReplica
+from nsqx.nsqd.replication.lease import NodeLease
+from nsqx.nsqd.replication.replica import PartitionReplica, StaleEpoch
+from nsqx.nsqd.replication.state import ReplicaRole
+from nsqx.wire import members
 from nsqx.wire import replication as rp
 
 if TYPE_CHECKING:
@@ -28,6 +39,15 @@ log = logging.getLogger("nsqx.replication")
 TICK = 0.5
 #: at most one report of a kind per partition and node this often (seconds)
 REPORT_EVERY = 1.0
+#: between two asks for confirmation that failed (seconds)
+CONFIRM_RETRY = 0.2
+#: where each report goes on nsqlookupd
+REPORT_PATHS = {
+    "leave": "/partition/isr/leave",
+    "join": "/partition/isr/join",
+    "unreachable": "/partition/leader/unreachable",
+    "resign": "/topic/partition/move",
+}
 
 
 class ReplicationManager:
@@ -45,6 +65,13 @@ class ReplicationManager:
         self._cursors_sent: dict[tuple[str, int], bytes] = {}
         self._started = False
         self._tasks: set[asyncio.Task[None]] = set()
+        #: the answered PINGs of nsqlookupd: how long leaders may acknowledge
+        self.lease = NodeLease()
+        self._confirming: asyncio.Task[None] | None = None
+        # set by each new generation of the lease and each confirmation answered
+        self._lease_news = asyncio.Event()
+        #: leaders with writes waiting while the lease ran out or was unconfirmed
+        self.blocked: set[PartitionReplica] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in a task that is kept until it ends."""
@@ -55,7 +82,9 @@ class ReplicationManager:
     def http_session(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, connect=2.0, sock_read=None)
+                timeout=aiohttp.ClientTimeout(total=None, connect=2.0, sock_read=None),
+                # its reports and confirmations are members-only calls
+                headers=members.headers(self.nsqd.options.cluster_secret),
             )
         return self._session
 
@@ -70,7 +99,146 @@ class ReplicationManager:
     def detach(self, part: Partition) -> None:
         replica = self.replicas.pop(part.key, None)
         if replica is not None:
+            self.blocked.discard(replica)
             self.spawn(replica.close())
+
+    # -- the lease and the confirmation of leaderships --------------------------------
+
+    def may_acknowledge(self, replica: PartitionReplica) -> bool:
+        """Whether ``replica``'s leader may acknowledge now: within the lease, with its
+        leadership confirmed in this generation of it (without any nsqlookupd granting
+        leases, as before them: once the coordinator told the role)."""
+        lease = self.lease
+        if not lease.required:
+            return replica.confirmed
+        return lease.valid(time.monotonic()) and replica.confirmed_gen == lease.generation
+
+    def may_write(self, replica: PartitionReplica) -> bool:
+        """Whether ``replica``'s leader takes a write now: it may acknowledge, or it
+        was confirmed and its lease lapsed only a moment ago (the answer then waits for
+        the lease; see PartitionReplica.write_error)."""
+        lease = self.lease
+        if not lease.required:
+            return replica.confirmed
+        if replica.confirmed_gen < 0:
+            return False
+        now = time.monotonic()
+        return now < lease.until + self.nsqd.lookup.node_timeout() / 2
+
+    def lease_granted(self, sent: float, duration: float) -> None:
+        """An nsqlookupd answered a PING sent at ``sent`` (time.monotonic) with a lease."""
+        lease = self.lease
+        if lease.grant(sent, duration):
+            log.info("REPL: lease granted (generation %d)", lease.generation)
+            self.confirm_soon()
+            self._lease_news.set()
+        if self.blocked:
+            # (the lease may be valid again within its generation: a late answer)
+            for replica in list(self.blocked):
+                if self.may_acknowledge(replica) and replica.leader is not None:
+                    self.blocked.discard(replica)
+                    replica.leader.recompute()
+
+    async def wait_confirmed(self, replica: PartitionReplica, timeout: float) -> None:
+        """Return once ``replica`` (if it leads) is confirmed in the current lease (which
+        it waits for if none is held yet, as right after start), or after
+        ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while replica in self._unconfirmed():
+            self.confirm_soon()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._lease_news.clear()
+            try:
+                async with asyncio.timeout(remaining):
+                    await self._lease_news.wait()
+            except TimeoutError:
+                return
+
+    def confirm_soon(self) -> None:
+        """Ask the coordinator to confirm the leaderships not confirmed in this lease."""
+        if self._confirming is None and self._started:
+            self._confirming = asyncio.create_task(self._confirm(), name="replication-confirm")
+
+    def _unconfirmed(self) -> list[PartitionReplica]:
+        gen = self.lease.generation
+        return [
+            r
+            for r in self.replicas.values()
+            if r.leader is not None and r.confirmed_gen != gen and self.lease.required
+        ]
+
+    async def _confirm(self) -> None:
+        try:
+            while self._unconfirmed():
+                gen = self.lease.generation
+                if not self.lease.valid(time.monotonic()):
+                    return  # the next grant starts a new generation and asks again
+                roles = await self._ask_roles()
+                if roles is None:
+                    await asyncio.sleep(CONFIRM_RETRY)
+                    continue
+                if self.lease.generation != gen or not self.lease.valid(time.monotonic()):
+                    continue  # the lease ran out meanwhile: the answer may be stale
+                self._apply_confirmed(roles, gen)
+                self._lease_news.set()
+                if self._unconfirmed():
+                    await asyncio.sleep(CONFIRM_RETRY)  # e.g. a former leader stepping down
+        finally:
+            self._confirming = None
+
+    def _apply_confirmed(self, roles: list[Any], gen: int) -> None:
+        me = self.nsqd.node_id
+        for doc in roles:
+            if not isinstance(doc, dict):
+                continue
+            topic, pid = doc.get("topic"), doc.get("partition")
+            if not isinstance(topic, str) or not isinstance(pid, int):
+                continue
+            replica = self.replicas.get((topic, pid))
+            if replica is None:
+                continue
+            try:
+                role = ReplicaRole.from_json(doc)
+                replica.apply_role(role)
+            except (ValueError, StaleEpoch) as err:
+                log.info("REPL: %s: confirmed role not taken: %s", replica.part, err)
+                continue
+            if doc.get("confirmed") is True and role.leader == me and replica.leader is not None:
+                if replica.confirmed_gen != gen:
+                    log.info(
+                        "REPL: %s: leadership confirmed (epoch %d, lease generation %d)",
+                        replica.part,
+                        role.epoch,
+                        gen,
+                    )
+                replica.confirmed_gen = gen
+                self.blocked.discard(replica)
+                replica.leader.recompute()
+
+    async def _ask_roles(self) -> list[Any] | None:
+        """This node's roles as the leading nsqlookupd confirms them; None if none
+        answered."""
+        session = self.http_session()
+        params = {"node": self.nsqd.node_id}
+        for address in self.nsqd.lookup.lookupd_http_addresses():
+            url = f"http://{address}/cluster/node/roles"
+            try:
+                async with session.post(
+                    url, params=params, timeout=aiohttp.ClientTimeout(total=2.0)
+                ) as resp:
+                    body = await resp.read()
+                    if resp.status == 200:
+                        doc = json.loads(body)
+                        roles = doc.get("roles") if isinstance(doc, dict) else None
+                        if isinstance(roles, list):
+                            return roles
+                    log.debug("REPL: %s answered %d %s", url, resp.status, body[:200])
+            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
+                log.debug("REPL: %s: %s", url, err)
+        return None
 
     def start(self) -> None:
         """nsqd is listening and knows its node id: follow, and start checking."""
@@ -80,9 +248,10 @@ class ReplicationManager:
         self._task = asyncio.create_task(self._tick_loop(), name="replication-tick")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._confirming):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await asyncio.gather(*(r.close() for r in self.replicas.values()))
         if self._session is not None:
             await self._session.close()
@@ -99,16 +268,43 @@ class ReplicationManager:
                 log.exception("REPL: check failed")
 
     def tick(self) -> None:
+        silent_limit = self.nsqd.lookup.node_timeout()
+        now = time.monotonic()
+        if self._unconfirmed() and self.lease.valid(now):
+            self.confirm_soon()
+        if self.blocked and self.lease.required and now > self.lease.until + silent_limit:
+            # out of lease for as long as it takes to be judged lost: it probably was;
+            # the writes it holds are closed unanswered (the publishers look up again)
+            for replica in list(self.blocked):
+                if replica.leader is not None:
+                    replica.leader.expire(0.0)
         for key, replica in list(self.replicas.items()):
             leader = replica.leader
             role = replica.role
+            follower = replica.follower
+            if (
+                follower is not None
+                and role is not None
+                and replica.confirmed
+                and follower.silent_for(now) >= silent_limit
+            ):
+                self._report(replica, "unreachable", replica.node_id)
             if leader is None or role is None or not replica.confirmed:
                 continue
             leader.expire(self.commit_timeout)
             leader.heartbeat()
-            for node in leader.lagging(self.lag_timeout):
-                self._report(replica, "leave", node)
+            lagging = leader.lagging(self.lag_timeout)
+            # only while the rest of the ISR can still write: a leader that hears no
+            # follower is more likely the one cut off, and shrinking the ISR below a
+            # write quorum stops writes anyway; the followers' reports then decide
+            # (nsqlookupd moves the leadership to them)
+            if len(role.isr) - sum(1 for n in lagging if n in role.isr) > role.replica // 2:
+                for node in lagging:
+                    self._report(replica, "leave", node)
             for node in leader.caught_up():
+                # counted in the commit point from now on (the coordinator's ISR must
+                # never hold a node this leader does not wait for)
+                leader.joining[node] = role.epoch
                 self._report(replica, "join", node)
             part = replica.part
             channels = {
@@ -121,6 +317,11 @@ class ReplicationManager:
                 self._cursors_sent[key] = message
                 leader.send_cursors(message)
 
+    def resign(self, replica: PartitionReplica, err: OSError) -> None:
+        """Ask for this leadership to move (its log cannot be written)."""
+        log.error("REPL: %s: cannot write (%s): asking to move the leadership", replica.part, err)
+        self._report(replica, "resign", replica.node_id)
+
     def _report(self, replica: PartitionReplica, action: str, node: str) -> None:
         part = replica.part
         key = (part.name, part.id, action, node)
@@ -130,14 +331,29 @@ class ReplicationManager:
         self._reported[key] = now
         assert replica.role is not None
         epoch = replica.role.epoch
-        log.warning("REPL: %s: asking the coordinator: %s %s (epoch %d)", part, action, node, epoch)
-        self.spawn(self._post_report(part.name, part.id, action, node, epoch))
+        if action == "unreachable":
+            log.warning(
+                "REPL: %s: telling the coordinator leader %s is unreachable (epoch %d)",
+                part,
+                replica.role.leader,
+                epoch,
+            )
+        else:
+            log.warning(
+                "REPL: %s: asking the coordinator: %s %s (epoch %d)", part, action, node, epoch
+            )
+        self.spawn(self._post_report(replica, action, node, epoch))
 
-    async def _post_report(self, topic: str, pid: int, action: str, node: str, epoch: int) -> None:
-        params = {"topic": topic, "partition": str(pid), "node": node, "epoch": str(epoch)}
+    async def _post_report(
+        self, replica: PartitionReplica, action: str, node: str, epoch: int
+    ) -> None:
+        part = replica.part
+        params = {"topic": part.name, "partition": str(part.id), "node": node, "epoch": str(epoch)}
+        if action == "resign":
+            params = {"topic": part.name, "partition": str(part.id), "move_leader": "true"}
         session = self.http_session()
         for address in self.nsqd.lookup.lookupd_http_addresses():
-            url = f"http://{address}/partition/isr/{action}"
+            url = f"http://{address}{REPORT_PATHS[action]}"
             try:
                 async with session.post(
                     url, params=params, timeout=aiohttp.ClientTimeout(total=3.0)
@@ -148,3 +364,5 @@ class ReplicationManager:
                     log.info("REPL: %s answered %d %s", url, resp.status, text)
             except (aiohttp.ClientError, OSError, TimeoutError) as err:
                 log.info("REPL: %s: %s", url, err)
+        # (a join stays counted by the leader until a newer role says how it ended: a
+        # refusal here may be of a repeat after the coordinator already took it)

@@ -4,8 +4,9 @@ A partition of a topic with ``replicator`` > 1 gets one. It holds the role the
 coordinator gave (nsqx.nsqd.replication.state) and runs the leader's side
 (:class:`LeaderReplication`) or the follower's (:class:`FollowerReplication`).
 
-Writes are accepted only by a leader whose role the coordinator confirmed since this
-process started (a restarted node waits for the coordinator, which may have elected
+Writes are accepted and acknowledged only by a leader whose role the coordinator
+confirmed within this node's current lease (nsqx.nsqd.replication.lease: a restarted
+node, or one whose lease ran out, waits for the coordinator, which may have elected
 another leader meanwhile) and whose ISR is large enough; otherwise a publisher gets
 E_FAILED_ON_NOT_LEADER or E_FAILED_ON_NOT_WRITABLE and looks up again.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from nsqx.nsqd.replication.follower import FollowerReplication
@@ -27,6 +29,7 @@ from nsqx.nsqd.replication.state import (
     write_role,
 )
 from nsqx.nsqd.waiters import future_waiter
+from nsqx.wire import members
 from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE, ProtocolError
 
 if TYPE_CHECKING:
@@ -53,6 +56,9 @@ class PartitionReplica:
         self.role: ReplicaRole | None = read_role(self.path)
         #: the coordinator sent a role since this process started
         self.confirmed = False
+        #: the lease generation in which the coordinator confirmed this node's
+        #: leadership (-1: not confirmed); see ReplicationManager.may_acknowledge
+        self.confirmed_gen = -1
         self.leader: LeaderReplication | None = None
         self.follower: FollowerReplication | None = None
         self.started = False
@@ -93,7 +99,7 @@ class PartitionReplica:
                 history = (*history, (role.epoch, log_.end))
         role = role.with_history(history)
         if role != old:
-            write_role(self.path, role)
+            self._save(role)
         self.role = role
         self.confirmed = True
         if old is None or old.epoch != role.epoch or new != self.role_name_of(old):
@@ -109,8 +115,14 @@ class PartitionReplica:
             self._stop_following()
             if self.leader is None:
                 self.leader = LeaderReplication(self, self.part.visible_end)
+                # a new leadership is confirmed within the lease before it acknowledges
+                self.confirmed_gen = -1
+                self.manager.confirm_soon()
+            else:
+                self.leader.role_changed(role.epoch)
             self.leader.recompute()
         else:
+            self.confirmed_gen = -1
             self._stop_leading()
             if new == FOLLOWER:
                 if self.follower is None or self.follower.leader_http != role.leader_http:
@@ -119,6 +131,23 @@ class PartitionReplica:
             else:
                 self._stop_following()
 
+    def member_headers(self) -> dict[str, str]:
+        """What this node sends as a member of the cluster (its secret)."""
+        return members.headers(self.manager.nsqd.options.cluster_secret)
+
+    def node_timeout(self) -> float:
+        """After how long a silent node counts as lost (nsqlookupd's --node-timeout)."""
+        return self.manager.nsqd.lookup.node_timeout()
+
+    def _save(self, role: ReplicaRole) -> None:
+        """Keep the role on disk. A disk that cannot take it (full) does not stop the
+        role from taking effect here: stepping down must not wait for the disk, and a
+        restarted node confirms its role with the coordinator anyway."""
+        try:
+            write_role(self.path, role)
+        except OSError as err:
+            log.error("REPL: %s: cannot save the role (epoch %d): %s", self.part, role.epoch, err)
+
     def role_name_of(self, role: ReplicaRole) -> str | None:
         return role.role_of(self.node_id)
 
@@ -126,7 +155,7 @@ class PartitionReplica:
         """A follower takes its leader's epoch history (when the stream opens)."""
         if self.role is not None and self.role.history != history:
             self.role = self.role.with_history(history)
-            write_role(self.path, self.role)
+            self._save(self.role)
 
     def _follow(self, leader_http: str) -> None:
         if not self.started:
@@ -152,13 +181,42 @@ class PartitionReplica:
     # -- the write path ---------------------------------------------------------------
 
     def write_error(self) -> str | None:
-        """None if a publish may be written here, else the error code to answer."""
+        """None if a publish may be written here, else the error code to answer.
+
+        A leader whose lease merely lapsed (a late PING answer under load) takes the
+        write and holds its answer until the lease is back and confirmed: a lapse costs
+        latency, not refusals. A leadership not confirmed yet, or a lease out for long
+        (nsqlookupd away, or this node cut off: it may be replaced), refuses at once."""
         if self.leader is None:
             return E_FAILED_ON_NOT_LEADER
         role = self.role
-        if not self.confirmed or role is None or not role.quorum_ok:
+        if role is None or not role.quorum_ok or not self.manager.may_write(self):
             return E_FAILED_ON_NOT_WRITABLE
         return None
+
+    def may_acknowledge(self) -> bool:
+        """Whether this leader may acknowledge writes now (the lease, confirmed)."""
+        return self.manager.may_acknowledge(self)
+
+    def fence(self, epoch: int) -> bool:
+        """Stop acknowledging as leader of ``epoch`` (the coordinator is about to move
+        the leadership): from now on writes are refused and the leadership must be
+        confirmed again (it is, if the move does not happen). False if this node does
+        not lead in that epoch."""
+        if self.leader is None or self.role is None or self.role.epoch != epoch:
+            return False
+        if self.confirmed_gen >= 0:
+            log.info("REPL: %s: fenced in epoch %d (its leadership is moving)", self.part, epoch)
+        self.confirmed_gen = -1
+        self.manager.confirm_soon()
+        return True
+
+    def write_failed(self, err: OSError) -> None:
+        """Writing to this partition's log failed (a full or failing disk): a leader
+        asks the coordinator to move its leadership to an in-sync replica, whose disk
+        may take the writes; it follows from then on, and catches up once it can."""
+        if self.leader is not None and self.role is not None and self.confirmed:
+            self.manager.resign(self, err)
 
     def appended(self) -> None:
         if self.leader is not None:
@@ -194,6 +252,12 @@ class PartitionReplica:
             "isr": list(role.isr) if role else [],
             "replicas": list(role.replicas) if role else [],
             "confirmed": self.confirmed,
+            "lease": {
+                "required": self.manager.lease.required,
+                "valid": self.manager.lease.valid(time.monotonic()),
+                "generation": self.manager.lease.generation,
+                "confirmed_generation": self.confirmed_gen,
+            },
             "end": log_.end,
             "commit": self.part.visible_end,
             "channels": {name: ch.cursor for name, ch in self.part.channels.items()},
