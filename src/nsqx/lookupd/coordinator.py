@@ -115,6 +115,9 @@ class Coordinator:
         #: nsqlookupd's etcd session (which carries its node session keys) surely lasts;
         #: None for a single nsqlookupd, which can always grant a lease.
         self.session_deadline: Callable[[], float] | None = None
+        #: With several nsqlookupd over etcd: whether this one's leadership surely
+        #: holds now (None for a single nsqlookupd)
+        self.leadership_valid: Callable[[], bool] | None = None
         #: Set by :meth:`start`; an empty in-memory store until then.
         self.store: MetaStore = MemoryMetaStore()
         self.client = client
@@ -222,15 +225,26 @@ class Coordinator:
         """The topic's record, if it was created through lookupd."""
         return self.records.get(topic)
 
-    def can_grant_lease(self) -> bool:
+    def can_grant_lease(self, node_id: str) -> bool:
         """Whether a PING answered now may extend a node's lease: always for a single
         nsqlookupd; with etcd, only while this nsqlookupd's session (and so the node
-        sessions it holds) surely outlasts the lease, so that no other nsqlookupd can
-        judge the node lost while the lease runs."""
+        sessions it holds) surely outlasts the lease, and once the node's session key
+        is in etcd under it, so that no other nsqlookupd can judge the node lost while
+        the lease runs."""
         deadline = self.session_deadline
         if deadline is None:
             return True
-        return asyncio.get_running_loop().time() + self.timing.lease < deadline()
+        if asyncio.get_running_loop().time() + self.timing.lease >= deadline():
+            return False
+        return self.sessions.published(node_id)
+
+    def may_decide(self) -> bool:
+        """Whether this nsqlookupd's word counts now: it leads, and (several over
+        etcd) its leadership's lease surely holds (an nsqlookupd waking from a stall
+        may not have stepped down yet)."""
+        if not self.leading:
+            return False
+        return self.leadership_valid is None or self.leadership_valid()
 
     def alive(self, node_id: str) -> bool:
         """Whether the node is alive: connected here and not silent, or (several

@@ -161,7 +161,9 @@ class LookupProtocolV1(asyncio.Protocol):
                 (now - peer.last_update) / 1e9,
             )
             peer.last_update = now
-            if peer.speaks_partitions and not self.lookupd.coordinator.can_grant_lease():
+            if peer.speaks_partitions and not self.lookupd.coordinator.can_grant_lease(
+                peer.node_id
+            ):
                 # the PING still counts for liveness; only the lease is refused
                 return NO_LEASE
         return OK

@@ -88,6 +88,12 @@ class NodeSessions:
         """The other nsqlookupd that hold a session of the node (ids)."""
         return []
 
+    def published(self, node_id: str) -> bool:
+        """Whether the other nsqlookupd can see this one's session of the node (with
+        etcd: its key is written under the current lease). A lease granted before
+        would not keep the leading nsqlookupd from judging the node lost."""
+        return True
+
     def alive(self, node_id: str) -> bool:
         """Whether the node has a session with any nsqlookupd."""
         return self.local(node_id) or bool(self.holders(node_id))
@@ -123,6 +129,8 @@ class EtcdNodeSessions(NodeSessions):
         self.synced = asyncio.Event()
         # node ids whose key must be put (connected) or deleted (not) with the lease
         self._dirty: set[str] = set()
+        # node ids whose key is in etcd under the current lease
+        self._written: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -150,6 +158,7 @@ class EtcdNodeSessions(NodeSessions):
         of this nsqlookupd is put again under it. 0: the lease is gone, and so are the
         keys it carried."""
         self._lease = lease
+        self._written.clear()
         if lease:
             self._dirty.update(self._local)
             self._wake.set()
@@ -173,7 +182,10 @@ class EtcdNodeSessions(NodeSessions):
                     if conns:
                         peer = next(reversed(conns.values()))
                         await self.client.put(key, session_value(peer), lease)
+                        if lease == self._lease:
+                            self._written.add(node_id)
                     else:
+                        self._written.discard(node_id)
                         await self.client.delete(key)
                 except EtcdError as err:
                     # the leadership's keepalive decides whether the lease is gone; a
@@ -183,6 +195,9 @@ class EtcdNodeSessions(NodeSessions):
                     await asyncio.sleep(0.2)
 
     # -- every nsqlookupd's sessions ----------------------------------------------------
+
+    def published(self, node_id: str) -> bool:
+        return node_id in self._written
 
     def holders(self, node_id: str) -> list[str]:
         # this nsqlookupd's own key is not counted: its connections are the truth (the

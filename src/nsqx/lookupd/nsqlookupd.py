@@ -134,6 +134,8 @@ class NSQLookupd:
             )
             store.fence = self.leadership.fence
             self.coordinator.session_deadline = self.leadership.session_deadline
+            leadership = self.leadership
+            self.coordinator.leadership_valid = lambda: leadership.fence() is not None
             self.leadership.start()
         self.liveness.start()
 

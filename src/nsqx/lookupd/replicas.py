@@ -73,6 +73,9 @@ class Replicas:
         self._gone_unjudged: set[str] = set()
         # nodes being judged (lost or not)
         self._judging: set[str] = set()
+        # node -> the latest loop time before which it may not be judged (the end of
+        # any lease it may hold, as its connections closed)
+        self._not_before: dict[str, float] = {}
         # (topic, partition) -> former leaders that have not yet taken a role in which
         # they do not lead: the new leader is not confirmed until they have, or are lost
         self._stepping_down: dict[tuple[str, int], set[str]] = {}
@@ -155,6 +158,15 @@ class Replicas:
             self._stepped_down(topic, pid, peer.node_id)
         return True
 
+    def _await_step_down(self, topic: str, pid: int, node_id: str) -> bool:
+        """Hold the partition's next leader back from confirmation until ``node_id``
+        (its leader now) steps down or is judged lost; False (nothing held) if the node
+        cannot hold a lease any more: not alive and not being judged (judged already)."""
+        if not (self.coord.alive(node_id) or node_id in self._judging):
+            return False
+        self._stepping_down.setdefault((topic, pid), set()).add(node_id)
+        return True
+
     def _stepped_down(self, topic: str, pid: int, node_id: str) -> None:
         pending = self._stepping_down.get((topic, pid))
         if pending is not None and node_id in pending:
@@ -226,6 +238,16 @@ class Replicas:
         not_before = self.coord.timing.lost_after(loop.time())
         for node_id in gone:
             self._spawn(self._maybe_lost(node_id, not_before, self.lost_grace))
+        # a leadership moved by a former coordinator whose old leader may not have
+        # heard it: held back until that leader takes its new role (told now) or is lost
+        self._stepping_down.clear()
+        for topic, record in self.coord.records.items():
+            if record.meta.replica < 2:
+                continue
+            for pid, changes in record.history.items():
+                if len(changes) >= 2 and changes[-2].leader != changes[-1].leader:
+                    self._await_step_down(topic, pid, changes[-2].leader)
+            self._spawn(self.tell_all(topic, record))
 
     def peer_arrived(self, peer: Peer) -> None:
         """A node connected: partitions that lost a replica when no spare was free may
@@ -275,21 +297,28 @@ class Replicas:
         """The node's last session with any nsqlookupd ended (several nsqlookupd over
         etcd: it may never have been connected to this one)."""
         if self.coord.leading:
-            # the nsqlookupd that held it deleted its key only once the lease it could
-            # grant had ended
-            self._spawn(self._maybe_lost(node_id, 0.0, 0.0))
+            # the nsqlookupd that held it deleted its key once the lease it granted had
+            # ended, but its keys may also go early (its etcd lease revoked as it starts
+            # a new session): a full lease from now, to be safe
+            loop = asyncio.get_running_loop()
+            self._spawn(self._maybe_lost(node_id, self.coord.timing.lost_after(loop.time()), 0.0))
         else:
             self._gone_unjudged.add(node_id)
 
     async def _maybe_lost(self, node_id: str, not_before: float, grace: float) -> None:
         """Judge the node once ``not_before`` (loop time) has passed and it had at least
-        ``grace`` seconds to come back."""
+        ``grace`` seconds to come back. Another close of the node meanwhile (a flapping
+        connection) can only push the moment later."""
+        loop = asyncio.get_running_loop()
+        not_before = max(not_before, loop.time() + grace)
+        self._not_before[node_id] = max(self._not_before.get(node_id, 0.0), not_before)
         if node_id in self._judging:
             return  # its connection here and its last session elsewhere both ended
         self._judging.add(node_id)
         try:
-            loop = asyncio.get_running_loop()
-            await asyncio.sleep(max(not_before - loop.time(), grace, 0.0))
+            while (wait := self._not_before.get(node_id, 0.0) - loop.time()) > 0:
+                await asyncio.sleep(wait)
+            self._not_before.pop(node_id, None)
             if node_id in self.coord.nodes() or not self.coord.leading:
                 return  # it came back, or another nsqlookupd decides now
             held = self.coord.sessions.holders(node_id)
@@ -418,7 +447,15 @@ class Replicas:
             if epoch is not None and epoch != record.epoch_of(pid):
                 return f"stale epoch {epoch} (now {record.epoch_of(pid)})"
             isr = record.isr_of(pid)
-            if node not in isr or node == record.placements[pid][0]:
+            placement = record.placements[pid]
+            if node not in isr and node in placement and node != placement[0]:
+                # a replica the leader counted as joining, whose join never got here: a
+                # new epoch without it tells the leader to stop waiting for it
+                new = record.with_replicas(pid, placement, isr, f"{node} not in sync")
+                await coord.save(topic, new)
+                await self._apply(topic, new, pid)
+                return "OK"
+            if node not in isr or node == placement[0]:
                 return "not in the isr"
             new = record.with_replicas(
                 pid,
@@ -494,9 +531,14 @@ class Replicas:
         changed = record.with_replicas(pid, new_placement, new_isr, f"moved from {old}")
         # the new leader is confirmed once the old one took its new role (or is lost);
         # the old one stops acknowledging before the change is recorded
-        self._stepping_down.setdefault((topic, pid), set()).add(old)
-        await self._fence(topic, pid, old, record.epoch_of(pid), nodes)
-        await coord.save(topic, changed)
+        held = self._await_step_down(topic, pid, old)
+        try:
+            await self._fence(topic, pid, old, record.epoch_of(pid), nodes)
+            await coord.save(topic, changed)
+        except BaseException:
+            if held:  # nothing moved: the fenced leader is confirmed again
+                self._stepped_down(topic, pid, old)
+            raise
         log.warning(
             "REPL: %s:%d epoch %d: leadership moved from %s to %s",
             topic,
@@ -545,7 +587,7 @@ class Replicas:
         being decided sets what keeps a stale answer out first: the node being judged
         (a loss), or the former leader stepping down (a move)."""
         coord = self.coord
-        if not coord.alive(node_id) or node_id in self._judging:
+        if not coord.may_decide() or not coord.alive(node_id) or node_id in self._judging:
             return None
         nodes = coord.nodes()
         roles: list[dict[str, Any]] = []
@@ -560,9 +602,12 @@ class Replicas:
                     continue
                 role["topic"] = topic
                 role["partition"] = pid
-                role["confirmed"] = placement[0] == node_id and not self._stepping_down.get(
-                    (topic, pid)
-                )
+                waiting = [
+                    n
+                    for n in self._stepping_down.get((topic, pid), ())
+                    if coord.alive(n) or n in self._judging
+                ]
+                role["confirmed"] = placement[0] == node_id and not waiting
                 roles.append(role)
         return roles
 
@@ -619,10 +664,15 @@ class Replicas:
             changed = record.with_replicas(
                 pid, new_placement, new_isr, f"leader {leader} unreachable from {','.join(voters)}"
             )
-            # alive or not: until it steps down or is judged lost, it may hold a lease
-            self._stepping_down.setdefault((topic, pid), set()).add(leader)
-            await self._fence(topic, pid, leader, epoch, nodes)
-            await coord.save(topic, changed)
+            # until it steps down or is judged lost, it may hold a lease
+            held = self._await_step_down(topic, pid, leader)
+            try:
+                await self._fence(topic, pid, leader, epoch, nodes)
+                await coord.save(topic, changed)
+            except BaseException:
+                if held:
+                    self._stepped_down(topic, pid, leader)
+                raise
             del self._unreachable[(topic, pid, epoch)]
             log.warning(
                 "REPL: %s:%d epoch %d: leader %s unreachable from %s: %s leads, isr %s",

@@ -36,11 +36,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nsqx.replication")
 
-TICK = 0.5
+#: the checks of followers' silence and leaders' lag run this often (seconds); the
+#: channels' positions and idle leaders' commit points go out every CURSORS_EVERY
+TICK = 0.1
+CURSORS_EVERY = 0.5
 #: at most one report of a kind per partition and node this often (seconds)
 REPORT_EVERY = 1.0
 #: between two asks for confirmation that failed (seconds)
 CONFIRM_RETRY = 0.2
+#: what _ask_roles answers when the leading nsqlookupd does not confirm leaderships
+LEGACY: list[Any] = []
+
 #: where each report goes on nsqlookupd
 REPORT_PATHS = {
     "leave": "/partition/isr/leave",
@@ -62,6 +68,7 @@ class ReplicationManager:
         self._session: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._reported: dict[tuple[str, int, str, str], float] = {}
+        self._cursors_at = 0.0
         self._cursors_sent: dict[tuple[str, int], bytes] = {}
         self._started = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -176,29 +183,48 @@ class ReplicationManager:
                 gen = self.lease.generation
                 if not self.lease.valid(time.monotonic()):
                     return  # the next grant starts a new generation and asks again
+                # a fence that arrives while the question is out voids its answer
+                fences = {r: r.fences for r in self.replicas.values()}
                 roles = await self._ask_roles()
                 if roles is None:
                     await asyncio.sleep(CONFIRM_RETRY)
                     continue
                 if self.lease.generation != gen or not self.lease.valid(time.monotonic()):
                     continue  # the lease ran out meanwhile: the answer may be stale
-                self._apply_confirmed(roles, gen)
+                if roles is LEGACY:
+                    # the leading nsqlookupd is older than confirmations (a rolling
+                    # upgrade): as before them, the coordinator's word is enough
+                    for r in self._unconfirmed():
+                        if r.confirmed and fences.get(r) == r.fences and r.leader is not None:
+                            r.confirmed_gen = gen
+                            self.blocked.discard(r)
+                            r.leader.recompute()
+                else:
+                    self._apply_confirmed(roles, gen, fences)
                 self._lease_news.set()
                 if self._unconfirmed():
                     await asyncio.sleep(CONFIRM_RETRY)  # e.g. a former leader stepping down
         finally:
             self._confirming = None
 
-    def _apply_confirmed(self, roles: list[Any], gen: int) -> None:
+    def _apply_confirmed(
+        self, roles: list[Any], gen: int, fences: dict[PartitionReplica, int]
+    ) -> None:
+        """Take the leaderships the coordinator confirmed, and the roles in which this
+        node no longer leads (a step down whose telling did not arrive), when they say
+        where the leader is (this nsqlookupd may not know: the leader registered with
+        another one; the role's own telling will say)."""
         me = self.nsqd.node_id
         for doc in roles:
             if not isinstance(doc, dict):
+                continue
+            if doc.get("leader") != me and not doc.get("leader_http"):
                 continue
             topic, pid = doc.get("topic"), doc.get("partition")
             if not isinstance(topic, str) or not isinstance(pid, int):
                 continue
             replica = self.replicas.get((topic, pid))
-            if replica is None:
+            if replica is None or fences.get(replica) != replica.fences:
                 continue
             try:
                 role = ReplicaRole.from_json(doc)
@@ -206,7 +232,7 @@ class ReplicationManager:
             except (ValueError, StaleEpoch) as err:
                 log.info("REPL: %s: confirmed role not taken: %s", replica.part, err)
                 continue
-            if doc.get("confirmed") is True and role.leader == me and replica.leader is not None:
+            if doc.get("confirmed") is True and replica.leader is not None:
                 if replica.confirmed_gen != gen:
                     log.info(
                         "REPL: %s: leadership confirmed (epoch %d, lease generation %d)",
@@ -220,9 +246,11 @@ class ReplicationManager:
 
     async def _ask_roles(self) -> list[Any] | None:
         """This node's roles as the leading nsqlookupd confirms them; None if none
-        answered."""
+        answered; LEGACY if none answered but one does not know the question (an
+        nsqlookupd older than confirmations, in a rolling upgrade)."""
         session = self.http_session()
         params = {"node": self.nsqd.node_id}
+        unknown = False
         for address in self.nsqd.lookup.lookupd_http_addresses():
             url = f"http://{address}/cluster/node/roles"
             try:
@@ -235,10 +263,11 @@ class ReplicationManager:
                         roles = doc.get("roles") if isinstance(doc, dict) else None
                         if isinstance(roles, list):
                             return roles
+                    unknown = unknown or resp.status == 404
                     log.debug("REPL: %s answered %d %s", url, resp.status, body[:200])
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
                 log.debug("REPL: %s: %s", url, err)
-        return None
+        return LEGACY if unknown else None
 
     def start(self) -> None:
         """nsqd is listening and knows its node id: follow, and start checking."""
@@ -270,6 +299,9 @@ class ReplicationManager:
     def tick(self) -> None:
         silent_limit = self.nsqd.lookup.node_timeout()
         now = time.monotonic()
+        cursors = now - self._cursors_at >= CURSORS_EVERY
+        if cursors:
+            self._cursors_at = now
         if self._unconfirmed() and self.lease.valid(now):
             self.confirm_soon()
         if self.blocked and self.lease.required and now > self.lease.until + silent_limit:
@@ -292,7 +324,6 @@ class ReplicationManager:
             if leader is None or role is None or not replica.confirmed:
                 continue
             leader.expire(self.commit_timeout)
-            leader.heartbeat()
             lagging = leader.lagging(self.lag_timeout)
             # only while the rest of the ISR can still write: a leader that hears no
             # follower is more likely the one cut off, and shrinking the ISR below a
@@ -306,6 +337,9 @@ class ReplicationManager:
                 # never hold a node this leader does not wait for)
                 leader.joining[node] = role.epoch
                 self._report(replica, "join", node)
+            if not cursors:
+                continue
+            leader.heartbeat()
             part = replica.part
             channels = {
                 name: (ch.low_water(), ch.ordered_flag)

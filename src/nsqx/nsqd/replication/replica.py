@@ -59,6 +59,9 @@ class PartitionReplica:
         #: the lease generation in which the coordinator confirmed this node's
         #: leadership (-1: not confirmed); see ReplicationManager.may_acknowledge
         self.confirmed_gen = -1
+        #: how many times the coordinator fenced this leadership (an answer to a
+        #: confirmation asked before a fence does not confirm)
+        self.fences = 0
         self.leader: LeaderReplication | None = None
         self.follower: FollowerReplication | None = None
         self.started = False
@@ -208,6 +211,7 @@ class PartitionReplica:
         if self.confirmed_gen >= 0:
             log.info("REPL: %s: fenced in epoch %d (its leadership is moving)", self.part, epoch)
         self.confirmed_gen = -1
+        self.fences += 1
         self.manager.confirm_soon()
         return True
 
