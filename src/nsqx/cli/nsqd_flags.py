@@ -248,7 +248,7 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "replication-lag-timeout",
         _D,
         "replication_lag_timeout",
-        2.0,
+        2.5,
         "[nsqx] an in-sync replica behind the leader this long leaves the ISR",
     ),
     FlagSpec(

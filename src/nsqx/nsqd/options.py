@@ -50,7 +50,7 @@ class NsqdOptions:
     retention: float = 0.0
     #: nsqx: an ISR member behind the leader this long (seconds) is reported to the
     #: coordinator, which takes it out of the ISR
-    replication_lag_timeout: float = 2.0
+    replication_lag_timeout: float = 2.5
     #: nsqx: host:port where followers reach this node's HTTP API for replication
     #: (empty: the broadcast address and HTTP port)
     replication_address: str = ""

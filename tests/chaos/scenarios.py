@@ -1,0 +1,234 @@
+"""The faults: each scenario names the cluster it needs and injects its fault into a
+running workload, then undoes it. The target is the node that leads the ordered topic's
+partition 0 (so that order is checked across the failover); the plain topic has
+partitions on it too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from chaos.cluster import ChaosCluster
+from chaos.netns import Lab
+
+ORDERED = "ord"
+PLAIN = "plain"
+
+
+@dataclass
+class Context:
+    lab: Lab
+    cl: ChaosCluster
+    #: how long a fault lasts (the --short run scales it down)
+    scale: float = 1.0
+
+    def secs(self, long: float) -> float:
+        return max(long * self.scale, 3.0)
+
+    async def leader(self) -> str:
+        leaders = await self.cl.leaders(ORDERED)
+        return leaders[0]
+
+    async def followers(self) -> list[str]:
+        return await self.cl.followers(ORDERED, 0)
+
+    def host(self, name: str):  # type: ignore[no-untyped-def]
+        return self.lab.host(name)
+
+    async def run(self, fn: Callable[..., object], *args: object) -> None:
+        """A blocking lab call (iptables, signals) off the workload's loop."""
+        await asyncio.to_thread(fn, *args)
+
+
+Inject = Callable[[Context], Awaitable[None]]
+
+
+@dataclass
+class Scenario:
+    name: str
+    inject: Inject
+    lookupds: int = 1
+    replicator: int = 3
+    tmpfs_mb: int = 0
+    #: part of the short run CI makes
+    short: bool = False
+
+
+async def leader_isolated(ctx: Context) -> None:
+    lead = ctx.host(await ctx.leader())
+    await ctx.run(ctx.lab.isolate, lead)
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.lab.heal, lead)
+
+
+async def leader_cut_from_lookupd(ctx: Context) -> None:
+    lead = ctx.host(await ctx.leader())
+    for lk in ctx.cl.lookupd_hosts():
+        await ctx.run(ctx.lab.cut, lead, lk)
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.lab.heal, lead)
+
+
+async def follower_cut_from_leader(ctx: Context) -> None:
+    lead = ctx.host(await ctx.leader())
+    follower = ctx.host((await ctx.followers())[0])
+    await ctx.run(ctx.lab.cut, follower, lead)
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.lab.heal, follower, lead)
+
+
+async def leader_cut_from_followers(ctx: Context) -> None:
+    lead = ctx.host(await ctx.leader())
+    for name in await ctx.followers():
+        await ctx.run(ctx.lab.cut, lead, ctx.host(name))
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.lab.heal, lead)
+
+
+async def oneway_leader_to_lookupd(ctx: Context) -> None:
+    """The leader's packets to nsqlookupd are dropped; nsqlookupd's still arrive."""
+    lead = ctx.host(await ctx.leader())
+    for lk in ctx.cl.lookupd_hosts():
+        await ctx.run(ctx.lab.cut_oneway, lead, lk)
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.lab.heal, lead)
+
+
+async def oneway_lookupd_to_leader(ctx: Context) -> None:
+    lead = ctx.host(await ctx.leader())
+    for lk in ctx.cl.lookupd_hosts():
+        await ctx.run(ctx.lab.cut_oneway, lk, lead)
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.lab.heal, lead)
+
+
+async def oneway_leader_to_followers(ctx: Context) -> None:
+    lead = ctx.host(await ctx.leader())
+    for name in await ctx.followers():
+        await ctx.run(ctx.lab.cut_oneway, lead, ctx.host(name))
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.lab.heal, lead)
+
+
+async def lookupd_cannot_connect_to_leader(ctx: Context) -> None:
+    """nsqlookupd cannot open connections to the leader (its HTTP calls fail), the
+    leader's registration stays; meanwhile a follower is killed (a new ISR to tell)."""
+    lead = ctx.host(await ctx.leader())
+    follower = (await ctx.followers())[0]
+    for lk in ctx.cl.lookupd_hosts():
+        await ctx.run(ctx.lab.block_connect, lk, lead)
+    await ctx.run(ctx.cl.kill, follower)
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.lab.heal, lead)
+    await ctx.run(ctx.cl.restart, follower)
+
+
+async def delay_and_loss(ctx: Context) -> None:
+    """200 ms each way and 5 % loss on every replication link of the leader."""
+    lead = ctx.host(await ctx.leader())
+    for name in await ctx.followers():
+        await ctx.run(ctx.lab.delay, lead, ctx.host(name), 200.0, 0.0, 5.0)
+    await asyncio.sleep(ctx.secs(20))
+    await ctx.run(ctx.lab.heal, lead)
+
+
+async def flapping_link(ctx: Context) -> None:
+    lead = ctx.host(await ctx.leader())
+    follower = ctx.host((await ctx.followers())[0])
+    flap = ctx.lab.flap(lead, follower, 2.0, ctx.secs(30))
+    await asyncio.to_thread(flap.join)
+    await ctx.run(ctx.lab.heal, lead, follower)
+
+
+def leader_stopped(seconds: float) -> Inject:
+    async def inject(ctx: Context) -> None:
+        lead = await ctx.leader()
+        await ctx.run(ctx.cl.sigstop, lead)
+        await asyncio.sleep(ctx.secs(seconds))
+        await ctx.run(ctx.cl.sigcont, lead)
+
+    return inject
+
+
+async def leader_killed(ctx: Context) -> None:
+    lead = await ctx.leader()
+    await ctx.run(ctx.cl.kill, lead)
+    await asyncio.sleep(ctx.secs(5))
+    await ctx.run(ctx.cl.restart, lead)
+
+
+async def leader_disk_full(ctx: Context) -> None:
+    lead = await ctx.leader()
+    data = ctx.cl.run_dir / lead
+    await ctx.run(ctx.lab.fill, str(data))
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.lab.unfill, str(data))
+
+
+async def _leading_lookupd(ctx: Context) -> str:
+    name = await ctx.cl.leading_lookupd()
+    if name is None:
+        raise RuntimeError("no leading nsqlookupd")
+    return name
+
+
+async def leading_lookupd_killed_with_leader(ctx: Context) -> None:
+    lk, lead = await _leading_lookupd(ctx), await ctx.leader()
+    await ctx.run(ctx.cl.kill, lk)
+    await ctx.run(ctx.cl.kill, lead)
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.cl.restart, lk)
+    await ctx.run(ctx.cl.restart, lead)
+
+
+async def leading_lookupd_isolated_leader_killed(ctx: Context) -> None:
+    lk, lead = await _leading_lookupd(ctx), await ctx.leader()
+    await ctx.run(ctx.lab.isolate, ctx.host(lk))
+    await ctx.run(ctx.cl.kill, lead)
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.lab.heal, ctx.host(lk))
+    await ctx.run(ctx.cl.restart, lead)
+
+
+async def leading_lookupd_stopped_leader_killed(ctx: Context) -> None:
+    lk, lead = await _leading_lookupd(ctx), await ctx.leader()
+    await ctx.run(ctx.cl.sigstop, lk)
+    await ctx.run(ctx.cl.kill, lead)
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.cl.sigcont, lk)
+    await ctx.run(ctx.cl.restart, lead)
+
+
+async def etcd_member_killed(ctx: Context) -> None:
+    member = next(iter(ctx.cl.etcd))
+    await ctx.run(ctx.cl.kill, member)
+    await asyncio.sleep(ctx.secs(10))
+    await ctx.run(ctx.cl.restart, member)
+
+
+SCENARIOS: list[Scenario] = [
+    Scenario("leader killed", leader_killed, short=True),
+    Scenario("leader stopped 10s", leader_stopped(10), short=True),
+    Scenario("leader stopped 30s", leader_stopped(30)),
+    Scenario("leader isolated 10s", leader_isolated, short=True),
+    Scenario("leader cut from nsqlookupd", leader_cut_from_lookupd),
+    Scenario("leader cut from its followers", leader_cut_from_followers),
+    Scenario("follower cut from the leader", follower_cut_from_leader),
+    Scenario("one-way: leader -> nsqlookupd", oneway_leader_to_lookupd),
+    Scenario("one-way: nsqlookupd -> leader", oneway_lookupd_to_leader),
+    Scenario("one-way: leader -> followers", oneway_leader_to_followers),
+    Scenario("no connect nsqlookupd->leader", lookupd_cannot_connect_to_leader),
+    Scenario("200ms delay, 5% loss", delay_and_loss, short=True),
+    Scenario("flapping link 2s", flapping_link),
+    Scenario("leader's disk full", leader_disk_full, tmpfs_mb=48),
+    Scenario("etcd: leading lookupd+leader killed", leading_lookupd_killed_with_leader, lookupds=3),
+    Scenario(
+        "etcd: lookupd isolated, leader dies", leading_lookupd_isolated_leader_killed, lookupds=3
+    ),
+    Scenario(
+        "etcd: lookupd stopped, leader dies", leading_lookupd_stopped_leader_killed, lookupds=3
+    ),
+    Scenario("etcd: a member killed", etcd_member_killed, lookupds=3),
+]
