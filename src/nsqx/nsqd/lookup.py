@@ -130,9 +130,8 @@ class LookupPeer:
             was_identified = False
             try:
                 host, port = _split(self.address)
-                reader, conn = await asyncio.wait_for(
-                    asyncio.open_connection(host, port), CONNECT_TIMEOUT
-                )
+                async with asyncio.timeout(CONNECT_TIMEOUT):  # (not wait_for: see _serve)
+                    reader, conn = await asyncio.open_connection(host, port)
                 writer = conn
                 await self._session(reader, conn)
             except (OSError, TimeoutError, ProtocolError, ValueError, ConnectionError) as err:

@@ -241,9 +241,11 @@ class FollowerReplication:
             stream: _Stream | None = None
             try:
                 before = part.log.end
-                _, opened = await asyncio.wait_for(
-                    loop.create_connection(_Stream, host.strip("[]"), int(port)), CONNECT_TIMEOUT
-                )
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+                # cancellation that races with its answer, and close() then waits for
+                # this loop for ever
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    _, opened = await loop.create_connection(_Stream, host.strip("[]"), int(port))
                 stream = opened
                 self._stream = opened
                 opened.open(self.leader_http, target, self.replica.member_headers())
@@ -272,7 +274,8 @@ class FollowerReplication:
         part = self.part
         log_ = part.log
         assert role is not None
-        await asyncio.wait_for(asyncio.shield(stream.accepted), ANSWER_TIMEOUT)
+        async with asyncio.timeout(ANSWER_TIMEOUT):
+            await asyncio.shield(stream.accepted)
         stream.send(
             ws.OP_BINARY,
             rp.encode_hello(
@@ -287,7 +290,8 @@ class FollowerReplication:
                 )
             ),
         )
-        welcome = rp.decode(await asyncio.wait_for(stream.next_message(), ANSWER_TIMEOUT))
+        async with asyncio.timeout(ANSWER_TIMEOUT):
+            welcome = rp.decode(await stream.next_message())
         if isinstance(welcome, rp.Refused):
             raise ReplicationError(f"refused: {welcome.error} {welcome.message}")
         if not isinstance(welcome, rp.Welcome):
