@@ -98,7 +98,10 @@ class Link:
         return cls(reader, writer, node)
 
     def send(self, data: bytes) -> None:
-        self.writer.write(data)
+        # a connection the fault closed: the next read says so (writing would only make
+        # asyncio log "socket.send() raised exception." once per write)
+        if not self.writer.is_closing():
+            self.writer.write(data)
 
     async def frame(self) -> tuple[int, bytes]:
         """The next frame that is not a heartbeat (answered with NOP)."""
