@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -139,6 +140,10 @@ def run_scenario(
     return verdict
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scenario", action="append", default=[])
@@ -187,16 +192,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
     verdicts: list[Verdict] = []
-    for _ in range(args.repeat):
-        for sc in chosen:
-            if args.replicator is not None:
-                sc.replicator = args.replicator
-            began = time.monotonic()
-            v = run_scenario(sc, scale, args.keep, args.target, after)
-            verdicts.append(v)
-            print(f"{v.row()}   ({time.monotonic() - began:.0f}s)", flush=True)
-            for line in v.details[:12]:
-                print(f"    {line}", flush=True)
+    # SIGINT and SIGTERM stop the whole run, through every cleanup on the way out (the
+    # namespaces, iptables rules and processes of the running scenario); asyncio.run's
+    # own SIGINT handling only cancels a scenario, which may then end as if done
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    try:
+        for _ in range(args.repeat):
+            for sc in chosen:
+                if args.replicator is not None:
+                    sc.replicator = args.replicator
+                began = time.monotonic()
+                v = run_scenario(sc, scale, args.keep, args.target, after)
+                verdicts.append(v)
+                print(f"{v.row()}   ({time.monotonic() - began:.0f}s)", flush=True)
+                for line in v.details[:12]:
+                    print(f"    {line}", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: the runs done so far follow", flush=True)
+        verdicts.append(Verdict("(interrupted)", 0, 0, 0, 0, -1, -1, 0, -1, -1, 0.0))
     print()
     print(HEADER)
     for v in verdicts:

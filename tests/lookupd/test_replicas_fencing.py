@@ -197,3 +197,27 @@ def test_followers_that_cannot_hear_the_leader_move_it_only_as_a_majority() -> N
         await replicas.close()
 
     asyncio.run(body())
+
+
+def test_a_join_of_a_node_judged_lost_is_refused_with_a_new_epoch() -> None:
+    """A stopped follower's stream stays open at the leader and can look caught up: the
+    coordinator refuses its join, and the new epoch tells the leader to stop counting it."""
+
+    async def body() -> None:
+        coord, replicas = setup(["a", "b", "c"])
+        epoch = coord.records["t"].epoch_of(0)
+        assert await replicas.isr_leave("t", 0, "c", epoch) == "OK"
+        left = coord.records["t"]
+        assert left.isr_of(0) == ("a", "b")
+        del coord.connected["c"]  # judged lost
+        assert await replicas.isr_join("t", 0, "c", left.epoch_of(0)) == "not alive"
+        refused = coord.records["t"]
+        assert refused.isr_of(0) == ("a", "b")
+        assert refused.epoch_of(0) == left.epoch_of(0) + 1
+        assert "not alive" in refused.history[0][-1].reason
+        coord.connected["c"] = peer("c")  # back: its join is taken
+        assert await replicas.isr_join("t", 0, "c", refused.epoch_of(0)) == "OK"
+        assert coord.records["t"].isr_of(0) == ("a", "b", "c")
+        await replicas.close()
+
+    asyncio.run(body())

@@ -486,8 +486,24 @@ class Replicas:
             if epoch is not None and epoch != record.epoch_of(pid):
                 return f"stale epoch {epoch} (now {record.epoch_of(pid)})"
             isr = record.isr_of(pid)
-            if node in isr or node not in record.placements[pid]:
+            placement = record.placements[pid]
+            if node in isr or node not in placement:
                 return "not a catching-up replica"
+            if not coord.alive(node):
+                # a stream that looks caught up from a node this nsqlookupd judged lost
+                # (a stopped process keeps its sockets open): refused, with a new epoch
+                # so that the leader stops counting it in its commit point at once
+                new = record.with_replicas(pid, placement, isr, f"{node} not alive")
+                await coord.save(topic, new)
+                log.warning(
+                    "REPL: %s:%d epoch %d: join of %s refused: it is not alive",
+                    topic,
+                    pid,
+                    new.epoch_of(pid),
+                    node,
+                )
+                await self._apply(topic, new, pid)
+                return "not alive"
             new = record.with_replicas(
                 pid, record.placements[pid], (*isr, node), f"{node} caught up"
             )
