@@ -65,16 +65,21 @@ def cluster(tmp_path: Path) -> Iterator[tuple[LookupdProcess, list[NsqdProcess]]
         lookupd.stop(signal.SIGKILL)
 
 
-def start_nodes(tmp_path: Path, lookupd: LookupdProcess, nodes: list[NsqdProcess]) -> None:
-    for i in range(2):
-        nodes.append(
-            start_nsqd(
-                tmp_path / "data" / f"nsqd{i}",
-                f"--lookupd-tcp-address={lookupd.tcp_address}",
-                "--http-address=127.0.0.1:0",
-                "--broadcast-address=127.0.0.1",
-            )
+def start_nodes(
+    tmp_path: Path, lookupd: LookupdProcess, nodes: list[NsqdProcess], first: int
+) -> None:
+    """Both nsqd on their directories, node ``first`` first (the replicated partition's
+    leader: back before its follower, it keeps leading), as ``nodes[0]`` and ``[1]``."""
+    started: dict[int, NsqdProcess] = {}
+    for i in (first, 1 - first):
+        started[i] = start_nsqd(
+            tmp_path / "data" / f"nsqd{i}",
+            f"--lookupd-tcp-address={lookupd.tcp_address}",
+            "--http-address=127.0.0.1:0",
+            "--broadcast-address=127.0.0.1",
         )
+        nodes.append(started[i])  # (stopped by the fixture whatever happens next)
+    nodes[:] = [started[0], started[1]]
 
 
 def range_read(node: NsqdProcess, topic: str, pid: int, start: int = 0) -> list[dict[str, Any]]:
@@ -186,9 +191,9 @@ def test_a_cluster_from_before_delivers_everything_with_the_same_ids_and_offsets
     ordered ones in order; the DPUB due in 200 years stays held; replay by virtual
     offset and by count starts at the same messages; and new ids follow the old ones."""
     lookupd, nodes = cluster
-    start_nodes(tmp_path, lookupd, nodes)
     records: dict[str, list[dict[str, Any]]] = manifest["records"]
     where: dict[str, list[int]] = manifest["where"]
+    start_nodes(tmp_path, lookupd, nodes, where["repl/0"][0])
     assert [(n.data_path / "nsqd.node_id").read_text().strip() for n in nodes] == manifest["nodes"]
     # nsqlookupd gives the replicated partition back to its leader, in sync
     repl_leader = nodes[where["repl/0"][0]]
