@@ -118,7 +118,7 @@ def check_format(
 
 def open_data_dir(directory: str, command: str) -> DataFormat:
     """Check the format of a daemon's data directory (made if missing) before it reads
-    anything there, and record this release's format if none was recorded. Raises
+    anything there, and record its format if none was (format 1, by this release). Raises
     DataFormatError (one line, naming the command to run) if this release cannot read
     it; ``command`` is how the daemon is started (``nsqx nsqd``, ``nsqx nsqlookupd``)."""
     os.makedirs(directory, exist_ok=True)
