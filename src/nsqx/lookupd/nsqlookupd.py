@@ -20,6 +20,7 @@ from nsqx.lookupd.node_sessions import EtcdNodeSessions
 from nsqx.lookupd.nsqd_client import NsqdClient
 from nsqx.lookupd.options import LookupdOptions
 from nsqx.lookupd.registration_db import RegistrationDB
+from nsqx.store.data_format import open_data_dir
 
 log = logging.getLogger("nsqx.lookupd")
 
@@ -91,6 +92,7 @@ class NSQLookupd:
             self.coordinator.sessions = EtcdNodeSessions(self.etcd, keys, "")
             return EtcdMetaStore(self.etcd, keys)
         if self.options.data_path:
+            open_data_dir(self.options.data_path, "nsqx nsqlookupd")  # one it reads
             store = FileMetaStore.open(self.options.data_path)
             log.info("META: topic meta in %s", store.path)
             return store

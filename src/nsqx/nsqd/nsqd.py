@@ -34,6 +34,7 @@ from nsqx.nsqd.syncer import Checkpointer, LogSyncer
 from nsqx.nsqd.tls import build_server_context
 from nsqx.nsqd.topic import Topic
 from nsqx.nsqd.tracer import Tracer
+from nsqx.store.data_format import DataFormatError, open_data_dir
 from nsqx.store.disklog import DiskLog, remove_file
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.topic_meta import DEFAULT_META, TopicMeta
@@ -337,6 +338,11 @@ class NSQD:
             raise ValueError("cannot require TLS client connections without TLS key and cert")
         os.makedirs(self.data_path, exist_ok=True)
         self._lock.acquire()
+        try:
+            open_data_dir(self.data_path, "nsqx nsqd")  # a format this release reads
+        except DataFormatError:
+            self._lock.release()
+            raise
         self.load_metadata()
         loop = asyncio.get_running_loop()
         addr = self.options.tcp_address
