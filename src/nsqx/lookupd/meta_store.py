@@ -28,7 +28,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 
-from nsqx.lookupd.topic_meta import TopicRecord
+from nsqx.lookupd.topic_record import TopicRecord
 from nsqx.store.disklog import fsync_dir
 
 #: The file FileMetaStore keeps in ``--data-path``.
