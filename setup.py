@@ -79,35 +79,6 @@ def _warn(reason: str) -> None:
     print(f"WARNING: nsqx: building pure Python, not compiled: {reason}", file=sys.stderr)
 
 
-# mypyc's runtime (2.4 and earlier) slices bytes with a start past the end as a negative
-# length, a SystemError where Python gives b"" (a REQ line without a timeout did it).
-_BYTES_SLICE_BUG = "Py_ssize_t slice_len = endn - startn;"
-_BYTES_SLICE_FIX = "Py_ssize_t slice_len = endn > startn ? endn - startn : 0;"
-
-
-def _patch_runtime(extensions: list[Extension]) -> None:
-    """Compile against a copy of mypyc's C runtime with the bytes slice fixed (the
-    generated code #includes the runtime's .c files; the copy comes first on the path)."""
-    from mypyc.build import include_dir
-
-    runtime = Path("build", "mypyc-lib-rt")
-    # copies keep their times, and the patched file is rewritten only when it changes:
-    # the C is recompiled when the runtime changed, not on every build
-    shutil.copytree(
-        include_dir(), runtime, dirs_exist_ok=True, ignore=shutil.ignore_patterns("bytes_ops.c")
-    )
-    text = Path(include_dir(), "bytes_ops.c").read_text()
-    if _BYTES_SLICE_BUG not in text:
-        return  # a mypyc that slices differently: nothing to patch
-    ops = runtime / "bytes_ops.c"
-    patched = text.replace(_BYTES_SLICE_BUG, _BYTES_SLICE_FIX)
-    if not ops.is_file() or ops.read_text() != patched:
-        ops.write_text(patched)
-    for ext in extensions:
-        ext.include_dirs.insert(0, str(runtime.resolve()))
-        ext.depends.append(str(ops))
-
-
 class _Decision:
     """What this build does, decided once: setuptools finalizes build_ext more than once."""
 
@@ -166,7 +137,6 @@ class BuildExt(build_ext):
             opt_level="3",
             group_name="nsqx",
         )
-        _patch_runtime(extensions)
         return extensions
 
     def run(self) -> None:

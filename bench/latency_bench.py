@@ -90,7 +90,18 @@ from server_bench import (
 )
 
 from nsqx.wire import commands
-from nsqx.wire.frames import FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, OK
+from nsqx.wire.frames import (
+    FRAME_DATA_AT,
+    FRAME_MESSAGE,
+    FRAME_RESPONSE,
+    FRAME_TYPE_AT,
+    HEARTBEAT,
+    MSG_ATTEMPTS_AT,
+    MSG_BODY_AT,
+    MSG_ID_AT,
+    MSG_ID_END,
+    OK,
+)
 
 PHASES = ("latency", "pub-rtt", "defer")
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "go-nsq-1.3.0"
@@ -252,8 +263,8 @@ class _Responses(asyncio.Protocol):
             size = int.from_bytes(buf[pos : pos + 4], "big")
             if pos + 4 + size > n:
                 break
-            ftype = int.from_bytes(buf[pos + 4 : pos + 8], "big")
-            payload = buf[pos + 8 : pos + 4 + size]
+            ftype = int.from_bytes(buf[pos + FRAME_TYPE_AT : pos + FRAME_DATA_AT], "big")
+            payload = buf[pos + FRAME_DATA_AT : pos + 4 + size]
             pos += 4 + size
             if ftype == FRAME_RESPONSE and payload == OK:
                 oks += 1
@@ -469,8 +480,8 @@ class LatencyConsumer(_Conn):
         stamps = []
         for ftype, payload in frames:
             if ftype == FRAME_MESSAGE:
-                ids.append(payload[10:26])
-                stamps.append(payload[26:34])
+                ids.append(payload[MSG_ID_AT:MSG_ID_END])
+                stamps.append(payload[MSG_BODY_AT : MSG_BODY_AT + 8])
             else:
                 self.on_control(ftype, payload)
         if not ids:
@@ -772,9 +783,9 @@ class DeferConsumer(_Conn):
             if ftype != FRAME_MESSAGE:
                 self.on_control(ftype, payload)
                 continue
-            mid = payload[10:26]
-            attempts = int.from_bytes(payload[8:10], "big")
-            sent, delay = _DEFER.unpack_from(payload, 26)
+            mid = payload[MSG_ID_AT:MSG_ID_END]
+            attempts = int.from_bytes(payload[MSG_ATTEMPTS_AT:MSG_ID_AT], "big")
+            sent, delay = _DEFER.unpack_from(payload, MSG_BODY_AT)
             if sent >= 0:
                 self.dpub.append(now - sent - delay * 1_000_000)
             elif attempts == 1:

@@ -42,6 +42,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from nsqx.wire.frames import FRAME_DATA_AT, MSG_BODY_AT, MSG_ID_AT, MSG_ID_END
+
 MAGIC = b"  V2"
 GO_NSQD = Path(__file__).resolve().parents[1].parent / "shared/reference/go-nsq-1.3.0/nsqd"
 HEARTBEAT = b"_heartbeat_"
@@ -155,7 +157,7 @@ class Conn(asyncio.Protocol):
             size, ftype = struct.unpack_from(">ii", buf, pos)
             if len(buf) - pos - 4 < size:
                 break
-            payload = buf[pos + 8 : pos + 4 + size]
+            payload = buf[pos + FRAME_DATA_AT : pos + 4 + size]
             pos += 4 + size
             if ftype == 0 and payload == b"OK":
                 self.oks += 1
@@ -165,9 +167,9 @@ class Conn(asyncio.Protocol):
             elif ftype == 2:
                 self.messages += 1
                 if self.keep_bodies:
-                    self.bodies.append(payload[26:])
+                    self.bodies.append(payload[MSG_BODY_AT:])
                 if self.fin:
-                    out.append(b"FIN " + payload[10:26] + b"\n")
+                    out.append(b"FIN " + payload[MSG_ID_AT:MSG_ID_END] + b"\n")
         self.buf = buf[pos:]
         if out and self.transport is not None:
             self.transport.write(b"".join(out))

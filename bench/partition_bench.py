@@ -48,6 +48,8 @@ from nsqx.wire.frames import (
     FRAME_RESPONSE,
     HEARTBEAT,
     MAGIC_V2,
+    MSG_ID_AT,
+    MSG_ID_END,
     FrameDecoder,
 )
 
@@ -247,7 +249,7 @@ async def ordered_run(topic: str, layout: Layout, cfg: Config) -> dict[str, Any]
                 return
             expected[p] += 1
             received += 1
-            conn.write(commands.fin(data[10:26]))
+            conn.write(commands.fin(data[MSG_ID_AT:MSG_ID_END]))
             if received == total and not done.done():
                 done.set_result(None)
 
@@ -299,7 +301,7 @@ async def plain_run(topic: str, layout: Layout, cfg: Config) -> dict[str, Any]:
     def handler(conn: Conn, data: bytes) -> None:
         nonlocal got
         got += 1
-        conn.fins.append(data[10:26])  # type: ignore[attr-defined]
+        conn.fins.append(data[MSG_ID_AT:MSG_ID_END])  # type: ignore[attr-defined]
         if got == published and not done.done():
             done.set_result(None)
 

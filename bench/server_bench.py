@@ -109,6 +109,9 @@ from nsqx.wire.frames import (
     HEARTBEAT,
     MAGIC_V2,
     MESSAGE_HEADER_SIZE,
+    MSG_ATTEMPTS_AT,
+    MSG_ID_AT,
+    MSG_ID_END,
     OK,
     FrameDecoder,
 )
@@ -543,12 +546,14 @@ class Consumer(_Conn):
         for ftype, payload in frames:
             if ftype == FRAME_MESSAGE:
                 # payload: [i64 timestamp][u16 attempts][16-byte id][body]
-                if len(payload) == expected and (payload[8] or payload[9]):
-                    append(payload[10:26])
+                if len(payload) == expected and (
+                    payload[MSG_ATTEMPTS_AT] or payload[MSG_ATTEMPTS_AT + 1]
+                ):
+                    append(payload[MSG_ID_AT:MSG_ID_END])
                 else:
                     self._bad_message(payload)
                     if len(payload) >= MESSAGE_HEADER_SIZE:
-                        append(payload[10:26])
+                        append(payload[MSG_ID_AT:MSG_ID_END])
             else:
                 self.on_control(ftype, payload)
         if not ids:
@@ -571,9 +576,9 @@ class Consumer(_Conn):
             if len(payload) < MESSAGE_HEADER_SIZE:
                 what = f"message frame of {len(payload)} bytes, shorter than its header"
             else:
-                attempts = int.from_bytes(payload[8:10], "big")
+                attempts = int.from_bytes(payload[MSG_ATTEMPTS_AT:MSG_ID_AT], "big")
                 what = (
-                    f"message {payload[10:26]!r}: body {len(payload) - MESSAGE_HEADER_SIZE} B "
+                    f"message {payload[MSG_ID_AT:MSG_ID_END]!r}: body {len(payload) - MESSAGE_HEADER_SIZE} B "
                     f"(expected {self.size}), attempts {attempts}"
                 )
             self.bad_examples.append(what)

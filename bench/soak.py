@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from load_bench import MAGIC, Nsqd, identify, mpub
 
+from nsqx.wire.frames import FRAME_DATA_AT, MSG_ATTEMPTS_AT, MSG_BODY_AT, MSG_ID_AT, MSG_ID_END
+
 
 def pub(topic: str, body: bytes) -> bytes:
     return f"PUB {topic}\n".encode() + struct.pack(">i", len(body)) + body
@@ -76,7 +78,7 @@ class Publisher(asyncio.Protocol):
             size, ftype = struct.unpack_from(">ii", buf, pos)
             if len(buf) - pos - 4 < size:
                 break
-            payload = buf[pos + 8 : pos + 4 + size]
+            payload = buf[pos + FRAME_DATA_AT : pos + 4 + size]
             pos += 4 + size
             if ftype == 0 and payload == b"_heartbeat_":
                 assert self.transport is not None
@@ -116,13 +118,13 @@ class Consumer(asyncio.Protocol):
             size, ftype = struct.unpack_from(">ii", buf, pos)
             if len(buf) - pos - 4 < size:
                 break
-            payload = buf[pos + 8 : pos + 4 + size]
+            payload = buf[pos + FRAME_DATA_AT : pos + 4 + size]
             pos += 4 + size
             if ftype == 0 and payload == b"_heartbeat_":
                 out.append(b"NOP\n")
             elif ftype == 2:
-                mid, body = payload[10:26], payload[26:]
-                attempts = struct.unpack_from(">H", payload, 8)[0]
+                mid, body = payload[MSG_ID_AT:MSG_ID_END], payload[MSG_BODY_AT:]
+                attempts = struct.unpack_from(">H", payload, MSG_ATTEMPTS_AT)[0]
                 self.deliveries += 1
                 if self.requeue and attempts == 1 and random.random() < 0.1:
                     out.append(b"REQ " + mid + (b" 0\n" if random.random() < 0.5 else b" 100\n"))

@@ -55,6 +55,7 @@ from typing import Any
 
 from nsqx.wire import FRAME_MESSAGE, FRAME_RESPONSE, HEARTBEAT, MAGIC_V2, FrameDecoder
 from nsqx.wire import commands as cmd
+from nsqx.wire.frames import MSG_ID_AT, MSG_ID_END
 
 
 def start_nsqd(data: str) -> tuple[subprocess.Popen[str], int, int]:
@@ -132,7 +133,7 @@ class _Consumer(asyncio.Protocol):
         fins = []
         for ftype, payload in self.decoder.feed(data):
             if ftype == FRAME_MESSAGE:
-                fins.append(payload[10:26])
+                fins.append(payload[MSG_ID_AT:MSG_ID_END])
             elif ftype == FRAME_RESPONSE and payload == HEARTBEAT:
                 self.t.write(cmd.nop())
         if fins:

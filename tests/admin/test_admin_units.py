@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from nsqx.admin.aggregate import aggregate_topic, merge_e2e, node_topics
-from nsqx.admin.cluster import NodeHealth
 from nsqx.admin.history import History, Sample, sample_from_rows
+from nsqx.clusterinfo.aggregate import aggregate_topic, merge_e2e, node_topics
+from nsqx.clusterinfo.info import NodeHealth
 
 
 def chan(name: str, depth: int, clients: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import pytest
 from nsqx.client import Config, Consumer, Message, Producer
 from nsqx.client.consumer import _Link
 from nsqx.nsqd.nsqd import NSQD
+from nsqx.wire.frames import MSG_BODY_AT, MSG_ID_AT, MSG_ID_END, decode_message
 
 from clienthelp import RdyWatcher
 from rawnsq import run, start_nsqd, wait_for
@@ -305,21 +306,28 @@ def test_frames_handler_takes_each_read_whole_and_answers_by_id() -> None:
         assert ch.in_flight_count == 200  # nothing more than max_in_flight
         link = got[0][0]
         datas = [d for _, ds in got for d in ds]
-        assert all(lk is link for lk, _ in got) and all(d[9] == 1 for d in datas)
-        link.touch_many([d[10:26] for d in datas[:10]])
-        link.finish_many([d[10:26] for d in datas[:150]])
-        link.requeue_many([d[10:26] for d in datas[150:]], 0)
+        assert all(lk is link for lk, _ in got) and all(
+            decode_message(d).attempts == 1 for d in datas
+        )
+        link.touch_many([d[MSG_ID_AT:MSG_ID_END] for d in datas[:10]])
+        link.finish_many([d[MSG_ID_AT:MSG_ID_END] for d in datas[:150]])
+        link.requeue_many([d[MSG_ID_AT:MSG_ID_END] for d in datas[150:]], 0)
         # the 100 not yet delivered and the 50 requeued (attempts 2) come
         await wait_for(lambda: sum(len(d) for _, d in got) == 350, what="the rest")
         again = [d for _, ds in got for d in ds][200:]
-        assert sorted(d[26:] for d in again) == sorted(
-            [d[26:] for d in datas[150:]] + sorted(set(bodies(300)) - {d[26:] for d in datas})
+        assert sorted(d[MSG_BODY_AT:] for d in again) == sorted(
+            [d[MSG_BODY_AT:] for d in datas[150:]]
+            + sorted(set(bodies(300)) - {d[MSG_BODY_AT:] for d in datas})
         )
-        assert sorted(d[9] for d in again) == [1] * 100 + [2] * 50
+        assert sorted(decode_message(d).attempts for d in again) == [1] * 100 + [2] * 50
         assert c.stats.finished == 150 and c.stats.requeued == 50
         # requeued once more: a third delivery is over max_attempts=2
-        link.requeue_many([d[10:26] for d in again if d[9] == 2], 0)
-        link.finish_many([d[10:26] for d in again if d[9] == 1])
+        link.requeue_many(
+            [d[MSG_ID_AT:MSG_ID_END] for d in again if decode_message(d).attempts == 2], 0
+        )
+        link.finish_many(
+            [d[MSG_ID_AT:MSG_ID_END] for d in again if decode_message(d).attempts == 1]
+        )
         await wait_for(lambda: len(given_up) == 50, what="giving up")
         await wait_for(lambda: ch.in_flight_count == 0 and ch.depth == 0, what="all answered")
         assert sum(len(d) for _, d in got) == 350  # the handler never saw attempt 3

@@ -29,6 +29,10 @@ from nsqx.client.config import Config
 from nsqx.client.discovery import parse_lookup, parse_lookup_result
 from nsqx.client.message import YouzanMessage, message_class
 from nsqx.wire.frames import (
+    ATTEMPTS_AT,
+    FRAME_DATA_AT,
+    ID_AT,
+    TIMESTAMP_AT,
     decode_youzan_message,
     encode_extended_batch,
     encode_message_batch,
@@ -61,7 +65,7 @@ def test_message_classes_read_what_nsqd_writes(
         1_700_000_000_000_000_000, [HEX_ID], [body], [trace], [ver], [ext]
     )
     frame = youzan_frame(record, with_ext, detail)
-    data = frame[8:16] + attempts.to_bytes(2, "big") + frame[18:]
+    data = frame[TIMESTAMP_AT:ATTEMPTS_AT] + attempts.to_bytes(2, "big") + frame[ID_AT:]
     expected = decode_youzan_message(data, with_ext, detail is not None)
     msg = message_class(True, with_ext, detail is not None)(data)
     assert isinstance(msg, YouzanMessage)
@@ -78,7 +82,7 @@ def test_message_classes_read_what_nsqd_writes(
 
 def test_vanilla_messages_keep_their_hex_id() -> None:
     frames, _ = encode_message_batch(5, [HEX_ID], [b"body"])
-    msg = message_class(False)(frames[8:])
+    msg = message_class(False)(frames[FRAME_DATA_AT:])
     assert type(msg) is Message
     assert msg.id == msg.hex_id == HEX_ID
     assert msg.internal_id == 3 << 50 | 41

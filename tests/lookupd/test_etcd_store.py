@@ -16,7 +16,8 @@ from nsqx.lookupd.etcd_client import EtcdClient, EtcdUnavailable
 from nsqx.lookupd.etcd_store import EtcdKeys, EtcdMetaStore
 from nsqx.lookupd.leadership import Leadership, LookupdNode
 from nsqx.lookupd.meta_store import ConflictError, MetaStoreUnavailable, NotLeaderError
-from nsqx.lookupd.topic_meta import TopicMeta, TopicRecord
+from nsqx.lookupd.topic_record import TopicRecord
+from nsqx.wire.topic_meta import TopicMeta
 
 from etcdproc import EtcdProcess, free_port
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from nsqx.lookupd.meta_store import META_FILE, FileMetaStore, MemoryMetaStore, read_meta_file
-from nsqx.lookupd.topic_meta import TopicMeta, TopicRecord
+from nsqx.lookupd.topic_record import TopicRecord
+from nsqx.wire.topic_meta import TopicMeta
 
 RECORD = TopicRecord(
     TopicMeta(3, sync_every=10, retention_days=2, ordered=True, ext=True),

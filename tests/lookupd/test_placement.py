@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from nsqx.lookupd.placement import NoNodeAvailable, enough_nodes, place_partitions
-from nsqx.lookupd.topic_meta import TopicMeta
+from nsqx.wire.topic_meta import TopicMeta
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,9 @@ from nsqx.lookupd.liveness import Timing
 from nsqx.lookupd.nsqd_client import NsqdCallError
 from nsqx.lookupd.registration_db import Peer
 from nsqx.lookupd.replicas import Replicas
-from nsqx.lookupd.topic_meta import TopicMeta, TopicRecord
+from nsqx.lookupd.topic_record import TopicRecord
 from nsqx.wire.lookupd import PeerInfo
+from nsqx.wire.topic_meta import TopicMeta
 
 
 def peer(name: str) -> Peer:

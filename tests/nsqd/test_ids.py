@@ -20,7 +20,7 @@ from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.partition import Partition
 from nsqx.store.disklog import DiskLog
 from nsqx.wire import commands as c
-from nsqx.wire.frames import encode_message_batch, record_parts
+from nsqx.wire.frames import ID_AT, ID_END, encode_message_batch, record_parts
 
 from rawnsq import Raw, run, start_nsqd, wait_for
 
@@ -77,7 +77,9 @@ def stored(part: Partition) -> list[tuple[int, str, int | None, str]]:
         frame = log.get(seq)
         assert frame is not None
         body_at = record_parts(frame)[3]
-        out.append((seq, frame[18:34].decode(), log.offset_of(seq), frame[body_at:].decode()))
+        out.append(
+            (seq, frame[ID_AT:ID_END].decode(), log.offset_of(seq), frame[body_at:].decode())
+        )
     return out
 
 

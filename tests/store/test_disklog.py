@@ -14,7 +14,7 @@ from nsqx.nsqd.guid import make_ids, seq_of
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
 from nsqx.store.disklog import SEG_HEAD_SIZE, DiskLog
 from nsqx.store.log import split_chunks
-from nsqx.wire.frames import decode_message, encode_message_batch
+from nsqx.wire.frames import FRAME_DATA_AT, ID_AT, ID_END, decode_message, encode_message_batch
 
 TS = 1_700_000_000_000_000_000
 
@@ -26,7 +26,7 @@ def put(log: DiskLog, bodies: list[bytes], ts: int = TS, deliver_at: int = 0) ->
 
 
 def bodies_of(frames: list[bytes]) -> list[bytes]:
-    return [decode_message(f[8:]).body for f in frames]
+    return [decode_message(f[FRAME_DATA_AT:]).body for f in frames]
 
 
 def read_all(log: DiskLog, start: int = 0) -> list[bytes]:
@@ -40,7 +40,7 @@ def read_all(log: DiskLog, start: int = 0) -> list[bytes]:
             seq = log.resume_at(seq)  # a gap left by damage
             continue
         frames = split_chunks(chunks)
-        assert ids == [f[18:34] for f in frames]
+        assert ids == [f[ID_AT:ID_END] for f in frames]
         out += bodies_of(frames)
         seq += len(frames)
     return out

@@ -11,7 +11,15 @@ import nsqx.store.disklog as disklog
 from nsqx.nsqd.guid import make_ids
 from nsqx.store.disklog import DiskLog
 from nsqx.store.log import split_chunks
-from nsqx.wire.frames import decode_message, encode_extended_batch, encode_message_batch
+from nsqx.wire.frames import (
+    FRAME_DATA_AT,
+    ID_AT,
+    ID_END,
+    decode_message,
+    encode_extended_batch,
+    encode_message_batch,
+    is_extended,
+)
 
 TS = 1_700_000_000_000_000_000
 
@@ -29,8 +37,8 @@ def stage(log: DiskLog, bodies: list[bytes], deliver_at: int = 0, kind: int = 0)
 def read_bodies(log: DiskLog) -> list[bytes]:
     chunks, ids = log.read(log.start, 1 << 20)
     frames = split_chunks(chunks)
-    assert ids == [f[18:34] for f in frames]
-    return [decode_message(f[8:]).body for f in frames if f[4:8] == b"\x00\x00\x00\x02"]
+    assert ids == [f[ID_AT:ID_END] for f in frames]
+    return [decode_message(f[FRAME_DATA_AT:]).body for f in frames if not is_extended(f)]
 
 
 def count_writevs(monkeypatch: pytest.MonkeyPatch) -> list[int]:

@@ -21,6 +21,7 @@ from nsqx.wire import (
     encode_message_frame,
     encode_response,
 )
+from nsqx.wire import frames as f
 from nsqx.wire.frames import with_attempts
 
 ids = st.binary(min_size=16, max_size=16)
@@ -42,6 +43,28 @@ def test_frame_layout() -> None:
     frame = encode_message_frame(1, 1, b"0123456789abcdef", b"body")
     assert frame[:8] == (30 + 4).to_bytes(4, "big") + FRAME_MESSAGE.to_bytes(4, "big")
     assert decode_message(frame[8:]) == Message(1, 1, b"0123456789abcdef", b"body")
+
+
+def test_the_layout_constants_are_the_spec() -> None:
+    """The named offsets every module slices with, against NSQ's spec written out."""
+    frame = encode_message_frame(-2, 0x0102, b"0123456789abcdef", b"body")
+    ts, attempts, mid, body = b"\xff" * 7 + b"\xfe", b"\x01\x02", b"0123456789abcdef", b"body"
+    assert (
+        frame == (4 + 26 + 4).to_bytes(4, "big") + b"\x00\x00\x00\x02" + ts + attempts + mid + body
+    )
+    assert frame[f.FRAME_TYPE_AT : f.FRAME_DATA_AT] == b"\x00\x00\x00\x02"
+    assert frame[f.TIMESTAMP_AT : f.ATTEMPTS_AT] == ts
+    assert frame[f.ATTEMPTS_AT : f.ID_AT] == attempts
+    assert frame[f.ID_AT : f.ID_END] == mid and frame[f.BODY_AT :] == body
+    data = frame[f.FRAME_DATA_AT :]
+    assert data[f.MSG_TIMESTAMP_AT : f.MSG_ATTEMPTS_AT] == ts
+    assert data[f.MSG_ATTEMPTS_AT : f.MSG_ID_AT] == attempts
+    assert data[f.MSG_ID_AT : f.MSG_ID_END] == mid and data[f.MSG_BODY_AT :] == body
+    assert f.MSG_ID_END - f.MSG_ID_AT == f.MSG_ID_LENGTH and f.MSG_BODY_AT == f.MESSAGE_HEADER_SIZE
+    # a Youzan client's 16 id bytes: the u64 id, then the trace id
+    assert f.MSG_TRACE_AT == f.MSG_ID_AT + 8
+    assert (f.MSG_EXT_VER_AT, f.MSG_EXT_LEN_AT, f.MSG_EXT_AT) == (26, 27, 29)
+    assert f.EXT_VER_AT == f.TRACE_AT + 8 and f.EXT_AT == f.EXT_LEN_AT + 2
 
 
 @given(messages)

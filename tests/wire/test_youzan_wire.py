@@ -21,6 +21,7 @@ from nsqx.wire.ext import (
     parse_header,
 )
 from nsqx.wire.frames import (
+    FRAME_DATA_AT,
     binary_id,
     decode_message,
     decode_youzan_message,
@@ -121,10 +122,10 @@ def test_extended_records_and_what_each_client_gets() -> None:
     # an NSQ 1.3 client: the vanilla frame, no trace id, no ext
     v = vanilla_frame(first)
     assert struct.unpack_from(">ii", v) == (len(v) - 4, 2)
-    assert decode_message(v[8:]) == (123, 1, ids[0], b"one")
+    assert decode_message(v[FRAME_DATA_AT:]) == (123, 1, ids[0], b"one")
     # a Youzan client with ext support and positions
     y = youzan_frame(first, True, (4096, len(first)))
-    m = decode_youzan_message(y[8:], True, True)
+    m = decode_youzan_message(y[FRAME_DATA_AT:], True, True)
     assert (m.trace_id, m.ext_ver, m.ext, m.offset, m.raw_size, m.body) == (
         99,
         JSON_HEADER_EXT_VER,
@@ -136,7 +137,7 @@ def test_extended_records_and_what_each_client_gets() -> None:
     assert m.internal_id == 1 << 50 | 7 and hex_id(m.id) == ids[0]
     # a vanilla stored frame to a Youzan client: trace id 0, ext version 0
     plain, _ = encode_message_batch(5, [ids[1]], [b"p"])
-    m = decode_youzan_message(youzan_frame(plain, True, None)[8:], True, False)
+    m = decode_youzan_message(youzan_frame(plain, True, None)[FRAME_DATA_AT:], True, False)
     assert (m.trace_id, m.ext_ver, m.body, m.offset) == (0, 0, b"p", -1)
     assert binary_id(ids[1], 3) == struct.pack(">QQ", 1 << 50 | 8, 3)
     assert not is_extended(plain) and vanilla_frame(plain) is plain

@@ -14,8 +14,8 @@ client of the cluster: everything comes from nsqlookupd's and nsqd's HTTP APIs.
 See docs/admin.md.
 """
 
-from nsqx.admin.cluster import ClusterInfo, Partial, Producer, UpstreamError
 from nsqx.admin.nsqadmin import NSQAdmin
 from nsqx.admin.options import AdminOptions
+from nsqx.clusterinfo.info import ClusterInfo, Partial, Producer, UpstreamError
 
 __all__ = ["AdminOptions", "ClusterInfo", "NSQAdmin", "Partial", "Producer", "UpstreamError"]

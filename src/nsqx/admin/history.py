@@ -64,7 +64,7 @@ def _values(entry: Mapping[str, Any]) -> tuple[int, ...]:
 
 
 def readings_from_rows(rows: Iterable[Mapping[str, Any]], ts: float = 0.0) -> Readings:
-    """Per-node readings from :func:`nsqx.admin.aggregate.node_topics` rows (each with
+    """Per-node readings from :func:`nsqx.clusterinfo.aggregate.node_topics` rows (each with
     ``node``, ``channels`` and ``ts``, the time its node answered; else ``ts``)."""
     out: Readings = {}
     for row in rows:

@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from nsqx import NSQ_VERSION
-from nsqx.admin import aggregate
-from nsqx.admin.cluster import (
+from nsqx.admin.notify import admin_action, basic_auth_user
+from nsqx.clusterinfo import aggregate
+from nsqx.clusterinfo.info import (
     Partial,
     Producer,
     UpstreamError,
     http_base,
     supports_setoffset,
 )
-from nsqx.admin.notify import admin_action, basic_auth_user
 from nsqx.wire.names import is_valid_name
 
 if TYPE_CHECKING:

@@ -17,12 +17,12 @@ import time
 import aiohttp
 from aiohttp import web
 
-from nsqx.admin.cluster import ClusterInfo, UpstreamError
 from nsqx.admin.history import History, sample_from_rows
 from nsqx.admin.http import make_app
 from nsqx.admin.notify import Notifier
 from nsqx.admin.options import AdminOptions
 from nsqx.cluster_secret import load_secret
+from nsqx.clusterinfo.info import ClusterInfo, UpstreamError
 from nsqx.wire import members
 
 __all__ = ["NSQAdmin"]

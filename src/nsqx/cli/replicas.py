@@ -15,7 +15,6 @@ from urllib.parse import urlencode
 
 import aiohttp
 
-from nsqx.admin.cluster import ClusterInfo, UpstreamError, http_base
 from nsqx.cli.cluster_secret import secret_flags
 from nsqx.cli.toolbase import (
     CONNECT_TIMEOUT,
@@ -29,6 +28,7 @@ from nsqx.cli.toolbase import (
     flag,
 )
 from nsqx.cluster_secret import load_secret
+from nsqx.clusterinfo.info import ClusterInfo, UpstreamError, http_base
 from nsqx.wire import members
 
 FLAGS = (

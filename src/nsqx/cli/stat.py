@@ -14,8 +14,6 @@ from typing import Any
 
 import aiohttp
 
-from nsqx.admin import aggregate
-from nsqx.admin.cluster import ClusterInfo, UpstreamError
 from nsqx.cli.toolbase import (
     CONNECT_TIMEOUT,
     LOOKUPD_HTTP,
@@ -29,6 +27,8 @@ from nsqx.cli.toolbase import (
     check_one_source,
     flag,
 )
+from nsqx.clusterinfo import aggregate
+from nsqx.clusterinfo.info import ClusterInfo, UpstreamError
 
 FLAGS = (
     VERSION,

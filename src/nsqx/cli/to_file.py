@@ -31,7 +31,6 @@ from typing import IO, Any
 
 import aiohttp
 
-from nsqx.admin.cluster import ClusterInfo, UpstreamError
 from nsqx.cli.toolbase import (
     CONNECT_TIMEOUT,
     CONSUMER_OPT,
@@ -54,6 +53,7 @@ from nsqx.cli.toolbase import (
     user_agent,
 )
 from nsqx.client import Consumer, Message
+from nsqx.clusterinfo.info import ClusterInfo, UpstreamError
 
 FLAGS = (
     VERSION,

@@ -35,10 +35,10 @@ from typing import Any, TextIO
 import aiohttp
 
 from nsqx import NSQ_VERSION, __version__
-from nsqx.admin.cluster import http_base
 from nsqx.cli.goflags import FlagError, FlagSet, FlagSpec, HelpRequested, Kind, parse_go_bool
 from nsqx.client import Config, ConfigError, NSQError
 from nsqx.client.conn import split_address
+from nsqx.clusterinfo.info import http_base
 from nsqx.wire.names import is_valid_name
 
 __all__ = [

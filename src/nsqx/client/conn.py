@@ -29,6 +29,7 @@ from nsqx.client.errors import (
 from nsqx.client.rdy import DEFAULT_MAX_RDY_COUNT
 from nsqx.wire import commands
 from nsqx.wire.frames import (
+    FRAME_DATA_AT,
     FRAME_ERROR,
     FRAME_MESSAGE,
     FRAME_RESPONSE,
@@ -296,7 +297,7 @@ class Connection(asyncio.Protocol):
                 raise HandshakeError(f"{self.key}: bad frame size {size}")
             if len(buf) < 4 + size:
                 return None
-            data = bytes(buf[8 : 4 + size])
+            data = bytes(buf[FRAME_DATA_AT : 4 + size])
             del buf[: 4 + size]
             if ftype == FRAME_RESPONSE and data == HEARTBEAT:
                 self.write(_NOP)

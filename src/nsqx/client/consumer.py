@@ -44,7 +44,7 @@ from nsqx.wire.errors import (
     E_SUB_EXTEND_NEED,
     E_TOPIC_NOT_EXIST,
 )
-from nsqx.wire.frames import CLOSE_WAIT, FRAME_MESSAGE
+from nsqx.wire.frames import CLOSE_WAIT, FRAME_MESSAGE, MSG_ATTEMPTS_AT, MSG_ID_AT, MSG_ID_END
 from nsqx.wire.names import is_valid_name
 
 log = logging.getLogger("nsqx.client")
@@ -58,7 +58,7 @@ GivingUpHook = Callable[[Message], Any]
 
 class Answers(Protocol):
     """The connection that messages given to a frames handler came on, and must be
-    answered on (by id: ``data[10:26]`` of a message's frame data, in every layout)."""
+    answered on (by id: ``data[MSG_ID_AT:MSG_ID_END]`` of a message's frame data, in every layout)."""
 
     @property
     def closed(self) -> bool:
@@ -915,7 +915,7 @@ class Consumer:
                 continue
             n += 1
             msg = make(data, conn)
-            if (data[8] << 8 | data[9]) > max_attempts:
+            if (data[MSG_ATTEMPTS_AT] << 8 | data[MSG_ATTEMPTS_AT + 1]) > max_attempts:
                 self._give_up(msg)
                 continue
             try:
@@ -930,7 +930,7 @@ class Consumer:
             if result is None or result is True:
                 # the common case, inline: FIN without a method call
                 msg._responded = True
-                fins.append(data[10:26])
+                fins.append(data[MSG_ID_AT:MSG_ID_END])
                 fast += 1
                 if counting:
                     self._signal(_SUCCESS)
@@ -950,21 +950,27 @@ class Consumer:
                     self._control(conn, ftype, data)
         n = len(datas)
         max_attempts = self.config.max_attempts
-        if max_attempts and any((d[8] << 8 | d[9]) > max_attempts for d in datas):
+        if max_attempts and any(
+            (d[MSG_ATTEMPTS_AT] << 8 | d[MSG_ATTEMPTS_AT + 1]) > max_attempts for d in datas
+        ):
             for d in datas:
-                if (d[8] << 8 | d[9]) > max_attempts:
+                if (d[MSG_ATTEMPTS_AT] << 8 | d[MSG_ATTEMPTS_AT + 1]) > max_attempts:
                     self._give_up(conn.msg_cls(d, conn))
-            datas = [d for d in datas if (d[8] << 8 | d[9]) <= max_attempts]
+            datas = [
+                d
+                for d in datas
+                if (d[MSG_ATTEMPTS_AT] << 8 | d[MSG_ATTEMPTS_AT + 1]) <= max_attempts
+            ]
         if not datas:
             return n, 0
         if self._closing:
-            conn.requeue_many([d[10:26] for d in datas], 0)
+            conn.requeue_many([d[MSG_ID_AT:MSG_ID_END] for d in datas], 0)
             return n, 0
         try:
             handler(conn, datas)
         except Exception:
             log.exception("frames handler failed on %d messages; requeued", len(datas))
-            conn.requeue_many([d[10:26] for d in datas], 0)
+            conn.requeue_many([d[MSG_ID_AT:MSG_ID_END] for d in datas], 0)
         return n, 0
 
     def _handle_result(self, msg: Message, result: Any) -> None:
@@ -1003,7 +1009,7 @@ class Consumer:
                 continue
             n += 1
             msg = make(data, conn)
-            if (data[8] << 8 | data[9]) > max_attempts:
+            if (data[MSG_ATTEMPTS_AT] << 8 | data[MSG_ATTEMPTS_AT + 1]) > max_attempts:
                 self._give_up(msg)
                 continue
             admitted.append(msg)

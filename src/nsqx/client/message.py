@@ -16,6 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 from nsqx.client.errors import NSQError
 from nsqx.wire.ext import CLIENT_DISPATCH_TAG_KEY, JSON_HEADER_EXT_VER, header_tag
+from nsqx.wire.frames import (
+    MSG_ATTEMPTS_AT,
+    MSG_BODY_AT,
+    MSG_DETAIL_SIZE,
+    MSG_EXT_AT,
+    MSG_EXT_LEN_AT,
+    MSG_EXT_VER_AT,
+    MSG_ID_AT,
+    MSG_ID_END,
+    MSG_TRACE_AT,
+)
 
 if TYPE_CHECKING:
     from nsqx.client.consumer import _Link
@@ -62,21 +73,21 @@ class Message:
         """The 16 bytes nsqd identifies the message by (what FIN, REQ and TOUCH send back):
         16 hex ASCII characters from NSQ 1.3, or, in Youzan mode, the u64 id then the u64
         trace id, big-endian (binary: use :attr:`hex_id` or :attr:`internal_id` to print)."""
-        return self._data[10:26]
+        return self._data[MSG_ID_AT:MSG_ID_END]
 
     @property
     def body(self) -> bytes:
-        return self._data[26:]
+        return self._data[MSG_BODY_AT:]
 
     @property
     def hex_id(self) -> bytes:
         """The id as NSQ 1.3 clients see it: 16 lowercase hex characters (ASCII bytes)."""
-        return self._data[10:26]
+        return self._data[MSG_ID_AT:MSG_ID_END]
 
     @property
     def internal_id(self) -> int:
         """The id as an integer (nsqx and Youzan: ``partition << 50 | sequence``)."""
-        return int(self._data[10:26], 16)
+        return int(self._data[MSG_ID_AT:MSG_ID_END], 16)
 
     @property
     def trace_id(self) -> int:
@@ -142,7 +153,7 @@ class Message:
     def attempts(self) -> int:
         """How many times nsqd has delivered it, this time included (starts at 1)."""
         data = self._data
-        return data[8] << 8 | data[9]
+        return data[MSG_ATTEMPTS_AT] << 8 | data[MSG_ATTEMPTS_AT + 1]
 
     def __repr__(self) -> str:
         return (
@@ -219,7 +230,7 @@ def finish_all(messages: Iterable[Message]) -> int:
             entry = by_link.get(id(link))
             if entry is None:
                 entry = by_link[id(link)] = (link, [])
-            entry[1].append(msg._data[10:26])  # the id, in every layout
+            entry[1].append(msg._data[MSG_ID_AT:MSG_ID_END])  # the id, in every layout
     for link, ids in by_link.values():
         link.finish_many(ids)
     return n
@@ -265,27 +276,27 @@ class YouzanMessage(Message):
     def _detail_at(self) -> int:
         """Where the offset field (or, without one, the body) starts."""
         if not self._ext:
-            return 26
+            return MSG_ID_END
         data = self._data
-        if data[26]:
-            return 29 + (data[27] << 8 | data[28])
-        return 27
+        if data[MSG_EXT_VER_AT]:
+            return MSG_EXT_AT + (data[MSG_EXT_LEN_AT] << 8 | data[MSG_EXT_LEN_AT + 1])
+        return MSG_EXT_LEN_AT
 
     @property
     def body(self) -> bytes:
-        return self._data[self._detail_at() + (12 if self._detail else 0) :]
+        return self._data[self._detail_at() + (MSG_DETAIL_SIZE if self._detail else 0) :]
 
     @property
     def hex_id(self) -> bytes:
-        return b"%016x" % _U64.unpack_from(self._data, 10)[0]
+        return b"%016x" % _U64.unpack_from(self._data, MSG_ID_AT)[0]
 
     @property
     def internal_id(self) -> int:
-        return int(_U64.unpack_from(self._data, 10)[0])
+        return int(_U64.unpack_from(self._data, MSG_ID_AT)[0])
 
     @property
     def trace_id(self) -> int:
-        return int(_U64.unpack_from(self._data, 18)[0])
+        return int(_U64.unpack_from(self._data, MSG_TRACE_AT)[0])
 
     @property
     def offset(self) -> int:
@@ -301,14 +312,16 @@ class YouzanMessage(Message):
 
     @property
     def ext_ver(self) -> int:
-        return self._data[26] if self._ext else 0
+        return self._data[MSG_EXT_VER_AT] if self._ext else 0
 
     @property
     def ext(self) -> bytes:
         data = self._data
-        if not self._ext or not data[26]:
+        if not self._ext or not data[MSG_EXT_VER_AT]:
             return b""
-        return data[29 : 29 + (data[27] << 8 | data[28])]
+        return data[
+            MSG_EXT_AT : MSG_EXT_AT + (data[MSG_EXT_LEN_AT] << 8 | data[MSG_EXT_LEN_AT + 1])
+        ]
 
 
 class _YzExt(YouzanMessage):

@@ -1,7 +1,7 @@
 """Coordinator: nsqlookupd's administration of partitioned topics.
 
 A single nsqlookupd is always the coordinator (Youzan's "lookupd leader"). It keeps
-each partitioned topic's :class:`~nsqx.lookupd.topic_meta.TopicRecord` in a
+each partitioned topic's :class:`~nsqx.lookupd.topic_record.TopicRecord` in a
 :class:`~nsqx.lookupd.meta_store.MetaStore`, places partitions on the registered
 partition-aware nsqd nodes (:mod:`nsqx.lookupd.placement`), and creates them there
 through the nsqd's HTTP API (:class:`~nsqx.lookupd.nsqd_client.NsqdClient`). When
@@ -45,13 +45,8 @@ from nsqx.lookupd.registration_db import (
     RegistrationDB,
 )
 from nsqx.lookupd.replicas import Replicas
-from nsqx.lookupd.topic_meta import (
-    MAX_PARTITION_NUM,
-    MAX_RETENTION_DAYS,
-    MAX_SYNC_EVERY,
-    TopicMeta,
-    TopicRecord,
-)
+from nsqx.lookupd.topic_record import MAX_RETENTION_DAYS, MAX_SYNC_EVERY, TopicRecord
+from nsqx.wire.topic_meta import MAX_PARTITION_NUM, TopicMeta
 
 log = logging.getLogger("nsqx.lookupd")
 

@@ -55,7 +55,7 @@ from nsqx.lookupd.meta_store import (
     NotLeaderError,
     RecordHook,
 )
-from nsqx.lookupd.topic_meta import TopicRecord
+from nsqx.lookupd.topic_record import TopicRecord
 
 log = logging.getLogger("nsqx.lookupd")
 

@@ -26,15 +26,10 @@ from nsqx.lookupd.coordinator import CoordinatorError
 from nsqx.lookupd.http_api import HTTPError, Negotiated, Params, go_atoi
 from nsqx.lookupd.leadership import NO_NODE_JSON, LookupdNode
 from nsqx.lookupd.registration_db import CHANNEL, TOPIC, Producer, Registration
-from nsqx.lookupd.topic_meta import (
-    MAX_LOAD_FACTOR,
-    MAX_PARTITION_NUM,
-    MAX_REPLICATOR,
-    UNKNOWN_TOPIC_META_JSON,
-    TopicMeta,
-)
+from nsqx.lookupd.topic_record import MAX_LOAD_FACTOR, UNKNOWN_TOPIC_META_JSON
 from nsqx.wire.lookupd import parse_partition_id
 from nsqx.wire.names import is_valid_name
+from nsqx.wire.topic_meta import MAX_PARTITION_NUM, MAX_REPLICATOR, TopicMeta
 
 if TYPE_CHECKING:
     from nsqx.lookupd.nsqlookupd import NSQLookupd

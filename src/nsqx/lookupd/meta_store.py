@@ -28,8 +28,8 @@ import json
 import os
 from collections.abc import Callable, Mapping
 
-from nsqx.lookupd.topic_meta import TopicRecord
-from nsqx.store.disklog import fsync_dir
+from nsqx.lookupd.topic_record import TopicRecord
+from nsqx.store.durable_file import write_durable
 
 #: The file FileMetaStore keeps in ``--data-path``.
 META_FILE = "nsqlookupd.meta.json"
@@ -163,23 +163,13 @@ class FileMetaStore(MetaStore):
             # made before this write started
             doc = _encode(self._records)
             # fsync blocks; it runs in a thread so the event loop keeps serving
-            await asyncio.to_thread(_atomic_write, self.directory, self.path, doc)
+            await asyncio.to_thread(write_durable, self.path, doc)
 
 
 def _encode(records: Mapping[str, TopicRecord]) -> bytes:
     topics = {name: records[name].to_json() for name in sorted(records)}
     doc = {"version": _FORMAT_VERSION, "topics": topics}
     return json.dumps(doc, indent=1, sort_keys=False).encode()
-
-
-def _atomic_write(directory: str, path: str, data: bytes) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(directory)
 
 
 def read_meta_file(path: str) -> dict[str, TopicRecord]:

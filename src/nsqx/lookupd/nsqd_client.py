@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from nsqx.lookupd.topic_meta import TopicMeta
 from nsqx.wire import members
 from nsqx.wire.lookupd import PeerInfo
+from nsqx.wire.topic_meta import TopicMeta
 
 log = logging.getLogger("nsqx.lookupd")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
-from nsqx.lookupd.topic_meta import TopicMeta
+from nsqx.wire.topic_meta import TopicMeta
 
 
 class NoNodeAvailable(Exception):

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsqx.lookupd.nsqd_client import NsqdCallError
 from nsqx.lookupd.registration_db import Peer
-from nsqx.lookupd.topic_meta import TopicRecord
+from nsqx.lookupd.topic_record import TopicRecord
 
 if TYPE_CHECKING:
     from nsqx.lookupd.coordinator import Coordinator

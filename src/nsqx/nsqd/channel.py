@@ -171,12 +171,12 @@ class Channel:
         confirmed = min(pending[::3], default=self.cursor)
         return CursorState(min(confirmed, self.cursor), self.cursor, pending)
 
-    def checkpoint(self, fsync: bool = True) -> None:
+    def checkpoint(self) -> None:
         """Write the cursor file now, if the channel is durable."""
         if self.cursor_path is None or self.deleted:
             return
         self.dirty = False
-        write_cursor(self.cursor_path, self.cursor_state(), fsync)
+        write_cursor(self.cursor_path, self.cursor_state())
 
     # -- state ------------------------------------------------------------------------
 

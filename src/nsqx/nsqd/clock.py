@@ -20,13 +20,3 @@ time_ns = time.time_ns
 def monotonic_ns() -> int:
     """:func:`monotonic` in integer nanoseconds (due times of deferred messages)."""
     return int(monotonic() * 1_000_000_000)
-
-
-def wall_to_monotonic_ns(wall_ns: int) -> int:
-    """A wall-clock time (from a message or a file) on the monotonic clock."""
-    return monotonic_ns() + wall_ns - time_ns()
-
-
-def monotonic_to_wall_ns(mono_ns: int) -> int:
-    """A monotonic time as wall-clock time (to write it down)."""
-    return time_ns() + mono_ns - monotonic_ns()

@@ -38,7 +38,7 @@ from nsqx.wire import members
 from nsqx.wire import replication as rp
 from nsqx.wire.commands import parse_consume_start, parse_mpub_body
 from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, ProtocolError
-from nsqx.wire.frames import ID_AT, ID_END, record_parts
+from nsqx.wire.frames import ATTEMPTS_AT, ID_AT, ID_END, TIMESTAMP_AT, record_parts
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.range import encode_range_frames
 from nsqx.wire.topic_meta import TopicMeta
@@ -681,7 +681,7 @@ class HTTPServer:
             "id": msg_id,
             "trace_id": trace_id,
             "body": body.decode("utf-8", "replace"),
-            "timestamp": int.from_bytes(frame[8:16], "big", signed=True),
+            "timestamp": int.from_bytes(frame[TIMESTAMP_AT:ATTEMPTS_AT], "big", signed=True),
             # as Youzan's: a message in the log has no deliveries
             "attempts": 0,
             "offset": offset,

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from nsqx.store.disklog import fsync_dir
+from nsqx.store.durable_file import write_durable
 
 METADATA_FILE = "nsqd.dat"
 LOCK_FILE = "nsqd.lock"
@@ -69,14 +69,7 @@ def write_metadata(data_path: str, topics: list[TopicMetadata], version: str) ->
             ]
         docs.append(doc)
     body: dict[str, Any] = {"topics": docs, "version": version}
-    path = os.path.join(data_path, METADATA_FILE)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(body, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(data_path)
+    write_durable(os.path.join(data_path, METADATA_FILE), json.dumps(body).encode())
 
 
 def read_metadata(data_path: str) -> list[TopicMetadata]:

@@ -36,6 +36,7 @@ from nsqx.nsqd.topic import Topic
 from nsqx.nsqd.tracer import Tracer
 from nsqx.store.data_format import DataFormatError, open_data_dir
 from nsqx.store.disklog import DiskLog, remove_file
+from nsqx.store.durable_file import write_durable
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.topic_meta import DEFAULT_META, TopicMeta
 
@@ -388,11 +389,7 @@ class NSQD:
             pass
         port = self.tcp_address[1] if self.tcp_address else 0
         node_id = f"{self.options.broadcast_address}:{port}"
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            f.write(node_id + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
+        write_durable(path, (node_id + "\n").encode())
         return node_id
 
     async def _scan_loop(self) -> None:

@@ -21,6 +21,7 @@ from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import LEGACY_ID_BASE, PARTITION_SHIFT, SEQ_MASK, make_ids, seq_of
 from nsqx.nsqd.waiters import Waiter, future_waiter
 from nsqx.store.disklog import DiskLog
+from nsqx.store.durable_file import write_durable
 from nsqx.store.memlog import MemoryLog
 from nsqx.wire.batch import StoredBatch
 from nsqx.wire.commands import (
@@ -238,12 +239,7 @@ class Partition:
             state["visible_end"] = self.visible_end
         if self.extended:
             state["extended"] = True
-        path = self._state_path
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
+        write_durable(self._state_path, json.dumps(state).encode())
 
     # -- publishing ---------------------------------------------------------------------
 

@@ -77,7 +77,6 @@ class Checkpointer:
     def __init__(self, nsqd: NSQD) -> None:
         self.nsqd = nsqd
         self._task: asyncio.Task[None] | None = None
-        self._last_fsync = time.monotonic()
 
     async def drain(self) -> None:
         """Wait for the round being written (before a final, synchronous checkpoint, so
@@ -109,20 +108,17 @@ class Checkpointer:
                 ch.checkpoint_at = now
                 work.append((ch, state))
         if work:
-            # written each round (enough for a killed process); fsynced per --sync-timeout
-            now = time.monotonic()
-            fsync = now - self._last_fsync >= self.nsqd.options.sync_timeout
-            if fsync:
-                self._last_fsync = now
-            self._task = asyncio.get_running_loop().create_task(self._write(work, fsync))
+            # each file is fsynced (a rename without it can leave an empty cursor after a
+            # power loss); a slow disk makes rounds rarer, never the loop slower
+            self._task = asyncio.get_running_loop().create_task(self._write(work))
 
-    async def _write(self, work: list[tuple[Channel, CursorState]], fsync: bool) -> None:
+    async def _write(self, work: list[tuple[Channel, CursorState]]) -> None:
         def write_all() -> None:
             for ch, state in work:
                 path = ch.cursor_path
                 assert path is not None
                 try:
-                    write_cursor(path, state, fsync)
+                    write_cursor(path, state)
                     if ch.deleted:  # deleted while we wrote: do not leave it behind
                         os.remove(path)
                 except FileNotFoundError:

@@ -41,6 +41,7 @@ from pyspark.sql.datasource import SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from nsqx.spark.options import NsqOptions
+from nsqx.wire.frames import MSG_ID_AT, MSG_ID_END
 
 log = logging.getLogger("nsqx.spark")
 
@@ -148,7 +149,7 @@ Chunk = tuple[Any, list[bytes]]
 
 
 def _ids(datas: list[bytes]) -> list[bytes]:
-    return [d[10:26] for d in datas]  # the id, in every layout
+    return [d[MSG_ID_AT:MSG_ID_END] for d in datas]  # the id, in every layout
 
 
 class _Piece:

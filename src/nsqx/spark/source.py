@@ -71,11 +71,6 @@ SCHEMA_NAMES = [c.split()[0] for c in SCHEMA.split(", ")]
 HEADERS_COLUMN = "headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
 
 
-def schema_for(opts: NsqOptions | None) -> str:
-    """The rows' schema: SCHEMA, and ``headers`` with includeHeaders=true."""
-    return f"{SCHEMA}, {HEADERS_COLUMN}" if opts is not None and opts.include_headers else SCHEMA
-
-
 def headers_column(exts: Any) -> Any:
     """Kafka's ``headers`` from the ``ext`` column: each JSON ext header's keys and
     values (a string value as its UTF-8 bytes, any other as its JSON text); null where

@@ -3,17 +3,20 @@
 Every message below ``confirmed`` is finished; nothing at or above ``cursor`` has been
 read; between them, the messages listed in ``pending`` are unfinished (in flight,
 requeued or deferred: ``(seq, attempts, due_ns)``, due 0 meaning "now") and all others
-are finished. The file is written whole to a temporary name and renamed, with a crc,
-so a reader sees the old or the new checkpoint, never a mix.
+are finished. The file is written whole, with a crc, by
+:func:`~nsqx.store.durable_file.write_durable` (temporary file, fsync, rename, fsync of
+the directory), so a reader sees the old or the new checkpoint, never a mix, even after
+a power loss.
 """
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from array import array
 from dataclasses import dataclass, field
+
+from nsqx.store.durable_file import write_durable
 
 _MAGIC = b"NSQXCUR1"
 _HEAD = struct.Struct(">8sQQQI")
@@ -32,8 +35,8 @@ class CursorState:
         return [(p[i], p[i + 1], p[i + 2]) for i in range(0, len(p), 3)]
 
 
-def write_cursor(path: str, state: CursorState, fsync: bool = True) -> None:
-    """Atomically replace the checkpoint at ``path``."""
+def write_cursor(path: str, state: CursorState) -> None:
+    """Replace the checkpoint at ``path``, atomically and durably (see durable_file)."""
     pending = array("q", state.pending)
     if not _BIG_ENDIAN:
         pending.byteswap()
@@ -41,13 +44,7 @@ def write_cursor(path: str, state: CursorState, fsync: bool = True) -> None:
     head = _HEAD.pack(
         _MAGIC, state.confirmed, state.cursor, len(state.pending) // 3, zlib.crc32(body)
     )
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(head + body)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_durable(path, head + body)
 
 
 def read_cursor(path: str) -> CursorState | None:

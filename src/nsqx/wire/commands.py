@@ -620,7 +620,10 @@ class CommandParser:
             if nl < 0:
                 return -1
             msg_id = data[pos + 4 : pos + 20]
-            tail = data[pos + 21 : nl].rstrip(b"\r")
+            # "REQ <16 bytes>\n" (no timeout): nl is pos + 20, before the slice's start;
+            # guarded because mypyc's runtime (2.4 and earlier) makes such a bytes slice
+            # a SystemError where Python gives b""
+            tail = data[pos + 21 : nl].rstrip(b"\r") if nl > pos + 21 else b""
             events.append(self._req(msg_id, tail))
             return nl + 1
         if data.startswith(b"TOUCH ", pos):

@@ -34,6 +34,34 @@ HEARTBEAT: Final = b"_heartbeat_"
 OK: Final = b"OK"
 CLOSE_WAIT: Final = b"CLOSE_WAIT"
 
+# The layout, written once (tracing and ext headers shift what follows the id). Slices
+# with these bounds compile (mypyc) to the same code as literal ones: a Final int is
+# inlined; only a slice() object held in a variable would not be.
+
+#: a frame's head: ``[i32 size][i32 type]``, then its data
+FRAME_TYPE_AT: Final = 4
+FRAME_DATA_AT: Final = 8
+
+#: positions inside a message, i.e. a message frame's data (what a client is handed):
+#: ``[i64 timestamp][u16 attempts][16-byte id][body]``; in a Youzan client's layout the
+#: 16 id bytes are the 8-byte id and the 8-byte trace id, and ext data, an offset or
+#: a raw size may come before the body
+MSG_TIMESTAMP_AT: Final = 0
+MSG_ATTEMPTS_AT: Final = 8
+MSG_ID_AT: Final = 10
+MSG_ID_END: Final = 26
+#: Youzan's layout: the trace id, the second half of the 16 id bytes
+MSG_TRACE_AT: Final = 18
+#: where a vanilla message's body starts
+MSG_BODY_AT: Final = 26
+#: a Youzan client's layout with extend_support, on an ext topic: after the id, the ext
+#: version byte and, unless it is 0, the u16 length and the ext data
+MSG_EXT_VER_AT: Final = 26
+MSG_EXT_LEN_AT: Final = 27
+MSG_EXT_AT: Final = 29
+#: a Youzan client's ``[u64 offset][u32 raw size]`` (SUB_ORDERED, SUB_ADVANCED)
+MSG_DETAIL_SIZE: Final = 12
+
 MSG_ID_LENGTH: Final = 16
 #: timestamp (8) + attempts (2) + id (16)
 MESSAGE_HEADER_SIZE: Final = 26
@@ -43,10 +71,14 @@ MESSAGE_FRAME_OVERHEAD: Final = 8 + MESSAGE_HEADER_SIZE
 #: The type field of a stored extended record (see the module's doc).
 RECORD_EXTENDED: Final = 0x0102
 _RECORD_EXTENDED_BYTES: Final = RECORD_EXTENDED.to_bytes(4, "big")
-#: positions inside a stored frame (of either kind)
+#: positions inside a whole frame, as stored (of either kind) and as sent: the message
+#: positions above plus FRAME_DATA_AT
+TIMESTAMP_AT: Final = 8
 ATTEMPTS_AT: Final = 16
 ID_AT: Final = 18
 ID_END: Final = 34
+#: where a vanilla message frame's body starts
+BODY_AT: Final = 34
 #: extended records: trace id, ext version, ext length, then the ext data
 TRACE_AT: Final = 34
 EXT_VER_AT: Final = 42
@@ -152,7 +184,7 @@ def encode_extended_batch(
 def is_extended(chunk: bytes | memoryview) -> bool:
     """Whether the stored frame(s) starting ``chunk`` are extended records (a chunk of
     frames always comes from one batch, all of one kind)."""
-    return chunk[4:8] == _RECORD_EXTENDED_BYTES
+    return chunk[FRAME_TYPE_AT:FRAME_DATA_AT] == _RECORD_EXTENDED_BYTES
 
 
 class RecordParts(NamedTuple):
@@ -166,7 +198,7 @@ class RecordParts(NamedTuple):
 
 def record_parts(frame: bytes) -> RecordParts:
     """Trace id, ext version and data, and where the body starts, of a stored frame."""
-    if frame[4:8] != _RECORD_EXTENDED_BYTES:
+    if frame[FRAME_TYPE_AT:FRAME_DATA_AT] != _RECORD_EXTENDED_BYTES:
         return RecordParts(0, 0, b"", ID_END)
     trace, ver, elen = _EXT_HEAD.unpack_from(frame, TRACE_AT)
     return RecordParts(trace, ver, frame[EXT_AT : EXT_AT + elen], EXT_AT + elen)
@@ -175,12 +207,12 @@ def record_parts(frame: bytes) -> RecordParts:
 def vanilla_frame(frame: bytes) -> bytes:
     """The frame an NSQ 1.3 client gets for a stored frame (the record as is, or an
     extended record without its trace id and ext data)."""
-    if frame[4:8] != _RECORD_EXTENDED_BYTES:
+    if frame[FRAME_TYPE_AT:FRAME_DATA_AT] != _RECORD_EXTENDED_BYTES:
         return frame
     body_at = EXT_AT + int.from_bytes(frame[EXT_LEN_AT:EXT_AT], "big")
     return (
         _FRAME_HEAD.pack(len(frame) - body_at + MESSAGE_HEADER_SIZE + 4, FRAME_MESSAGE)
-        + frame[8:ID_END]
+        + frame[FRAME_DATA_AT:ID_END]
         + frame[body_at:]
     )
 
@@ -229,7 +261,7 @@ def youzan_frame(frame: bytes, with_ext: bool, detail: tuple[int, int] | None) -
     ext part if ``with_ext`` (ext topic, client with extend_support), and ``(offset,
     raw size)`` if ``detail`` (after SUB_ORDERED or SUB_ADVANCED)."""
     trace, ver, ext, body_at = record_parts(frame)
-    parts = [b"", frame[8:ID_AT], binary_id(frame[ID_AT:ID_END], trace)]
+    parts = [b"", frame[FRAME_DATA_AT:ID_AT], binary_id(frame[ID_AT:ID_END], trace)]
     if with_ext:
         parts.append(bytes((ver,)))
         if ver:
@@ -268,9 +300,9 @@ def decode_youzan_message(data: bytes, with_ext: bool, detail: bool) -> YouzanMe
     if len(data) < MESSAGE_HEADER_SIZE:
         raise ProtocolError("E_BAD_MESSAGE", f"message frame too short ({len(data)} bytes)")
     ts, attempts = _MSG_HEAD.unpack_from(data, 0)
-    mid = bytes(data[10:26])
-    trace = _U64.unpack_from(data, 18)[0]
-    pos = 26
+    mid = bytes(data[MSG_ID_AT:MSG_ID_END])
+    trace = _U64.unpack_from(data, MSG_TRACE_AT)[0]
+    pos = MSG_ID_END
     ver, ext = 0, b""
     try:
         if with_ext:
@@ -293,7 +325,7 @@ def decode_youzan_message(data: bytes, with_ext: bool, detail: bool) -> YouzanMe
 
 def with_attempts(frame: bytes, attempts: int) -> bytes:
     """The same message frame with another attempts count (redelivery)."""
-    return frame[:16] + attempts.to_bytes(2, "big") + frame[18:]
+    return frame[:ATTEMPTS_AT] + attempts.to_bytes(2, "big") + frame[ID_AT:]
 
 
 class Message(NamedTuple):
@@ -310,7 +342,7 @@ def decode_message(data: bytes) -> Message:
     if len(data) < MESSAGE_HEADER_SIZE:
         raise ProtocolError("E_BAD_MESSAGE", f"message frame too short ({len(data)} bytes)")
     ts, attempts = _MSG_HEAD.unpack_from(data, 0)
-    return Message(ts, attempts, bytes(data[10:26]), bytes(data[26:]))
+    return Message(ts, attempts, bytes(data[MSG_ID_AT:MSG_ID_END]), bytes(data[MSG_BODY_AT:]))
 
 
 def encode_message(msg: Message) -> bytes:

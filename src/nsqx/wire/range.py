@@ -29,7 +29,14 @@ from array import array
 from typing import NamedTuple
 
 from nsqx.wire.errors import ProtocolError
-from nsqx.wire.frames import EXTENDED_FRAME_OVERHEAD, ID_AT, ID_END, is_extended, record_parts
+from nsqx.wire.frames import (
+    EXTENDED_FRAME_OVERHEAD,
+    ID_AT,
+    ID_END,
+    TIMESTAMP_AT,
+    is_extended,
+    record_parts,
+)
 
 _HEAD = struct.Struct(">QQQII")
 _LITTLE = sys.byteorder == "little"
@@ -138,7 +145,7 @@ def encode_range(
         end_offset,
         start_sequence,
         array("i", [1]) * len(records),
-        array("q", [_MSG.unpack_from(f, 8)[0] for f in frames]),
+        array("q", [_MSG.unpack_from(f, TIMESTAMP_AT)[0] for f in frames]),
         array("q", [r[1] for r in records]),
         array("i", map(len, frames)),
         frames,
@@ -186,7 +193,7 @@ def decode_range(data: bytes) -> RangeResult:
             trace, ver, ext, body_at = record_parts(frame)
             if body_at > len(frame):
                 raise ProtocolError("E_BAD_RANGE", f"bad extended record at sequence {seq}")
-            ts, attempts = _MSG.unpack_from(frame, 8)
+            ts, attempts = _MSG.unpack_from(frame, TIMESTAMP_AT)
             records.append(
                 RangeRecord(
                     seq,

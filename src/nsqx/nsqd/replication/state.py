@@ -11,11 +11,10 @@ cut off and comes back can never act on a stale decision.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nsqx.store.disklog import fsync_dir
+from nsqx.store.durable_file import write_durable
 
 LEADER = "leader"
 FOLLOWER = "follower"
@@ -113,10 +112,4 @@ def read_role(path: str) -> ReplicaRole | None:
 
 def write_role(path: str, role: ReplicaRole) -> None:
     """Save the role durably (temp file, fsync, rename, fsync of the directory)."""
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(role.to_json(), f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
+    write_durable(path, json.dumps(role.to_json()).encode())

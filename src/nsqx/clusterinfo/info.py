@@ -33,9 +33,9 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from nsqx.admin import aggregate
+from nsqx.clusterinfo import aggregate
 
-log = logging.getLogger("nsqx.admin")
+log = logging.getLogger("nsqx.clusterinfo")
 
 __all__ = [
     "MAX_BACKOFF",

@@ -1,5 +1,5 @@
-"""What nsqlookupd keeps about a partitioned topic: its settings and where each
-partition lives.
+"""TopicRecord: what nsqlookupd keeps about a partitioned topic, its settings and where
+each partition lives (the settings themselves are :mod:`nsqx.wire.topic_meta`'s).
 
 A :class:`TopicRecord` is one topic's stored state: its
 :class:`~nsqx.wire.topic_meta.TopicMeta` (the settings given to ``/topic/create``,
@@ -19,17 +19,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nsqx.wire.topic_meta import MAX_PARTITION_NUM, MAX_REPLICATOR, TopicMeta
+from nsqx.wire.topic_meta import TopicMeta
 
 __all__ = [
     "MAX_LOAD_FACTOR",
-    "MAX_PARTITION_NUM",
-    "MAX_REPLICATOR",
     "MAX_RETENTION_DAYS",
     "MAX_SYNC_EVERY",
     "UNKNOWN_TOPIC_META_JSON",
     "EpochChange",
-    "TopicMeta",
     "TopicRecord",
 ]
 

@@ -11,7 +11,7 @@ entry per local partition (``topic_partition``); they are merged into the node's
 and also kept, one per partition, under ``partitions``, so that the admin can show
 where each partition lives and how far behind each channel is on it.
 
-No I/O: :mod:`nsqx.admin.cluster` fetches, this module adds up.
+No I/O: :mod:`nsqx.clusterinfo.info` fetches, this module adds up.
 """
 
 from __future__ import annotations
