@@ -31,7 +31,7 @@ from nsqx.lookupd.registration_db import (
     Registration,
     RegistrationDB,
 )
-from nsqx.lookupd.topic_meta import TopicRecord
+from nsqx.lookupd.topic_record import TopicRecord
 from nsqx.wire.lookupd import PeerInfo
 from nsqx.wire.topic_meta import TopicMeta
 

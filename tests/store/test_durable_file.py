@@ -23,6 +23,7 @@ from nsqx.nsqd.nsqd import NODE_ID_FILE, NSQD
 from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.replication.state import ReplicaRole, read_role, write_role
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
+from nsqx.store.data_format import FORMAT_FILE, DataFormat, read_format, write_format
 from nsqx.store.durable_file import write_durable
 from nsqx.wire.topic_meta import TopicMeta
 
@@ -133,6 +134,12 @@ def _lookupd_meta_store(tmp: Path) -> str:
     return str(tmp / META_FILE)
 
 
+def _data_format(tmp: Path) -> str:
+    write_format(str(tmp), DataFormat(1, "nsqx test"))
+    assert read_format(str(tmp)) == DataFormat(1, "nsqx test")
+    return str(tmp / FORMAT_FILE)
+
+
 CALLERS: dict[str, Callable[[Path], str]] = {
     "nsqd node id": _node_id,
     "partition state": _partition_state,
@@ -140,6 +147,7 @@ CALLERS: dict[str, Callable[[Path], str]] = {
     "replica role": _replica_role,
     "channel cursor": _cursor,
     "lookupd meta store": _lookupd_meta_store,
+    "data directory format": _data_format,
 }
 
 

@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 
 from nsqx import __version__
+from nsqx.store.durable_file import write_durable
 
 #: The file in the data directory.
 FORMAT_FILE = "nsqx.format.json"
@@ -67,20 +68,9 @@ def read_format(directory: str) -> DataFormat | None:
 
 
 def write_format(directory: str, fmt: DataFormat) -> None:
-    """Record ``fmt`` atomically: a crash leaves the old file or the new one."""
-    path = os.path.join(directory, FORMAT_FILE)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    """Record ``fmt`` atomically and durably (:func:`~nsqx.store.durable_file.write_durable`)."""
     data = json.dumps({"format": fmt.format, "written_by": fmt.written_by}) + "\n"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself must survive a power loss
-    finally:
-        os.close(fd)
+    write_durable(os.path.join(directory, FORMAT_FILE), data.encode())
 
 
 def check_format(
