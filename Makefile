@@ -22,6 +22,7 @@ up: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check setup.py src tests bench examples
 	$(BIN)/ruff format --check setup.py src tests bench examples
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
