@@ -42,16 +42,71 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from nsqx.lookupd.nsqd_client import NsqdCallError
 from nsqx.lookupd.registration_db import Peer
 from nsqx.lookupd.topic_record import TopicRecord
 
 if TYPE_CHECKING:
-    from nsqx.lookupd.coordinator import Coordinator
+    from nsqx.lookupd.liveness import Timing
+    from nsqx.lookupd.node_sessions import NodeSessions
+    from nsqx.lookupd.nsqd_client import NsqdClient
 
 log = logging.getLogger("nsqx.lookupd")
+
+
+class CoordinatorSeam(Protocol):
+    """What Replicas uses of its coordinator (:class:`nsqx.lookupd.coordinator.Coordinator`):
+    the records and the one way to change them, which nodes are alive, and the calls
+    to nsqd. Tests drive Replicas on a fake of this alone."""
+
+    @property
+    def timing(self) -> Timing:
+        """Heartbeats, leases and the node timeout."""
+
+    @property
+    def records(self) -> Mapping[str, TopicRecord]:
+        """Every partitioned topic's current record (changed only through save)."""
+
+    @property
+    def client(self) -> NsqdClient:
+        """The calls to nodes' HTTP APIs."""
+
+    @property
+    def sessions(self) -> NodeSessions:
+        """Which nsqlookupd hold a session of each node (several over etcd)."""
+
+    @property
+    def leading(self) -> bool:
+        """This nsqlookupd administers the topics now."""
+
+    @property
+    def admin_lock(self) -> asyncio.Lock:
+        """Held by every administrative change (each reads, decides and writes)."""
+
+    def nodes(self) -> dict[str, Peer]:
+        """Placement targets connected and heard from, by node id."""
+
+    def alive(self, node_id: str) -> bool:
+        """The node is alive here, or holds a session with another nsqlookupd."""
+
+    def may_decide(self) -> bool:
+        """This nsqlookupd's word counts now (it leads, and its leadership holds)."""
+
+    async def save(self, topic: str, record: TopicRecord) -> None:
+        """Store a topic's new record (it becomes the current one)."""
+
+    def load(self) -> Counter[str]:
+        """Replicas held per node id."""
+
+    def holds(self, peer: Peer, topic: str, partition: int) -> bool:
+        """The node registered the partition on its current connection."""
+
+    def ask_to_create(self, peer: Peer, topic: str, partition: int, record: TopicRecord) -> None:
+        """Ask the node to create the partition (in the background)."""
 
 
 class Replicas:
@@ -63,7 +118,7 @@ class Replicas:
     #: seconds before a role that could not be told is told again
     retell_delay = 0.5
 
-    def __init__(self, coord: Coordinator) -> None:
+    def __init__(self, coord: CoordinatorSeam) -> None:
         self.coord = coord
         # (connection id, topic, partition) -> the epoch last told on that connection
         self._told: dict[tuple[str, str, int], int] = {}
