@@ -93,7 +93,10 @@ class Link:
 
     @classmethod
     async def open(cls, ip: str, port: int, node: str, timeout: float = 1.0) -> Link:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a
+        # cancellation, and a run that failed then never finished cancelling its tasks
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(ip, port)
         writer.write(b"  V2")
         return cls(reader, writer, node)
 
@@ -251,7 +254,8 @@ class Consumer:
             link = await Link.open(*address, node)
             sub = c.sub_ordered if self.ordered else c.sub
             link.send(sub(self.topic, "c", self.pid))
-            ftype, data = await asyncio.wait_for(link.frame(), 2.0)
+            async with asyncio.timeout(2.0):
+                ftype, data = await link.frame()
             if (ftype, data) != (FRAME_RESPONSE, b"OK"):
                 link.close()
                 return False
@@ -270,7 +274,8 @@ class Consumer:
             link = self.link
             assert link is not None
             try:
-                ftype, data = await asyncio.wait_for(link.frame(), 1.0)
+                async with asyncio.timeout(1.0):
+                    ftype, data = await link.frame()
             except TimeoutError:
                 quiet += 1.0
                 if quiet >= 2.0:
