@@ -690,7 +690,7 @@ def test_a_roll_that_fails_does_not_fail_the_append_that_was_written(tmp_path: P
     log = DiskLog(str(tmp_path), max_bytes_per_file=300, cache_size=1)
     # a directory where each next segment would go: creating the file fails for real
     # (patching DiskLog would not reach its compiled build, see setup.py)
-    blockers = [tmp_path / disklog._segment_name(seq) for seq in range(1, 11)]
+    blockers = [tmp_path / disklog.segment_name(seq) for seq in range(1, 11)]
     for path in blockers:
         path.mkdir()
     for i in range(10):

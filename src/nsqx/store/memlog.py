@@ -7,33 +7,38 @@ from bisect import bisect_left
 from collections.abc import Callable
 
 from nsqx.store.deferred import DeferredIndex
-from nsqx.store.log import split_chunk
+from nsqx.store.log import MessageLog, RangeFramesOut, split_chunk
 from nsqx.wire.batch import StoredBatch
+from nsqx.wire.frames import ID_AT, ID_END
 
 # Trimming deletes from the front of a list (a memmove), so do it in big steps.
 _TRIM_MIN = 4096
 
 
-class MemoryLog:
+class MemoryLog(MessageLog):
     """An in-memory :class:`~nsqx.store.log.MessageLog`.
 
     Records live in two parallel lists (frames, ids); deferred ones (DPUB) are also
     listed in a :class:`DeferredIndex`. A record's virtual offset counts the bytes of
-    the frames before it, as a DiskLog's would without batch headers.
+    the frames before it, as a DiskLog's would without batch headers. What only files
+    need (sync, reclaim, close) does nothing here.
     """
 
     __slots__ = ("_base", "_deferred", "_end_offset", "_frames", "_ids", "_offsets")
 
-    #: records live in memory only (``#ephemeral`` topics)
-    durable = False
-
     def __init__(self, start: int = 0) -> None:
+        super().__init__()
         self._base = start
         self._frames: list[bytes] = []
         self._ids: list[bytes] = []
         self._offsets = array("q")
         self._end_offset = 0
         self._deferred = DeferredIndex()
+
+    @property
+    def durable(self) -> bool:
+        """Never: records live in memory only (``#ephemeral`` topics)."""
+        return False
 
     @property
     def start(self) -> int:
@@ -89,7 +94,7 @@ class MemoryLog:
         if ids is None:
             if count <= 0:
                 raise ValueError("an empty batch")
-            ids = [f[18:34] for f in split_chunk(chunk, count, stride)]
+            ids = [f[ID_AT:ID_END] for f in split_chunk(chunk, count, stride)]
         self.append(chunk, ids, deliver_at_ns, stride)
         return offset
 
@@ -141,8 +146,36 @@ class MemoryLog:
     ) -> int:
         return 0
 
+    @property
+    def sync_pending(self) -> bool:
+        return False
+
+    def sync(self) -> None:
+        """Nothing to make durable."""
+
     def close(self, *, sync: bool = True) -> None:
         pass
+
+    def first_id(self) -> tuple[int, bytes] | None:
+        """None: a memory log keeps no record across a restart, so no id rule to read."""
+        return None
+
+    def read_frames(
+        self, seq: int, max_messages: int, max_bytes: int = 1 << 62, end: int | None = None
+    ) -> RangeFramesOut:
+        """Records from ``seq`` as runs of one frame each (a MemoryLog keeps no batches)."""
+        i = max(seq, self._base) - self._base
+        out = RangeFramesOut(self._base + i)
+        stop = len(self._frames) if end is None else min(end - self._base, len(self._frames))
+        taken = 0
+        while i < stop and out.count < max_messages and taken < max_bytes:
+            frame = self._frames[i]
+            # the publish timestamp follows the frame's size and type (8 bytes)
+            ts = int.from_bytes(frame[8:16], "big", signed=True)
+            out.add_run(frame, 1, len(frame), self._offsets[i], ts)
+            taken += len(frame)
+            i += 1
+        return out
 
     def destroy(self) -> None:
         self.drop_all()
@@ -163,6 +196,7 @@ class MemoryLog:
         lo, hi = 0, len(frames)
         while lo < hi:
             mid = (lo + hi) // 2
+            # (the timestamp follows the frame's size and type)
             if int.from_bytes(frames[mid][8:16], "big", signed=True) >= timestamp_ns:
                 hi = mid
             else:
