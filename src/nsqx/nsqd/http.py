@@ -33,7 +33,7 @@ from nsqx.nsqd.metrics import Metrics
 from nsqx.nsqd.replication.leader import CommitFailed
 from nsqx.nsqd.replication.replica import StaleEpoch
 from nsqx.nsqd.replication.state import ReplicaRole
-from nsqx.store.disklog import DiskLog, RangeFramesOut
+from nsqx.store.log import MessageLog, RangeFramesOut
 from nsqx.wire import members
 from nsqx.wire import replication as rp
 from nsqx.wire.commands import parse_consume_start, parse_mpub_body
@@ -542,7 +542,7 @@ class HTTPServer:
         if part is None:
             raise HTTPError(404, "PARTITION_NOT_FOUND")
         log_ = part.log
-        if not isinstance(log_, DiskLog):
+        if not log_.durable:
             raise HTTPError(400, "TOPIC_NOT_DURABLE")
         # positions and budgets are counts: a negative one is refused, not clamped
         ints = {
@@ -1094,7 +1094,7 @@ ROUTES: dict[str, dict[str, Handler]] = {
 
 
 def range_body(
-    log_: DiskLog, start: int, max_messages: int, max_bytes: int, end: int | None = None
+    log_: MessageLog, start: int, max_messages: int, max_bytes: int, end: int | None = None
 ) -> bytes:
     """The body of a range read of ``log_`` from ``start`` (see nsqx.wire.range)."""
     found = log_.read_frames(start, max_messages, max_bytes, end)
@@ -1122,7 +1122,7 @@ RANGE_STEP_BYTES = 1 << 18
 
 
 async def range_steps(
-    log_: DiskLog,
+    log_: MessageLog,
     start: int,
     max_messages: int,
     max_bytes: int,

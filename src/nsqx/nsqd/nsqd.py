@@ -35,7 +35,7 @@ from nsqx.nsqd.tls import build_server_context
 from nsqx.nsqd.topic import Topic
 from nsqx.nsqd.tracer import Tracer
 from nsqx.store.data_format import DataFormatError, open_data_dir
-from nsqx.store.disklog import DiskLog, remove_file
+from nsqx.store.disklog import remove_file
 from nsqx.store.durable_file import write_durable
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.topic_meta import DEFAULT_META, TopicMeta
@@ -243,7 +243,7 @@ class NSQD:
         return topic.partition(pid) if topic is not None else None
 
     def partition_added(self, part: Partition) -> None:
-        if isinstance(part.log, DiskLog):  # only a file has something to fsync
+        if part.log.durable:  # only a file has something to fsync
             self.syncers[part.key] = LogSyncer(part.log)
 
     def partition_removed(self, part: Partition) -> None:

@@ -20,9 +20,8 @@ from nsqx.nsqd.channel import Channel
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import LEGACY_ID_BASE, PARTITION_SHIFT, SEQ_MASK, make_ids, seq_of
 from nsqx.nsqd.waiters import Waiter, future_waiter
-from nsqx.store.disklog import DiskLog
+from nsqx.store import MessageLog, open_log
 from nsqx.store.durable_file import write_durable
-from nsqx.store.memlog import MemoryLog
 from nsqx.wire.batch import StoredBatch
 from nsqx.wire.commands import (
     OFFSET_MSGCOUNT,
@@ -41,8 +40,8 @@ from nsqx.wire.frames import (
 from nsqx.wire.frames import MESSAGE_FRAME_OVERHEAD as FRAME_OVERHEAD
 
 if TYPE_CHECKING:
+    from nsqx.nsqd.host import PartitionHost
     from nsqx.nsqd.loopturn import LoopTurn
-    from nsqx.nsqd.nsqd import NSQD
     from nsqx.nsqd.replication.replica import PartitionReplica
     from nsqx.nsqd.topic import Topic
 
@@ -90,8 +89,9 @@ class Partition:
 
     def __init__(self, topic: Topic, pid: int) -> None:
         self.topic = topic
-        self.nsqd: NSQD = topic.nsqd
-        self._turn: LoopTurn = topic.nsqd.turn  # (NSQD's attributes are dict lookups)
+        #: the node, reached only through this seam (nsqx.nsqd.host)
+        self.nsqd: PartitionHost = topic.nsqd
+        self._turn: LoopTurn = topic.nsqd.turn  # (the node's attributes are dict lookups)
         self.id = pid
         self.name = topic.name
         self.ephemeral = topic.ephemeral
@@ -100,27 +100,22 @@ class Partition:
         self.message_count = 0
         self.message_bytes = 0
         self.deleted = False
-        self.log: MemoryLog | DiskLog
         #: the log's directory (None: memory only)
         self.directory: str | None = None
         self._state_path: str | None = None
         nsqd = topic.nsqd
-        #: the log when it is a DiskLog (compiled: its methods are called directly, not
-        #: looked up on a MemoryLog | DiskLog)
-        self._disk: DiskLog | None = None
-        if topic.directory is None:
-            self.log = MemoryLog()
-        else:
-            opts = nsqd.options
+        opts = nsqd.options
+        if topic.directory is not None:
             self.directory = os.path.join(topic.directory, f"p{pid}")
             # partition 0 keeps the layout of nsqx before partitions
             state_file = "topic.json" if pid == 0 else f"topic.p{pid}.json"
             self._state_path = os.path.join(topic.directory, state_file)
-            self.log = self._disk = DiskLog(
-                self.directory,
-                max_bytes_per_file=opts.max_bytes_per_file,
-                cache_size=opts.mem_queue_size,
-            )
+        self.log: MessageLog = open_log(
+            self.directory,
+            max_bytes_per_file=opts.max_bytes_per_file,
+            cache_size=opts.mem_queue_size,
+        )
+        if self.directory is not None:
             os.makedirs(self.channel_dir, exist_ok=True)
         state = self._read_state()
         #: Channels deliver records below this sequence (frozen while paused).
@@ -158,8 +153,7 @@ class Partition:
         nsqx before ids started at 1): their first sequence if their ids are sequence +
         1, LEGACY_ID_BASE if they are their sequences; a log without records (a memory
         log too) starts the rule at its end (the ids it gave before were at most that)."""
-        disk = self._disk
-        found = disk.first_id() if disk is not None else None
+        found = self.log.first_id()
         if found is not None:
             seq, msg_id = found
             try:
@@ -259,9 +253,9 @@ class Partition:
         appends at once. ``trace_ids`` and ``exts`` ((version, data) per message) make
         extended records.
         """
-        disk = self._disk
+        log_ = self.log
         n = len(bodies)
-        seq = disk.next_seq if disk is not None else self.log.next_seq
+        seq = log_.next_seq
         id_base = self.id_base
         ids = make_ids(seq, n, self.id, id_base)
         ts = clock.time_ns()
@@ -285,10 +279,7 @@ class Partition:
                 self.extended = True
                 self.save_state()
         deliver_at = ts + defer_ms * 1_000_000 if defer_ms else 0
-        if disk is not None:
-            offset = disk.stage(chunk, ids, deliver_at, stride, kind)
-        else:
-            offset = self.log.stage(chunk, ids, deliver_at, stride, kind)
+        offset = log_.stage(chunk, ids, deliver_at, stride, kind)
         self.message_count += n
         self.message_bytes += body_bytes
         topic = self.topic
@@ -311,8 +302,7 @@ class Partition:
         if self.replica is not None:
             self.replica.appended()  # ship them to the followers
         elif not self.paused:
-            disk = self._disk
-            self.visible_end = disk.end if disk is not None else self.log.end
+            self.visible_end = self.log.end
             for ch in self.channels.values():
                 ch.notify()
             if self.ephemeral or self.has_ephemeral_channels:
@@ -329,10 +319,7 @@ class Partition:
         self._commit_scheduled = False
         waiters, self._waiters = self._waiters, []
         try:
-            if self._disk is not None:
-                self._disk.commit()
-            else:
-                self.log.commit()
+            self.log.commit()
         except OSError as err:
             # nothing of the group is stored (or acknowledged): uncount it
             self.message_count -= self._staged_messages
@@ -384,9 +371,8 @@ class Partition:
         by the ISR (replicated): nsqd.acknowledged."""
 
         replica = self.replica
-        if replica is not None and not (
-            self.nsqd.options.sync_before_ack and self.key in self.nsqd.syncers
-        ):
+        # (a durable partition has a syncer: nsqd.partition_added)
+        if replica is not None and not (self._sync_before_ack and self.durable):
             # the ISR alone: told in the call that moves the commit point (a future's
             # callback would answer a loop iteration later)
             def told(err: BaseException | None) -> None:

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from nsqx.store.cursor import CursorState, write_cursor
-from nsqx.store.disklog import DiskLog
+from nsqx.store.log import MessageLog
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
@@ -29,7 +29,7 @@ class LogSyncer:
     completes once the log's writes up to now are on the device.
     """
 
-    def __init__(self, disklog: DiskLog) -> None:
+    def __init__(self, disklog: MessageLog) -> None:
         self.log = disklog
         self._waiters: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
@@ -49,7 +49,7 @@ class LogSyncer:
             try:
                 await asyncio.to_thread(self.log.sync)
             except Exception as err:  # pragma: no cover - disk failure
-                log.error("STORE: fsync of %s failed: %s", self.log.directory, err)
+                log.error("STORE: fsync of %s failed: %s", self.log, err)
                 for w in waiters:
                     if not w.done():
                         w.set_exception(err)

@@ -14,7 +14,7 @@ from nsqx.wire.names import is_ephemeral
 from nsqx.wire.topic_meta import DEFAULT_META, TopicMeta
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.nsqd import NSQD
+    from nsqx.nsqd.host import TopicHost
 
 log = logging.getLogger("nsqx.nsqd")
 
@@ -28,7 +28,8 @@ class Topic:
     a node that leads one partition of the topic).
     """
 
-    def __init__(self, nsqd: NSQD, name: str, meta: TopicMeta = DEFAULT_META) -> None:
+    def __init__(self, nsqd: TopicHost, name: str, meta: TopicMeta = DEFAULT_META) -> None:
+        #: the node, reached only through this seam (nsqx.nsqd.host)
         self.nsqd = nsqd
         self.name = name
         self.ephemeral = is_ephemeral(name)

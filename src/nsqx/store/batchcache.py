@@ -14,6 +14,7 @@ from bisect import bisect_right
 from typing import Final
 
 from nsqx.store.log import frame_starts
+from nsqx.wire.frames import ID_AT, ID_END
 
 # Trimming deletes from the front of lists: do it in steps of at least this many records.
 _TRIM_MIN: Final = 4096
@@ -65,9 +66,9 @@ class CachedBatch:
             starts = self.starts
             if starts is None:
                 stride = self.stride
-                ids = [chunk[o + 18 : o + 34] for o in range(0, len(chunk), stride)]
+                ids = [chunk[o + ID_AT : o + ID_END] for o in range(0, len(chunk), stride)]
             else:
-                ids = [chunk[o + 18 : o + 34] for o in starts[:-1]]
+                ids = [chunk[o + ID_AT : o + ID_END] for o in starts[:-1]]
             self._ids = ids
         return ids
 
