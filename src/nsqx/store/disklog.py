@@ -411,7 +411,7 @@ class DiskLog(MessageLog):
     def resume_at(self, seq: int) -> int:
         """The first sequence at or after ``seq`` that has a record (or the end): where
         a reader goes on when :meth:`read` finds none at ``seq`` (a gap left by damage,
-        see the corruption policy above)."""
+        see the corruption policy in nsqx.store.recovery)."""
         seq = max(seq, self.start)
         cache_start = self.cache.start
         if seq >= cache_start:

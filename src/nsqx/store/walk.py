@@ -197,28 +197,39 @@ class BatchWalk:
         is none: the segment's end, or damage (``broken``)."""
         if self.broken:
             return False
+        # (locals in the loop, attributes set once per batch: this runs per batch read)
+        pos = self.pos
+        first = self.first
         if self._started:
-            self.pos += BATCH_HEAD_SIZE + self.plen
-            self.first += self.count
+            pos += BATCH_HEAD_SIZE + self.plen
+            first += self.count
         self._started = True
         reader = self._reader
         seg = self.seg
         seq = self._seq
         target = self._target
         try:
-            while self.pos < seg.size:
-                plen, crc, count = reader.head_at(seg, self.pos, self.first)
-                if self.first + count <= seq or self.pos + BATCH_HEAD_SIZE + plen <= target:
-                    self.pos += BATCH_HEAD_SIZE + plen
-                    self.first += count
+            while pos < seg.size:
+                plen, crc, count = reader.head_at(seg, pos, first)
+                if first + count <= seq or pos + BATCH_HEAD_SIZE + plen <= target:
+                    pos += BATCH_HEAD_SIZE + plen
+                    first += count
                     continue
+                self.pos = pos
+                self.first = first
                 self.plen = plen
                 self.count = count
                 if self._load:
-                    self.buf, self.off = reader.batch_at(seg, self.pos, plen, crc, self._verify)
+                    self.buf, self.off = reader.batch_at(seg, pos, plen, crc, self._verify)
                 return True
         except CorruptRecord as err:
+            self.pos = pos
+            self.first = first
             self.damaged(err)
+            return False
+        self.pos = pos
+        self.first = first
+        self.plen = self.count = 0
         return False
 
     def damaged(self, err: Exception) -> None:
