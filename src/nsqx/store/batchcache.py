@@ -61,7 +61,6 @@ class CachedBatch:
         """The frames' message ids."""
         ids = self._ids
         if ids is None:
-            # a frame's id is its bytes 18-34 (see nsqx.store.disklog's frame layout)
             chunk = self.chunk
             starts = self.starts
             if starts is None:

@@ -30,7 +30,8 @@ from collections.abc import Callable
 
 from nsqx.store.batchcache import BatchCache, CachedBatch
 from nsqx.store.deferred import DeferredIndex
-from nsqx.store.fsutil import fsync_dir, remove_file
+from nsqx.store.durable_file import fsync_dir
+from nsqx.store.fsutil import remove_file
 from nsqx.store.log import MessageLog, RangeFramesOut, frame_starts
 from nsqx.store.record import (
     BATCH_HEAD,
@@ -47,7 +48,7 @@ from nsqx.store.segment import SEG_HEAD_SIZE, Segment, new_segment, segment_name
 from nsqx.store.staging import MERGE_CHUNK, MERGE_MAX, StagedBatch, writev_all
 from nsqx.store.walk import BatchWalk, SegmentReader
 from nsqx.wire.batch import StoredBatch
-from nsqx.wire.frames import ID_AT, ID_END
+from nsqx.wire.frames import ID_AT, ID_END, TIMESTAMP_AT
 
 __all__ = [
     "BATCH_HEAD_SIZE",
@@ -55,7 +56,6 @@ __all__ = [
     "CorruptRecord",
     "DiskLog",
     "RangeFramesOut",
-    "fsync_dir",
     "remove_file",
     "segment_name",
 ]
@@ -542,7 +542,7 @@ class DiskLog(MessageLog):
                     take = min(room, -(-(max_bytes - taken) // size))
                     a = p0 + skip * size
                     b = a + take * size
-                    ts = TS.unpack_from(buf, a + 8)[0]  # one publish: one timestamp
+                    ts = TS.unpack_from(buf, a + TIMESTAMP_AT)[0]  # one publish: one timestamp
                     out.add_run(buf[a:b], take, size, vbase + a, ts)
                     taken += take * size
                 else:
@@ -556,7 +556,7 @@ class DiskLog(MessageLog):
                     for f in frames[skip : skip + room]:
                         if take and taken >= max_bytes:
                             break
-                        out.add_run(f, 1, len(f), vbase + p, TS.unpack_from(f, 8)[0])
+                        out.add_run(f, 1, len(f), vbase + p, TS.unpack_from(f, TIMESTAMP_AT)[0])
                         p += len(f)
                         taken += len(f)
                         take += 1
@@ -764,7 +764,7 @@ class DiskLog(MessageLog):
             except ValueError as err:
                 walk.damaged(err)
                 return None
-        ts = TS.unpack_from(buf, p + 8)[0]
+        ts = TS.unpack_from(buf, p + TIMESTAMP_AT)[0]
         return walk.seg.base_offset + (walk.pos - walk.off + p) - SEG_HEAD_SIZE, ts
 
     def seek_offset(self, offset: int) -> int:

@@ -1,5 +1,5 @@
-"""Small file-system helpers of the store: unlink if there, fsync a directory, a free
-name for what is set aside."""
+"""Small file-system helpers of the store: unlink if there, a file's size, a free name
+for what is set aside (a directory's fsync is nsqx.store.durable_file's)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,6 @@ def remove_file(path: str) -> None:
         os.remove(path)
     except FileNotFoundError:
         pass
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory (its entries: files created, renamed or removed)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def file_size(path: str) -> int:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from nsqx.store.deferred import DeferredIndex
 from nsqx.store.log import MessageLog, RangeFramesOut, split_chunk
 from nsqx.wire.batch import StoredBatch
-from nsqx.wire.frames import ID_AT, ID_END
+from nsqx.wire.frames import ATTEMPTS_AT, ID_AT, ID_END, TIMESTAMP_AT
 
 # Trimming deletes from the front of a list (a memmove), so do it in big steps.
 _TRIM_MIN = 4096
@@ -170,8 +170,7 @@ class MemoryLog(MessageLog):
         taken = 0
         while i < stop and out.count < max_messages and taken < max_bytes:
             frame = self._frames[i]
-            # the publish timestamp follows the frame's size and type (8 bytes)
-            ts = int.from_bytes(frame[8:16], "big", signed=True)
+            ts = int.from_bytes(frame[TIMESTAMP_AT:ATTEMPTS_AT], "big", signed=True)
             out.add_run(frame, 1, len(frame), self._offsets[i], ts)
             taken += len(frame)
             i += 1
@@ -196,8 +195,8 @@ class MemoryLog(MessageLog):
         lo, hi = 0, len(frames)
         while lo < hi:
             mid = (lo + hi) // 2
-            # (the timestamp follows the frame's size and type)
-            if int.from_bytes(frames[mid][8:16], "big", signed=True) >= timestamp_ns:
+            ts = int.from_bytes(frames[mid][TIMESTAMP_AT:ATTEMPTS_AT], "big", signed=True)
+            if ts >= timestamp_ns:
                 hi = mid
             else:
                 lo = mid + 1

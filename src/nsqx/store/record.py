@@ -29,7 +29,7 @@ BATCH_HEAD_SIZE: Final = BATCH_HEAD.size
 MIN_FRAME_SIZE: Final = MESSAGE_FRAME_OVERHEAD
 #: a batch header announcing more is not believed (nsqd's --max-body-size is far less)
 MAX_BATCH: Final = 1 << 31
-#: a frame's publish timestamp, read at the frame's start + 8 (after its size and type)
+#: a frame's publish timestamp (at wire.frames.TIMESTAMP_AT)
 TS: Final = struct.Struct(">q")
 _I32: Final = struct.Struct(">i")
 _LEN_CRC: Final = struct.Struct(">II")

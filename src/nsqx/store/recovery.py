@@ -27,7 +27,8 @@ import os
 from typing import Final
 
 from nsqx.store.deferred import DeferredIndex
-from nsqx.store.fsutil import file_size, free_name, fsync_dir
+from nsqx.store.durable_file import fsync_dir
+from nsqx.store.fsutil import file_size, free_name
 from nsqx.store.record import (
     BATCH_HEAD,
     BATCH_HEAD_SIZE,

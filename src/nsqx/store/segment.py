@@ -22,7 +22,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Final
 
-from nsqx.store.fsutil import fsync_dir
+from nsqx.store.durable_file import fsync_dir
 from nsqx.store.record import MIN_FRAME_SIZE
 
 SEGMENT_MAGIC: Final = b"NSQXSEG1"
