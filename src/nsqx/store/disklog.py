@@ -478,11 +478,14 @@ class DiskLog(MessageLog):
             a = p0 + skip * size
             b = a + take * size
             chunks.append(buf[a:b])
-            ids.extend([buf[o + ID_AT : o + ID_END] for o in range(a, b, size)])
+            # (a local length, not ID_END's global lookup per id in pure Python)
+            idlen = ID_END - ID_AT
+            ids.extend([buf[o : o + idlen] for o in range(a + ID_AT, b + ID_AT, size)])
             return
         frames = split_frames(memoryview(buf)[p0:end], count)[skip : skip + take]
         chunks.extend(frames)
-        ids.extend([f[ID_AT:ID_END] for f in frames])
+        lo, hi = ID_AT, ID_END
+        ids.extend([f[lo:hi] for f in frames])
 
     def read_range(
         self, seq: int, max_messages: int, max_bytes: int = 1 << 62, end: int | None = None
