@@ -10,7 +10,9 @@ caller finds in a batch's frames (:meth:`BatchWalk.damaged`): the segment's read
 records end there and the walk ends.
 
 One walk is one object; a batch costs no allocation but its bytes, read in large
-chunks (:class:`SegmentReader`).
+chunks (:class:`SegmentReader`). (An object with a method rather than a generator:
+compiled, a generator boxes a tuple of ints per batch, and disk reads were 3-8% slower
+than the hand-written loops this replaced; with the object they are within noise.)
 """
 
 from __future__ import annotations
