@@ -87,6 +87,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp
 from server_bench import (
     BenchConfig,
     BenchError,
@@ -142,6 +143,8 @@ class Target:
     command: list[str] | None = None
     host: str = "127.0.0.1"
     port: int = 0
+    #: the HTTP port of a server the bench started (for nsqx's event_loop figures)
+    http_port: int = 0
     pid: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     tmp: str | None = None
@@ -152,7 +155,7 @@ class Target:
             return
         self.tmp = tempfile.mkdtemp(prefix=f"latbench-{self.name}-")
         self.port = free_port()
-        http = free_port()
+        http = self.http_port = free_port()
         argv = [
             *self.command,
             f"--tcp-address=127.0.0.1:{self.port}",
@@ -225,6 +228,61 @@ def parse_target(text: str, nsqd_args: Sequence[str]) -> Target:
         t.description = f"running server at {parts[0]}:{parts[1]}"
         return t
     raise BenchError(f"bad target {text!r}: expected ours, python:PATH, go[:PATH], tcp:HOST:PORT")
+
+
+# --- nsqx's own loop figures (its /stats event_loop) --------------------------------------
+
+
+async def loop_figures(t: Target) -> dict[str, Any] | None:
+    """nsqx's ``event_loop`` from /stats (None for a server without it, e.g. Go's)."""
+    if not t.http_port:
+        return None
+    url = f"http://{t.host}:{t.http_port}/stats?format=json&include_clients=false"
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(5)) as r:
+            body = await r.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    loop = body.get("event_loop") if isinstance(body, dict) else None
+    return loop if isinstance(loop, dict) else None
+
+
+def _delta_quantile(before: dict[str, Any], after: dict[str, Any], q: float) -> float | None:
+    """Quantile ``q`` (the bucket's upper bound, us) of what a histogram counted between
+    two /stats snapshots; None if nothing; +Inf buckets as the max."""
+    old = {b: n for b, n in before.get("buckets", [])}
+    counts = [(b, n - old.get(b, 0)) for b, n in after.get("buckets", [])]
+    counts = [(b, n) for b, n in counts if n > 0]
+    total = sum(n for _, n in counts)
+    if not total:
+        return None
+    seen = 0
+    for b, n in sorted(counts, key=lambda x: float("inf") if x[0] is None else x[0]):
+        seen += n
+        if seen >= q * total:
+            return float(after["max_us"]) if b is None else float(b)
+    return None
+
+
+def loop_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+    """What the server's loop did during a case: turns and timer lateness (p99.9 as a
+    bucket's upper bound, the longest over the last 10-20 s), scan rounds, collections."""
+    if before is None or after is None:
+        return {}
+    out: dict[str, Any] = {}
+    for key, name in (("turns", "turn"), ("timer_lateness", "late"), ("scan", "scan")):
+        b, a = before.get(key, {}), after.get(key, {})
+        out[f"loop_{name}s"] = a.get("count", 0) - b.get("count", 0)
+        p = _delta_quantile(b, a, 0.999)
+        out[f"loop_{name}_p999_ms"] = None if p is None else round(p / 1e3, 3)
+        out[f"loop_{name}_max_ms"] = round(a.get("recent_max_us", 0) / 1e3, 2)
+    gcb, gca = before.get("gc", {}), after.get("gc", {})
+    out["gc"] = [
+        gca.get(g, {}).get("collections", 0) - gcb.get(g, {}).get("collections", 0)
+        for g in ("gen0", "gen1", "gen2")
+    ]
+    out["gc_max_ms"] = round(max((v.get("max_us", 0) for v in gca.values()), default=0) / 1e3, 2)
+    return out
 
 
 # --- output buffering modes -------------------------------------------------------------
@@ -693,6 +751,8 @@ class Bench:
                 for t in order:
                     t.check_alive()
                     load = os.getloadavg()[0]
+                    timed_loop = phase in ("latency", "oneloop")
+                    loop0 = await loop_figures(t) if timed_loop else None
                     cpu0 = server_cpu_seconds(t.pid)
                     w0 = time.monotonic()
                     if phase == "latency":
@@ -705,6 +765,8 @@ class Bench:
                         res = await self.defer(t)
                     wall = time.monotonic() - w0
                     cpu1 = server_cpu_seconds(t.pid)
+                    if loop0 is not None:
+                        res.update(loop_summary(loop0, await loop_figures(t)))
                     res.update(phase=phase, target=t.name, round=rnd + 1, load1=round(load, 2))
                     res.update(case)
                     if cpu0 is not None and cpu1 is not None:
@@ -959,7 +1021,7 @@ def format_result(r: dict[str, Any]) -> str:
         return (
             f"{head} p50 {r['p50']:.2f} p99 {r['p99']:.2f} p99.9 {r['p999']:.2f} "
             f"max {r['max']:.2f} ms ({r['measured']:,} msgs{lost}; {cpu}; publisher tick "
-            f"gap max {r['pub_max_tick_gap_ms']:.1f} ms; load {r['load1']})"
+            f"gap max {r['pub_max_tick_gap_ms']:.1f} ms; load {r['load1']})" + loop_line(r)
         )
     if r["phase"] == "pub-rtt":
         per = r.get("server_us_per_msg")
@@ -972,6 +1034,23 @@ def format_result(r: dict[str, Any]) -> str:
         f"{head} DPUB late p50 {r['dpub_p50']:.1f} p99 {r['dpub_p99']:.1f} max "
         f"{r['dpub_max']:.1f} ms (early {r['dpub_early']}); REQ late p50 {r['req_p50']:.1f} "
         f"p99 {r['req_p99']:.1f} max {r['req_max']:.1f} ms (early {r['req_early']})"
+    )
+
+
+def loop_line(r: dict[str, Any]) -> str:
+    """The server's own loop figures for a case (nsqx only), on a line of their own."""
+    if "loop_turns" not in r:
+        return ""
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:g}"
+
+    return (
+        f"\n    {r['target']} loop: {r['loop_turns']:,} reading turns, p99.9 <= "
+        f"{ms(r['loop_turn_p999_ms'])} max {ms(r['loop_turn_max_ms'])} ms; timers late "
+        f"p99.9 <= {ms(r['loop_late_p999_ms'])} max {ms(r['loop_late_max_ms'])} ms; scan "
+        f"rounds max {ms(r['loop_scan_max_ms'])} ms; gc {'/'.join(map(str, r['gc']))} "
+        f"(max {r['gc_max_ms']:g} ms)"
     )
 
 
