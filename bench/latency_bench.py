@@ -270,12 +270,22 @@ def loop_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) ->
     if before is None or after is None:
         return {}
     out: dict[str, Any] = {}
-    for key, name in (("turns", "turn"), ("timer_lateness", "late"), ("scan", "scan")):
+    keys = (
+        ("turns", "turn"),
+        ("timer_lateness", "late"),
+        ("timer_lateness_running", "late_running"),
+        ("scan", "scan"),
+    )
+    for key, name in keys:
         b, a = before.get(key, {}), after.get(key, {})
         out[f"loop_{name}s"] = a.get("count", 0) - b.get("count", 0)
         p = _delta_quantile(b, a, 0.999)
         out[f"loop_{name}_p999_ms"] = None if p is None else round(p / 1e3, 3)
         out[f"loop_{name}_max_ms"] = round(a.get("recent_max_us", 0) / 1e3, 2)
+    wait = after.get("cpu_wait", {}).get("total_us", 0) - before.get("cpu_wait", {}).get(
+        "total_us", 0
+    )
+    out["loop_cpu_wait_ms"] = round(wait / 1e3, 1)
     gcb, gca = before.get("gc", {}), after.get("gc", {})
     out["gc"] = [
         gca.get(g, {}).get("collections", 0) - gcb.get(g, {}).get("collections", 0)
@@ -1048,7 +1058,9 @@ def loop_line(r: dict[str, Any]) -> str:
     return (
         f"\n    {r['target']} loop: {r['loop_turns']:,} reading turns, p99.9 <= "
         f"{ms(r['loop_turn_p999_ms'])} max {ms(r['loop_turn_max_ms'])} ms; timers late "
-        f"p99.9 <= {ms(r['loop_late_p999_ms'])} max {ms(r['loop_late_max_ms'])} ms; scan "
+        f"p99.9 <= {ms(r['loop_late_p999_ms'])} max {ms(r['loop_late_max_ms'])} ms, less "
+        f"the {r['loop_cpu_wait_ms']:g} ms it waited for a CPU p99.9 <= "
+        f"{ms(r['loop_late_running_p999_ms'])} max {ms(r['loop_late_running_max_ms'])} ms; scan "
         f"rounds max {ms(r['loop_scan_max_ms'])} ms; gc {'/'.join(map(str, r['gc']))} "
         f"(max {r['gc_max_ms']:g} ms)"
     )

@@ -10,7 +10,10 @@ latency tail. Three measurements, each costing next to nothing per message:
 - **timer lateness**: a probe timer every PROBE_INTERVAL records how late it fires. It
   sees every kind of turn (the scan loop's, a flush timer's, a collection's), one
   sample per PROBE_INTERVAL; uvloop's timers have a resolution of 1 ms, so lateness
-  under 1 ms is the clock's, not the loop's;
+  under 1 ms is the clock's, not the loop's. On Linux the probe also reads how long the
+  loop's thread waited for a CPU meanwhile (``/proc/thread-self/schedstat``): lateness
+  less that wait is what nsqd's own work (or a blocking call) cost, the rest is the
+  machine's (a loaded host, a throttled container);
 - **periodic work**: the scan loop's rounds (timeouts, deferred messages, heartbeats,
   checkpoints, reclaims), timed whole.
 
@@ -24,6 +27,7 @@ these; docs/metrics.md says how to read them.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -132,8 +136,14 @@ class LoopMonitor:
         self.interval = interval
         self.turns = Histogram()
         self.lateness = Histogram()
+        #: lateness less the time the loop's thread waited for a CPU meanwhile
+        self.lateness_running = Histogram()
+        #: seconds the loop's thread waited for a CPU while runnable, per probe interval
+        self.cpu_wait = Histogram()
         #: the scan loop's rounds (NSQD._scan_loop reports them with scan_took)
         self.scans = Histogram()
+        self._schedstat = -1  # a file descriptor, where the kernel has the file
+        self._run_delay = 0
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._due = 0.0
@@ -142,6 +152,11 @@ class LoopMonitor:
     def start(self) -> None:
         """Arm the probe timer (in the running loop)."""
         self._loop = asyncio.get_running_loop()
+        try:
+            self._schedstat = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            self._run_delay = self._read_run_delay()
+        except (OSError, ValueError, IndexError):
+            self._close_schedstat()
         now = time.monotonic()
         self._rotate_at = now + MAX_WINDOW / 2
         self._arm(now)
@@ -151,6 +166,16 @@ class LoopMonitor:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        self._close_schedstat()
+
+    def _close_schedstat(self) -> None:
+        if self._schedstat >= 0:
+            os.close(self._schedstat)
+            self._schedstat = -1
+
+    def _read_run_delay(self) -> int:
+        # schedstat: "<ns on a CPU> <ns runnable, waiting for one> <timeslices>"
+        return int(os.pread(self._schedstat, 128, 0).split()[1])
 
     def _arm(self, now: float) -> None:
         assert self._loop is not None
@@ -159,12 +184,25 @@ class LoopMonitor:
 
     def _probe(self) -> None:
         now = time.monotonic()
-        self.lateness.add(now - self._due)
+        late = now - self._due
+        self.lateness.add(late)
+        if self._schedstat >= 0:
+            try:
+                delay = self._read_run_delay()
+            except (OSError, ValueError, IndexError):
+                self._close_schedstat()
+            else:
+                waited = (delay - self._run_delay) / 1e9
+                self._run_delay = delay
+                self.cpu_wait.add(waited)
+                self.lateness_running.add(late - waited)
         if now >= self._rotate_at:
             self._rotate_at = now + MAX_WINDOW / 2
             self._take_turns()
             self.turns.rotate()
             self.lateness.rotate()
+            self.lateness_running.rotate()
+            self.cpu_wait.rotate()
             self.scans.rotate()
         self._arm(now)
 
@@ -189,6 +227,8 @@ class LoopMonitor:
             "probe_interval_us": round(self.interval * 1e6),
             "turns": self.turns.to_json(),
             "timer_lateness": self.lateness.to_json(),
+            "timer_lateness_running": self.lateness_running.to_json(),
+            "cpu_wait": self.cpu_wait.to_json(),
             "scan": self.scans.to_json(),
             "gc": GcPauses.by_generation(),
         }

@@ -196,6 +196,16 @@ def loop_metrics(nsqd: NSQD) -> Iterator[Metric]:
         mon.lateness,
     )
     yield from _histogram(
+        "nsq_loop_timer_lateness_running_seconds",
+        "probe timer lateness less the time the loop's thread waited for a CPU (Linux)",
+        mon.lateness_running,
+    )
+    yield CounterMetricFamily(
+        "nsq_loop_cpu_wait_seconds",
+        "time the loop's thread was runnable but waited for a CPU (Linux; the machine's)",
+        value=mon.cpu_wait.seconds,
+    )
+    yield from _histogram(
         "nsq_loop_scan_seconds",
         "the scan loop's rounds (timeouts, deferred, heartbeats, checkpoints, reclaims)",
         mon.scans,
