@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from nsqx.nsqd.loop_monitor import BUCKET_BOUNDS, Histogram
+from nsqx.nsqd.loop_monitor import BUCKET_BOUNDS, Histogram, freeze_startup_heap
 from nsqx.nsqd.loopturn import TURN_BUCKETS
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.stats import GcPauses
@@ -132,3 +132,17 @@ def test_gc_pauses_by_generation() -> None:
     assert after["gen1"]["collections"] == before["gen1"]["collections"] + 1
     assert after["gen2"]["collections"] == before["gen2"]["collections"] + 1
     assert after["gen2"]["max_us"] >= 0 and after["gen2"]["total_us"] >= before["gen2"]["total_us"]
+
+
+def test_the_start_up_heap_is_frozen_once_per_process() -> None:
+    async def body() -> None:
+        nsqd = await start_nsqd()
+        try:
+            # the first nsqd of the process froze what existed after its start...
+            assert gc.get_freeze_count() > 0
+            # ...and no later one freezes again (tests start many in one process)
+            assert freeze_startup_heap() is False
+        finally:
+            await nsqd.close()
+
+    run(body())

@@ -17,7 +17,8 @@ latency tail. Three measurements, each costing next to nothing per message:
 - **periodic work**: the scan loop's rounds (timeouts, deferred messages, heartbeats,
   checkpoints, reclaims), timed whole.
 
-Garbage collections are timed by generation by nsqx.nsqd.stats.GcPauses. Uvloop has no
+Garbage collections are timed by generation by nsqx.nsqd.stats.GcPauses, and
+freeze_startup_heap() keeps the full ones short. Uvloop has no
 hook per loop iteration; a ``call_soon`` chain re-arming itself would see every turn,
 but it costs a handle per turn and keeps the loop from ever sleeping (an idle nsqd
 would spin). /stats (``event_loop``) and /metrics (``nsq_loop_*``, ``nsq_gc_*``) report
@@ -27,6 +28,7 @@ these; docs/metrics.md says how to read them.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 from typing import Any
@@ -46,6 +48,32 @@ BUCKET_BOUNDS: tuple[float, ...] = (
     *((1 << i) / 1e6 for i in range(TURN_BUCKETS - 1)),
     float("inf"),
 )
+
+
+_frozen = False
+
+
+def freeze_startup_heap() -> bool:
+    """Move every object alive after start-up (modules, classes, nsqd's own long-lived
+    state) to the collector's permanent generation, once per process; True if it did.
+
+    A full (generation 2) collection traverses every tracked object, and the loop
+    stands still meanwhile: with nsqx, aiohttp and prometheus-client loaded, about 43k
+    objects, 16-60 ms per full collection on the 2-core test machine (measured with a
+    started nsqd, 2026-11-27), 0.05 ms once they are frozen. Full collections are rare
+    (nsqd allocates few tracked objects per message), but when one came it was the
+    longest turn of a run (72 ms). Objects frozen are never collected: a reference
+    cycle among them that becomes garbage later stays, which bounds the cost to what
+    existed at start. Once per process, so that test processes running many nsqd do
+    not freeze their tests' garbage again and again.
+    """
+    global _frozen
+    if _frozen:
+        return False
+    _frozen = True
+    gc.collect()  # garbage of the start itself is not frozen
+    gc.freeze()
+    return True
 
 
 class Histogram:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import ssl
@@ -18,7 +19,7 @@ from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.http import HTTPServer
 from nsqx.nsqd.lookup import LookupManager
-from nsqx.nsqd.loop_monitor import LoopMonitor
+from nsqx.nsqd.loop_monitor import LoopMonitor, freeze_startup_heap
 from nsqx.nsqd.loopturn import LoopTurn
 from nsqx.nsqd.metadata import (
     ChannelMetadata,
@@ -378,6 +379,9 @@ class NSQD:
         self.replication.start()
         # last, once every listener is bound: IDENTIFY announces the real ports
         self.lookup.start()
+        # the start's long-lived objects out of the collector's way (the tail: see there)
+        if freeze_startup_heap():
+            log.debug("GC: froze %d start-up objects", gc.get_freeze_count())
 
     def _node_id(self) -> str:
         """This node's id for nsqlookupd (its distributed_id): chosen at the first start
