@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import itertools
 import os
 import time
 from typing import Any
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from nsqx.nsqd import syncer
 from nsqx.nsqd.loop_monitor import BUCKET_BOUNDS, Histogram, freeze_startup_heap
 from nsqx.nsqd.loopturn import TURN_BUCKETS
 from nsqx.nsqd.nsqd import NSQD
@@ -142,6 +145,35 @@ def test_the_start_up_heap_is_frozen_once_per_process() -> None:
             assert gc.get_freeze_count() > 0
             # ...and no later one freezes again (tests start many in one process)
             assert freeze_startup_heap() is False
+        finally:
+            await nsqd.close()
+
+    run(body())
+
+
+def test_a_checkpoint_round_is_sliced_between_channels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a slice of 0 s: the round gives the loop a turn before every channel's snapshot
+    monkeypatch.setattr(syncer, "CHECKPOINT_SLICE", 0.0)
+
+    async def body() -> None:
+        nsqd = await start_nsqd()
+        try:
+            pub = await Raw.connect(nsqd)
+            await pub.publish("t", b"a")
+            part = nsqd.topics["t"].partitions[0]
+            channels = [part.get_channel(f"c{i}") for i in range(4)]
+            for ch in channels:
+                ch.dirty = True
+            nsqd.checkpointer.run_round()
+            clean = [0]
+            while clean[-1] < len(channels):
+                await asyncio.sleep(0)  # one step of the round at most
+                clean.append(sum(not ch.dirty for ch in channels))
+            # one channel per turn of the loop, and every one of them in the end
+            assert all(b - a <= 1 for a, b in itertools.pairwise(clean))
+            await nsqd.checkpointer.drain()
+            for ch in channels:
+                assert ch.cursor_path is not None and os.path.exists(ch.cursor_path)
         finally:
             await nsqd.close()
 
