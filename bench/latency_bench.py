@@ -1073,6 +1073,35 @@ def _range(values: list[float], fmt: str) -> str:
     return format(lo, fmt) if lo == hi else f"{format(lo, fmt)}-{format(hi, fmt)}"
 
 
+def latency_table(results: list[dict[str, Any]], names: list[str]) -> str:
+    """A Markdown table of the latency and oneloop cases: per target, the ranges over
+    the rounds of p50 / p99 / p99.9 / max (ms), then the loop figures of nsqx targets."""
+    by_case: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for r in results:
+        if r["phase"] in ("latency", "oneloop"):
+            by_case.setdefault(case_label(r), {}).setdefault(r["target"], []).append(r)
+    if not by_case:
+        return ""
+
+    def cell(rs: list[dict[str, Any]]) -> str:
+        return " / ".join(
+            _range([x[k] for x in rs if x.get(k) is not None], f)
+            for k, f in (("p50", ".2f"), ("p99", ".1f"), ("p999", ".1f"), ("max", ".1f"))
+        )
+
+    lines = [
+        "| case | " + " | ".join(f"{n} p50 / p99 / p99.9 / max (ms)" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for label, per in by_case.items():
+        lines.append(
+            f"| {' '.join(label.split())} | "
+            + " | ".join(cell(per.get(n, [])) for n in names)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def summary(cfg: Config) -> str:
     """Ranges per case and target, and per-round ratios of each target to the first."""
     names = [t.name for t in cfg.targets]
@@ -1226,6 +1255,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     print()
     print(summary(cfg))
+    table = latency_table(cfg.results, [t.name for t in cfg.targets])
+    if table:
+        print()
+        print(table)
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(cfg.results, f, indent=1)

@@ -57,6 +57,8 @@ def test_every_phase_reports_against_our_nsqd(monkeypatch: pytest.MonkeyPatch) -
     defer = by_phase[("defer", None)]
     # deferred messages never come before their time
     assert defer["dpub_early"] == 0 and defer["req_early"] == 0
+    table = lb.latency_table(results, ["ours"])
+    assert "| oneloop size-1 2,000 msgs/s |" in table and "| latency timeout-1" in table
     summary = lb.summary(cfg)
     assert (
         "latency timeout-1" in summary
