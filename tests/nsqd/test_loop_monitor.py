@@ -15,8 +15,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nsqx.nsqd import syncer
-from nsqx.nsqd.loop_monitor import BUCKET_BOUNDS, Histogram, freeze_startup_heap
-from nsqx.nsqd.loopturn import TURN_BUCKETS
+from nsqx.nsqd.loop_monitor import (
+    BUCKET_BOUNDS,
+    PROBE_INTERVAL,
+    Histogram,
+    LoopMonitor,
+    freeze_startup_heap,
+)
+from nsqx.nsqd.loopturn import TURN_BUCKETS, LoopTurn
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.stats import GcPauses
 from nsqx.wire import commands as c
@@ -72,9 +78,11 @@ def test_a_stalled_loop_shows_in_stats_and_metrics() -> None:
             await wait_for(lambda: ch.in_flight_count == 0)
             mon = nsqd.loop_monitor
             await wait_for(lambda: mon.scans.count > 0, what="a scan round")
-            # a turn that holds the loop for 40 ms, as a long piece of periodic work would
-            asyncio.get_running_loop().call_soon(time.sleep, 0.04)
-            await wait_for(lambda: mon.lateness.recent_max >= 0.035, what="the stall seen")
+            # turns that hold the loop for 40 ms, as a long piece of periodic work would,
+            # until the probe (every 100 ms while no client reads) falls in one
+            while mon.lateness.recent_max < 0.035:
+                asyncio.get_running_loop().call_soon(time.sleep, 0.04)
+                await asyncio.sleep(0)
             gc.collect(2)
             stats = await _get(nsqd, "/stats?format=json")
             loop = stats["event_loop"]
@@ -176,5 +184,27 @@ def test_a_checkpoint_round_is_sliced_between_channels(monkeypatch: pytest.Monke
                 assert ch.cursor_path is not None and os.path.exists(ch.cursor_path)
         finally:
             await nsqd.close()
+
+    run(body())
+
+
+def test_the_probe_is_frequent_only_while_clients_read() -> None:
+    async def body() -> None:
+        turn = LoopTurn(0.0)
+        mon = LoopMonitor(turn)
+        mon.start()
+        try:
+            assert mon._handle is not None
+            mon._handle.cancel()
+            mon._probe()  # no reading turn since the last probe: the idle interval
+            assert mon._due - time.monotonic() > PROBE_INTERVAL
+            assert mon._handle is not None
+            mon._handle.cancel()
+            turn.turn_seconds += 0.001  # a client read: often again
+            mon._probe()
+            assert mon._due - time.monotonic() <= PROBE_INTERVAL
+        finally:
+            mon.stop()
+        assert mon._handle is None and mon.lateness.count == 2
 
     run(body())
