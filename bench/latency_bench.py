@@ -33,6 +33,15 @@ Phases (``--phases``, in this order):
     asks for it in IDENTIFY: ``default`` (none asked: the server's 16 KiB / 250 ms),
     ``timeout-1`` (output_buffer_timeout -1), ``size-1`` (output_buffer_size -1),
     ``timeout-N`` / ``size-N`` (N ms / N bytes).
+``oneloop``
+    The latency phase's load in another shape, as an application embeds both clients:
+    publisher and consumer in one process (a worker, uvloop) and one event loop, so
+    that each stalls the other as a real service would. Every millisecond the
+    publisher writes, in one write, the PUBs due so far (pipelined, ``--size`` bytes,
+    each body stamped with the clock when it was built); the consumer (RDY ``--rdy``,
+    the output buffering of the mode asked for in IDENTIFY) writes a FIN for each
+    message as it arrives (one write per message). Same window, percentiles and modes
+    as ``latency``.
 ``pub-rtt``
     Single-PUB round trips: ``--conns`` connections (1, 4, 16, 64) each publish one
     ``--size`` message and wait for its OK before the next, for ``--rtt-seconds`` (5);
@@ -78,9 +87,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp
 from server_bench import (
     BenchConfig,
     BenchError,
+    _check_failed,
     _Conn,
     connect,
     message_body,
@@ -103,7 +114,7 @@ from nsqx.wire.frames import (
     OK,
 )
 
-PHASES = ("latency", "pub-rtt", "defer")
+PHASES = ("latency", "oneloop", "pub-rtt", "defer")
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "go-nsq-1.3.0"
 GO_NSQD = REFERENCE / "nsqd"
 GO_BENCH_WRITER = REFERENCE / "bench_writer"
@@ -132,6 +143,8 @@ class Target:
     command: list[str] | None = None
     host: str = "127.0.0.1"
     port: int = 0
+    #: the HTTP port of a server the bench started (for nsqx's event_loop figures)
+    http_port: int = 0
     pid: int | None = None
     proc: subprocess.Popen[bytes] | None = None
     tmp: str | None = None
@@ -142,7 +155,7 @@ class Target:
             return
         self.tmp = tempfile.mkdtemp(prefix=f"latbench-{self.name}-")
         self.port = free_port()
-        http = free_port()
+        http = self.http_port = free_port()
         argv = [
             *self.command,
             f"--tcp-address=127.0.0.1:{self.port}",
@@ -215,6 +228,71 @@ def parse_target(text: str, nsqd_args: Sequence[str]) -> Target:
         t.description = f"running server at {parts[0]}:{parts[1]}"
         return t
     raise BenchError(f"bad target {text!r}: expected ours, python:PATH, go[:PATH], tcp:HOST:PORT")
+
+
+# --- nsqx's own loop figures (its /stats event_loop) --------------------------------------
+
+
+async def loop_figures(t: Target) -> dict[str, Any] | None:
+    """nsqx's ``event_loop`` from /stats (None for a server without it, e.g. Go's)."""
+    if not t.http_port:
+        return None
+    url = f"http://{t.host}:{t.http_port}/stats?format=json&include_clients=false"
+    try:
+        async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(5)) as r:
+            body = await r.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+    loop = body.get("event_loop") if isinstance(body, dict) else None
+    return loop if isinstance(loop, dict) else None
+
+
+def _delta_quantile(before: dict[str, Any], after: dict[str, Any], q: float) -> float | None:
+    """Quantile ``q`` (the bucket's upper bound, us) of what a histogram counted between
+    two /stats snapshots; None if nothing; +Inf buckets as the max."""
+    old = {b: n for b, n in before.get("buckets", [])}
+    counts = [(b, n - old.get(b, 0)) for b, n in after.get("buckets", [])]
+    counts = [(b, n) for b, n in counts if n > 0]
+    total = sum(n for _, n in counts)
+    if not total:
+        return None
+    seen = 0
+    for b, n in sorted(counts, key=lambda x: float("inf") if x[0] is None else x[0]):
+        seen += n
+        if seen >= q * total:
+            return float(after["max_us"]) if b is None else float(b)
+    return None
+
+
+def loop_summary(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
+    """What the server's loop did during a case: turns and timer lateness (p99.9 as a
+    bucket's upper bound, the longest over the last 10-20 s), scan rounds, collections."""
+    if before is None or after is None:
+        return {}
+    out: dict[str, Any] = {}
+    keys = (
+        ("turns", "turn"),
+        ("timer_lateness", "late"),
+        ("timer_lateness_running", "late_running"),
+        ("scan", "scan"),
+    )
+    for key, name in keys:
+        b, a = before.get(key, {}), after.get(key, {})
+        out[f"loop_{name}s"] = a.get("count", 0) - b.get("count", 0)
+        p = _delta_quantile(b, a, 0.999)
+        out[f"loop_{name}_p999_ms"] = None if p is None else round(p / 1e3, 3)
+        out[f"loop_{name}_max_ms"] = round(a.get("recent_max_us", 0) / 1e3, 2)
+    wait = after.get("cpu_wait", {}).get("total_us", 0) - before.get("cpu_wait", {}).get(
+        "total_us", 0
+    )
+    out["loop_cpu_wait_ms"] = round(wait / 1e3, 1)
+    gcb, gca = before.get("gc", {}), after.get("gc", {})
+    out["gc"] = [
+        gca.get(g, {}).get("collections", 0) - gcb.get(g, {}).get("collections", 0)
+        for g in ("gen0", "gen1", "gen2")
+    ]
+    out["gc_max_ms"] = round(max((v.get("max_us", 0) for v in gca.values()), default=0) / 1e3, 2)
+    return out
 
 
 # --- output buffering modes -------------------------------------------------------------
@@ -388,6 +466,115 @@ async def round_trips(req: dict[str, Any]) -> dict[str, Any]:
     return {"count": sum(c.counted for c in conns), "cpu_s": cpu}
 
 
+class _OneLoopConsumer(_Conn):
+    """The oneloop phase's consumer: a FIN written for each message as it arrives."""
+
+    def __init__(self) -> None:
+        super().__init__("oneloop-consumer")
+        self.sent_at: array[int] = array("q")
+        self.latency: array[int] = array("q")
+        self.rdy = self.rdy_left = 0
+        self.stop_ns = 1 << 62
+        self.before_stop = 0
+        self.last_at = 0.0
+
+    def set_rdy(self, count: int) -> None:
+        self.rdy = self.rdy_left = count
+        self.write(commands.rdy(count))
+
+    def on_frames(self, frames: list[tuple[int, bytes]]) -> None:
+        now = time.monotonic_ns()
+        transport = self.transport
+        seen = 0
+        for ftype, payload in frames:
+            if ftype != FRAME_MESSAGE:
+                self.on_control(ftype, payload)
+                continue
+            sent = _TS.unpack_from(payload, 26)[0]
+            self.sent_at.append(sent)
+            self.latency.append(now - sent)
+            if sent < self.stop_ns:
+                self.before_stop += 1
+            if transport is not None and not self.closing:
+                transport.write(b"FIN " + payload[10:26] + b"\n")  # one write per message
+            seen += 1
+        if seen:
+            self.last_at = time.monotonic()
+            self.rdy_left -= seen
+            if self.rdy_left <= self.rdy // 2:
+                self.write(commands.rdy(self.rdy))
+                self.rdy_left = self.rdy
+
+
+async def one_loop(req: dict[str, Any]) -> dict[str, Any]:
+    """The oneloop phase in a worker: publisher and consumer on this process's one loop."""
+    host, port, topic = req["host"], req["port"], req["topic"]
+    size, rate = req["size"], req["rate"]
+    cons = await connect(
+        _OneLoopConsumer, host, port, "oneloop-consumer", BenchConfig(), req["identify"]
+    )
+    resp = await until(cons.request(commands.sub(topic, CHANNEL)), [cons], 10, "SUB")
+    if resp != OK:
+        raise BenchError(f"oneloop consumer: SUB answered {resp[:200]!r}")
+    cons.set_rdy(min(req["rdy"], int(cons.settings.get("max_rdy_count", req["rdy"]))))
+    pub: _Responses = await _open(_Responses, host, port)
+    transport = pub.transport
+    assert transport is not None
+    prefix = b"PUB " + topic.encode() + b"\n" + struct.pack(">i", size)
+    pad = message_body(size - _TS.size)
+    pack = _TS.pack
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic_ns()
+    end = t0 + int(req["seconds"] * 1e9)
+    stop = t0 + int((req["seconds"] - req["cooldown"]) * 1e9)
+    cons.stop_ns = stop
+    sent = sent_before_stop = max_gap = 0
+    last = t0
+    c0 = time.process_time()
+    while True:
+        now = time.monotonic_ns()
+        if now >= end or pub.error or pub.lost or cons.failed.done():
+            break
+        max_gap = max(max_gap, now - last)
+        last = now
+        due = (now - t0) * rate // 1_000_000_000 + 1 - sent
+        if due > 0:
+            # each PUB stamped with the clock when it is built
+            transport.write(
+                b"".join([prefix + pack(time.monotonic_ns()) + pad for _ in range(due)])
+            )
+            sent += due
+            if now < stop:
+                sent_before_stop += due
+        await asyncio.sleep(0.001)
+    # the window's messages all come (a server that fell behind drains its backlog)
+    deadline = time.monotonic() + 120
+    while cons.before_stop < sent_before_stop and not cons.failed.done():
+        now_s = time.monotonic()
+        if now_s > deadline or now_s - max(cons.last_at, t0 / 1e9) > 5:
+            break
+        await asyncio.sleep(0.01)
+    wait_until = time.monotonic() + 30
+    while pub.acked < sent and not pub.error and not pub.lost and time.monotonic() < wait_until:
+        await asyncio.sleep(0.005)
+    cpu = time.process_time() - c0
+    transport.close()
+    cons.close()
+    _check_failed([cons])
+    if pub.error:
+        raise BenchError(f"oneloop publisher: the server sent an error: {pub.error}")
+    start = t0 + int(req["warmup"] * 1e9)
+    lat = [v for s, v in zip(cons.sent_at, cons.latency, strict=True) if start <= s < stop]
+    return {
+        "msgs": sent,
+        "undelivered": sent_before_stop - cons.before_stop,
+        "measured": len(lat),
+        **{k: round(v, 3) for k, v in percentiles(lat).items()},
+        "pub_max_tick_gap_ms": round(max_gap / 1e6, 2),
+        "client_cpu_pct": round(100 * cpu / req["seconds"], 1),
+    }
+
+
 def _worker(conn: multiprocessing.connection.Connection) -> None:
     """A publisher process: runs the requests it is sent until told to stop."""
     while True:
@@ -398,7 +585,7 @@ def _worker(conn: multiprocessing.connection.Connection) -> None:
         if req.get("kind") == "stop":
             return
         try:
-            run = pace if req["kind"] == "pace" else round_trips
+            run = {"pace": pace, "rtt": round_trips, "oneloop": one_loop}[req["kind"]]
             res = run_loop(run(req))
         except BaseException as err:  # reported to the parent
             res = {"error": str(err) or repr(err)}
@@ -557,6 +744,8 @@ class Bench:
         out: list[tuple[str, dict[str, Any]]] = []
         if "latency" in cfg.phases:
             out += [("latency", {"mode": m, "rate": r}) for m in cfg.modes for r in cfg.rates]
+        if "oneloop" in cfg.phases:
+            out += [("oneloop", {"mode": m, "rate": r}) for m in cfg.modes for r in cfg.rates]
         if "pub-rtt" in cfg.phases:
             for g in cfg.generators:
                 out += [("pub-rtt", {"generator": g, "conns": c}) for c in cfg.conns]
@@ -572,16 +761,22 @@ class Bench:
                 for t in order:
                     t.check_alive()
                     load = os.getloadavg()[0]
+                    timed_loop = phase in ("latency", "oneloop")
+                    loop0 = await loop_figures(t) if timed_loop else None
                     cpu0 = server_cpu_seconds(t.pid)
                     w0 = time.monotonic()
                     if phase == "latency":
                         res = await self.latency(t, **case)
+                    elif phase == "oneloop":
+                        res = await self.one_loop(t, **case)
                     elif phase == "pub-rtt":
                         res = await self.pub_rtt(t, **case)
                     else:
                         res = await self.defer(t)
                     wall = time.monotonic() - w0
                     cpu1 = server_cpu_seconds(t.pid)
+                    if loop0 is not None:
+                        res.update(loop_summary(loop0, await loop_figures(t)))
                     res.update(phase=phase, target=t.name, round=rnd + 1, load1=round(load, 2))
                     res.update(case)
                     if cpu0 is not None and cpu1 is not None:
@@ -641,6 +836,24 @@ class Bench:
             "pub_max_tick_gap_ms": round(pub["max_tick_gap_ms"], 2),
             "pub_cpu_pct": round(100 * pub["cpu_s"] / cfg.seconds, 1),
         }
+
+    async def one_loop(self, t: Target, mode: str, rate: int) -> dict[str, Any]:
+        cfg = self.cfg
+        req = {
+            "kind": "oneloop",
+            "host": t.host,
+            "port": t.port,
+            "topic": f"one-{secrets.token_hex(4)}",
+            "identify": mode_identify(mode),
+            "rdy": cfg.rdy,
+            "rate": rate,
+            "seconds": cfg.seconds,
+            "warmup": cfg.warmup,
+            "cooldown": cfg.cooldown,
+            "size": cfg.size,
+        }
+        self.workers.send(0, req)
+        return await self.workers.result(0, cfg.seconds + 200)
 
     async def pub_rtt(self, t: Target, generator: str, conns: int) -> dict[str, Any]:
         cfg = self.cfg
@@ -803,8 +1016,8 @@ class DeferConsumer(_Conn):
 
 
 def case_label(r: dict[str, Any]) -> str:
-    if r["phase"] == "latency":
-        return f"latency {r['mode']:>9} {r['rate']:>7,} msgs/s"
+    if r["phase"] in ("latency", "oneloop"):
+        return f"{r['phase']:<7} {r['mode']:>9} {r['rate']:>7,} msgs/s"
     if r["phase"] == "pub-rtt":
         return f"pub-rtt {r['generator']:>3} {r['conns']:>3} conns"
     return "defer"
@@ -813,12 +1026,12 @@ def case_label(r: dict[str, Any]) -> str:
 def format_result(r: dict[str, Any]) -> str:
     head = f"[round {r['round']}] {case_label(r)} {r['target']:>8}:"
     cpu = f"server {r.get('server_cpu_pct', float('nan')):.0f}%"
-    if r["phase"] == "latency":
+    if r["phase"] in ("latency", "oneloop"):
         lost = f"; {r['undelivered']:,} NOT DELIVERED" if r.get("undelivered") else ""
         return (
             f"{head} p50 {r['p50']:.2f} p99 {r['p99']:.2f} p99.9 {r['p999']:.2f} "
             f"max {r['max']:.2f} ms ({r['measured']:,} msgs{lost}; {cpu}; publisher tick "
-            f"gap max {r['pub_max_tick_gap_ms']:.1f} ms; load {r['load1']})"
+            f"gap max {r['pub_max_tick_gap_ms']:.1f} ms; load {r['load1']})" + loop_line(r)
         )
     if r["phase"] == "pub-rtt":
         per = r.get("server_us_per_msg")
@@ -834,11 +1047,59 @@ def format_result(r: dict[str, Any]) -> str:
     )
 
 
+def loop_line(r: dict[str, Any]) -> str:
+    """The server's own loop figures for a case (nsqx only), on a line of their own."""
+    if "loop_turns" not in r:
+        return ""
+
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:g}"
+
+    return (
+        f"\n    {r['target']} loop: {r['loop_turns']:,} reading turns, p99.9 <= "
+        f"{ms(r['loop_turn_p999_ms'])} max {ms(r['loop_turn_max_ms'])} ms; timers late "
+        f"p99.9 <= {ms(r['loop_late_p999_ms'])} max {ms(r['loop_late_max_ms'])} ms, less "
+        f"the {r['loop_cpu_wait_ms']:g} ms it waited for a CPU p99.9 <= "
+        f"{ms(r['loop_late_running_p999_ms'])} max {ms(r['loop_late_running_max_ms'])} ms; scan "
+        f"rounds max {ms(r['loop_scan_max_ms'])} ms; gc {'/'.join(map(str, r['gc']))} "
+        f"(max {r['gc_max_ms']:g} ms)"
+    )
+
+
 def _range(values: list[float], fmt: str) -> str:
     if not values:
         return "-"
     lo, hi = min(values), max(values)
     return format(lo, fmt) if lo == hi else f"{format(lo, fmt)}-{format(hi, fmt)}"
+
+
+def latency_table(results: list[dict[str, Any]], names: list[str]) -> str:
+    """A Markdown table of the latency and oneloop cases: per target, the ranges over
+    the rounds of p50 / p99 / p99.9 / max (ms), then the loop figures of nsqx targets."""
+    by_case: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for r in results:
+        if r["phase"] in ("latency", "oneloop"):
+            by_case.setdefault(case_label(r), {}).setdefault(r["target"], []).append(r)
+    if not by_case:
+        return ""
+
+    def cell(rs: list[dict[str, Any]]) -> str:
+        return " / ".join(
+            _range([x[k] for x in rs if x.get(k) is not None], f)
+            for k, f in (("p50", ".2f"), ("p99", ".1f"), ("p999", ".1f"), ("max", ".1f"))
+        )
+
+    lines = [
+        "| case | " + " | ".join(f"{n} p50 / p99 / p99.9 / max (ms)" for n in names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for label, per in by_case.items():
+        lines.append(
+            f"| {' '.join(label.split())} | "
+            + " | ".join(cell(per.get(n, [])) for n in names)
+            + " |"
+        )
+    return "\n".join(lines)
 
 
 def summary(cfg: Config) -> str:
@@ -854,6 +1115,7 @@ def summary(cfg: Config) -> str:
         phase = next(iter(per.values()))[0]["phase"]
         keys = {
             "latency": [("p50", ".2f"), ("p99", ".2f"), ("p999", ".2f"), ("max", ".1f")],
+            "oneloop": [("p50", ".2f"), ("p99", ".2f"), ("p999", ".2f"), ("max", ".1f")],
             "pub-rtt": [("msgs_per_s", ",.0f"), ("server_us_per_msg", ".1f")],
             "defer": [
                 ("dpub_p50", ".1f"),
@@ -872,7 +1134,8 @@ def summary(cfg: Config) -> str:
             lines.append(f"  {name:>8}: " + "; ".join(cells))
         for name in names[1:]:
             ratios = []
-            for k, _ in keys[:3] if phase != "pub-rtt" else keys[:1]:
+            compared = {"latency": keys, "oneloop": keys, "pub-rtt": keys[:1]}.get(phase, keys[:3])
+            for k, _ in compared:
                 pairs = [
                     (a[k], b[k])
                     for a in per.get(base, [])
@@ -992,6 +1255,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     print()
     print(summary(cfg))
+    table = latency_table(cfg.results, [t.name for t in cfg.targets])
+    if table:
+        print()
+        print(table)
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(cfg.results, f, indent=1)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nsqx.cli.nsqd_flags import parse_nsqd_args
-from nsqx.nsqd import channel, client_v2, nsqd, partition, syncer
+from nsqx.nsqd import channel, client_v2, loopturn, nsqd, partition, syncer
 
 #: (class, method) pairs timed
 HOT = [
@@ -46,7 +46,7 @@ HOT = [
     (partition.Partition, "reclaim"),
     (syncer.Checkpointer, "run_round"),
     (syncer.LogSyncer, "request"),
-    (nsqd.NSQD, "_turn_end"),
+    (loopturn.LoopTurn, "_end"),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -45,8 +46,8 @@ def test_every_phase_reports_against_our_nsqd(monkeypatch: pytest.MonkeyPatch) -
     lines: list[str] = []
     results = lb.run(cfg, lines.append)
     by_phase = {(r["phase"], r.get("mode")): r for r in results}
-    for mode in ("timeout-1", "size-1"):
-        r = by_phase[("latency", mode)]
+    for phase, mode in itertools.product(("latency", "oneloop"), ("timeout-1", "size-1")):
+        r = by_phase[(phase, mode)]
         # every message of the measured window came, each measured once
         assert r["undelivered"] == 0
         assert r["measured"] > 1000
@@ -56,5 +57,11 @@ def test_every_phase_reports_against_our_nsqd(monkeypatch: pytest.MonkeyPatch) -
     defer = by_phase[("defer", None)]
     # deferred messages never come before their time
     assert defer["dpub_early"] == 0 and defer["req_early"] == 0
+    table = lb.latency_table(results, ["ours"])
+    assert "| oneloop size-1 2,000 msgs/s |" in table and "| latency timeout-1" in table
     summary = lb.summary(cfg)
-    assert "latency timeout-1" in summary and "pub-rtt  py   2 conns" in summary
+    assert (
+        "latency timeout-1" in summary
+        and "oneloop    size-1" in summary
+        and "pub-rtt  py   2 conns" in summary
+    )

@@ -309,7 +309,9 @@ def test_stats_json_shape_and_filters() -> None:
                 return json.loads(text)  # type: ignore[no-any-return]
 
             full = await stats("")
-            assert set(full) == {"version", "health", "start_time", "topics", "memory", "producers"}
+            # NSQ 1.3's keys, and nsqx's event_loop (nsqx.nsqd.loop_monitor)
+            nsq = {"version", "health", "start_time", "topics", "memory", "producers"}
+            assert set(full) == nsq | {"event_loop"}
             assert full["health"] == "OK"
             assert [t["topic_name"] for t in full["topics"]] == ["t", "u"]
             t = full["topics"][0]

@@ -739,7 +739,8 @@ class HTTPServer:
         health = self.nsqd.health()
         start = float(self.nsqd.start_time)
         if first("format") == "json":
-            return ok_json(st.stats_json(snapshot, mem, health, start))
+            loop = self.nsqd.loop_monitor.snapshot() if include_mem else None
+            return ok_json(st.stats_json(snapshot, mem, health, start, loop))
         return ok_text(st.format_text(snapshot, mem, health, start))
 
     async def metrics(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:

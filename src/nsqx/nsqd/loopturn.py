@@ -26,6 +26,9 @@ READ_BUDGET_PER_ITERATION: Final = 64 * 1024
 BUSY_POLL_ALONE: Final = 0.01
 # (compiled: a C static, where ``time.monotonic`` is a module lookup on every read)
 _monotonic: Final = time.monotonic
+#: Buckets of the turn histogram (nsqx.nsqd.loop_monitor): bucket i counts turns that
+#: lasted less than 2**i us (and at least 2**(i-1)); the last, every longer one (> 4 s).
+TURN_BUCKETS: Final = 24
 
 
 class LoopTurn:
@@ -55,6 +58,14 @@ class LoopTurn:
         #: nsqd's health: the last storage write error, None once a write succeeds
         #: (NSQD.health_error; here because every commit reads it)
         self.health_error: str | None = None
+        #: turns that read from clients, by duration: first read to the group commit's
+        #: end (see TURN_BUCKETS); their longest since LoopMonitor last took it, and the
+        #: seconds of them all
+        self.turn_counts: list[int] = [0] * TURN_BUCKETS
+        self.turn_max = 0.0
+        self.turn_seconds = 0.0
+        #: when this turn's first read (or publish) came
+        self.turn_started = 0.0
         # the bound method, made once (one call_soon per loop iteration)
         self._end_cb: Callable[[], None] = self._end
         self._poll_cb: Callable[[], None] = self._poll_on
@@ -83,6 +94,7 @@ class LoopTurn:
         # One handle per loop iteration, run after the iteration's I/O callbacks: ready
         # handles run in the next iteration's first phase, before it polls again.
         self.end_scheduled = True
+        self.turn_started = _monotonic()
         self._running_loop().call_soon(self._end_cb)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
@@ -100,6 +112,14 @@ class LoopTurn:
             self.to_commit = []
             for part in parts:
                 part.commit()
+        # The turn's length (reads, their answers, the timers between, the commit): a
+        # clock read and a few additions per turn, not per message.
+        took = _monotonic() - self.turn_started
+        self.turn_seconds += took
+        if took > self.turn_max:
+            self.turn_max = took
+        us = int(took * 1e6)
+        self.turn_counts[min(us.bit_length(), TURN_BUCKETS - 1)] += 1
 
     # -- busy polling ---------------------------------------------------------------
     #
@@ -121,7 +141,8 @@ class LoopTurn:
     def note_read(self, reader: ClientV2 | None, published: bool) -> None:
         # One clock read per loop iteration: later reads in it take the first one's time
         # (microseconds apart; a second connection's read makes them shared anyway).
-        now = self.last_read_at if self.read_this_turn else _monotonic()
+        # (the turn's first read: _schedule_end just read the clock for the turn)
+        now = self.last_read_at if self.read_this_turn else self.turn_started
         if reader is not self.last_reader:
             if now - self.last_read_at < self.alone:
                 self.shared_until = now + self.alone

@@ -21,12 +21,14 @@ from prometheus_client import (
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
 from nsqx import NSQ_VERSION
-from nsqx.nsqd.stats import ChannelStats, TopicStats, get_stats
+from nsqx.nsqd.loop_monitor import Histogram
+from nsqx.nsqd.stats import ChannelStats, GcPauses, TopicStats, get_stats
 
 if TYPE_CHECKING:
     from nsqx.nsqd.nsqd import NSQD
@@ -166,6 +168,64 @@ class NsqdCollector(Collector):
         yield from (p_depth, p_msgs, r_leader, r_isr, r_epoch, r_lag)
         if nsqd.options.e2e_processing_latency_percentiles:
             yield from (t_e2e, c_e2e, c_e2e_count)
+        yield from loop_metrics(nsqd)
+
+
+def _histogram(name: str, doc: str, h: Histogram) -> Iterator[Metric]:
+    yield HistogramMetricFamily(name, doc, buckets=h.cumulative(), sum_value=h.seconds)
+    yield GaugeMetricFamily(
+        name.removesuffix("_seconds") + "_max_seconds",
+        f"the longest over the last 10-20 s: {doc}",
+        value=h.recent_max,
+    )
+
+
+def loop_metrics(nsqd: NSQD) -> Iterator[Metric]:
+    """The event loop's turns, timer lateness and scan rounds, and the garbage
+    collections by generation (nsqx.nsqd.loop_monitor): what makes the latency tail."""
+    mon = nsqd.loop_monitor
+    mon.snapshot()  # (brings the compiled LoopTurn's turn counts)
+    yield from _histogram(
+        "nsq_loop_turn_seconds",
+        "event-loop turns that read from clients, first read to the group commit's end",
+        mon.turns,
+    )
+    yield from _histogram(
+        "nsq_loop_timer_lateness_seconds",
+        "how late a probe timer fired (every turn's length shows here; 1 ms resolution)",
+        mon.lateness,
+    )
+    yield from _histogram(
+        "nsq_loop_timer_lateness_running_seconds",
+        "probe timer lateness less the time the loop's thread waited for a CPU (Linux)",
+        mon.lateness_running,
+    )
+    yield CounterMetricFamily(
+        "nsq_loop_cpu_wait_seconds",
+        "time the loop's thread was runnable but waited for a CPU (Linux; the machine's)",
+        value=mon.cpu_wait.seconds,
+    )
+    yield from _histogram(
+        "nsq_loop_scan_seconds",
+        "the scan loop's rounds (timeouts, deferred, heartbeats, checkpoints, reclaims)",
+        mon.scans,
+    )
+    gen = ["generation"]
+    runs = CounterMetricFamily(
+        "nsq_gc_collections", "cyclic garbage collections since start", labels=gen
+    )
+    took = CounterMetricFamily(
+        "nsq_gc_pause_seconds", "time in cyclic garbage collections (the loop stops)", labels=gen
+    )
+    longest = GaugeMetricFamily(
+        "nsq_gc_pause_max_seconds", "the longest collection since start", labels=gen
+    )
+    for g in range(3):
+        label = [str(g)]
+        runs.add_metric(label, GcPauses.gen_runs[g])
+        took.add_metric(label, GcPauses.gen_ns[g] / 1e9)
+        longest.add_metric(label, GcPauses.gen_max_ns[g] / 1e9)
+    yield from (runs, took, longest)
 
 
 def _quantile_label(q: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import ssl
@@ -18,6 +19,7 @@ from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.http import HTTPServer
 from nsqx.nsqd.lookup import LookupManager
+from nsqx.nsqd.loop_monitor import LoopMonitor, freeze_startup_heap
 from nsqx.nsqd.loopturn import LoopTurn
 from nsqx.nsqd.metadata import (
     ChannelMetadata,
@@ -114,6 +116,8 @@ class NSQD:
         self._exiting = False
         #: per-read and per-iteration work: read budgets, the group commit, busy polling
         self.turn = LoopTurn(options.busy_poll)
+        #: the loop's turns, timer lateness and scan rounds, for /stats and /metrics
+        self.loop_monitor = LoopMonitor(self.turn)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loading = False
         self.data_path = options.data_path or os.getcwd()
@@ -367,6 +371,7 @@ class NSQD:
             self.https_address = await self.http.start(self.options.https_address, self.tls_context)
         GcPauses.install()
         self._gc_timed = True
+        self.loop_monitor.start()
         self._scan_task = asyncio.create_task(self._scan_loop())
         if self.options.statsd_address:
             self._statsd_task = asyncio.create_task(statsd_loop(self))
@@ -374,6 +379,9 @@ class NSQD:
         self.replication.start()
         # last, once every listener is bound: IDENTIFY announces the real ports
         self.lookup.start()
+        # the start's long-lived objects out of the collector's way (the tail: see there)
+        if freeze_startup_heap():
+            log.debug("GC: froze %d start-up objects", gc.get_freeze_count())
 
     def _node_id(self) -> str:
         """This node's id for nsqlookupd (its distributed_id): chosen at the first start
@@ -396,6 +404,7 @@ class NSQD:
         opts = self.options
         interval = opts.queue_scan_interval
         last_checkpoint = last_reclaim = clock.monotonic()
+        monitor = self.loop_monitor
         while True:
             await asyncio.sleep(interval)
             now = clock.monotonic()
@@ -420,6 +429,8 @@ class NSQD:
                 for topic in list(self.topics.values()):
                     for part in list(topic.partitions.values()):
                         part.reclaim()
+            # the round is one turn of the loop: how long it held the loop
+            monitor.scan_took(clock.monotonic() - now)
 
     def remove_later(self, path: str) -> None:
         """Unlink a file in a thread (a reclaimed 100 MB segment takes 5-30 ms to unlink:
@@ -462,6 +473,7 @@ class NSQD:
         await self.http.close()
         if self._statsd_task is not None:
             self._statsd_task.cancel()
+        self.loop_monitor.stop()
         if self._gc_timed:
             GcPauses.uninstall()
             self._gc_timed = False

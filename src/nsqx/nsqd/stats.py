@@ -386,14 +386,37 @@ class GcPauses:
     _started = 0
     pauses: deque[int] = deque(maxlen=256)
     runs = 0
+    #: per generation (0, 1, 2): collections, their total and longest ns
+    gen_runs = [0, 0, 0]
+    gen_ns = [0, 0, 0]
+    gen_max_ns = [0, 0, 0]
 
     @classmethod
     def _callback(cls, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
             cls._started = time.perf_counter_ns()
         elif cls._started:
-            cls.pauses.append(time.perf_counter_ns() - cls._started)
+            took = time.perf_counter_ns() - cls._started
+            cls.pauses.append(took)
             cls.runs += 1
+            gen = info.get("generation", 0)
+            if 0 <= gen <= 2:
+                cls.gen_runs[gen] += 1
+                cls.gen_ns[gen] += took
+                if took > cls.gen_max_ns[gen]:
+                    cls.gen_max_ns[gen] = took
+
+    @classmethod
+    def by_generation(cls) -> dict[str, dict[str, int]]:
+        """Collections timed since start, by generation: count, total and longest (us)."""
+        return {
+            f"gen{g}": {
+                "collections": cls.gen_runs[g],
+                "total_us": cls.gen_ns[g] // 1000,
+                "max_us": cls.gen_max_ns[g] // 1000,
+            }
+            for g in range(3)
+        }
 
     @classmethod
     def install(cls) -> None:
@@ -523,9 +546,14 @@ def format_text(stats: Stats, mem: dict[str, int] | None, health: str, start_tim
 
 
 def stats_json(
-    stats: Stats, mem: dict[str, int] | None, health: str, start_time: float
+    stats: Stats,
+    mem: dict[str, int] | None,
+    health: str,
+    start_time: float,
+    event_loop: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON /stats (``format=json``)."""
+    """The JSON /stats (``format=json``); ``event_loop`` (LoopMonitor.snapshot()) is an
+    addition to NSQ's shape, a key of its own."""
     d: dict[str, Any] = {
         "version": NSQ_VERSION,
         "health": health,
@@ -535,4 +563,6 @@ def stats_json(
     if mem is not None:
         d["memory"] = mem
     d["producers"] = None if stats.producers is None else [p.to_json() for p in stats.producers]
+    if event_loop is not None:
+        d["event_loop"] = event_loop
     return d

@@ -19,6 +19,9 @@ log = logging.getLogger("nsqx.nsqd")
 
 #: unfinished messages above which a channel's checkpoint is taken less often
 LARGE_CHECKPOINT = 50_000
+#: Seconds of channel snapshots a checkpoint round takes in one loop turn, at most
+#: (plus one channel's: a snapshot is not cut)
+CHECKPOINT_SLICE = 0.001
 
 
 class LogSyncer:
@@ -88,29 +91,48 @@ class Checkpointer:
                 log.exception("checkpoint round failed")
 
     def run_round(self) -> None:
+        """Checkpoint the dirty channels: their snapshots taken on the loop, in slices
+        of CHECKPOINT_SLICE seconds, then written in a thread (one hand-off per round)."""
         if self._task is not None and not self._task.done():
             return  # the previous round is still writing
+        channels = [
+            ch
+            for topic in self.nsqd.topics.values()
+            for p in topic.partitions.values()
+            for ch in p.channels.values()
+            if ch.dirty and ch.cursor_path is not None and not ch.deleted
+        ]
+        if channels:
+            self._task = asyncio.get_running_loop().create_task(self._round(channels))
+
+    async def _round(self, channels: list[Channel]) -> None:
         work = []
         now = time.monotonic()
         slow_every = self.nsqd.options.sync_timeout
-        for topic in self.nsqd.topics.values():
-            for ch in (c for p in topic.partitions.values() for c in p.channels.values()):
-                if not ch.dirty or ch.cursor_path is None or ch.deleted:
-                    continue
-                # A snapshot costs O(unfinished messages): a channel holding very many
-                # (say a million deferred) is checkpointed every --sync-timeout only.
-                if ch.checkpoint_size > LARGE_CHECKPOINT and now - ch.checkpoint_at < slow_every:
-                    continue
-                ch.dirty = False
-                # the snapshot is taken here, on the loop; only the write is threaded
-                state = ch.cursor_state()
-                ch.checkpoint_size = len(state.pending) // 3
-                ch.checkpoint_at = now
-                work.append((ch, state))
+        started = time.perf_counter()
+        for ch in channels:
+            # A snapshot costs O(unfinished messages), 0.3 us each compiled: 2500 in
+            # flight on each of ten channels made one 7.5 ms turn of every round. So
+            # the loop turns between channels once a slice is spent.
+            if time.perf_counter() - started >= CHECKPOINT_SLICE:
+                await asyncio.sleep(0)
+                started = time.perf_counter()
+            if not ch.dirty or ch.cursor_path is None or ch.deleted:
+                continue
+            # A channel holding very many unfinished messages (say a million deferred)
+            # is checkpointed every --sync-timeout only.
+            if ch.checkpoint_size > LARGE_CHECKPOINT and now - ch.checkpoint_at < slow_every:
+                continue
+            ch.dirty = False
+            # the snapshot is taken here, on the loop; only the write is threaded
+            state = ch.cursor_state()
+            ch.checkpoint_size = len(state.pending) // 3
+            ch.checkpoint_at = now
+            work.append((ch, state))
         if work:
             # each file is fsynced (a rename without it can leave an empty cursor after a
             # power loss); a slow disk makes rounds rarer, never the loop slower
-            self._task = asyncio.get_running_loop().create_task(self._write(work))
+            await self._write(work)
 
     async def _write(self, work: list[tuple[Channel, CursorState]]) -> None:
         def write_all() -> None:
