@@ -30,6 +30,7 @@ from nsqx.compiled import build_description
 from nsqx.nsqd import stats as st
 from nsqx.nsqd.guid import PARTITION_SHIFT, SEQ_MASK
 from nsqx.nsqd.metrics import Metrics
+from nsqx.nsqd.options import split_address
 from nsqx.nsqd.replication.leader import CommitFailed
 from nsqx.nsqd.replication.replica import StaleEpoch
 from nsqx.nsqd.replication.state import ReplicaRole
@@ -239,8 +240,6 @@ class HTTPServer:
             self._unix_paths.append(address)
             log.info("%s: listening on %s", scheme, address)
             return None
-        from nsqx.nsqd.nsqd import split_address
-
         host, port = split_address(address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)

@@ -28,7 +28,7 @@ from nsqx.nsqd.metadata import (
     read_metadata,
     write_metadata,
 )
-from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.options import NsqdOptions, split_address
 from nsqx.nsqd.replication.manager import ReplicationManager
 from nsqx.nsqd.stats import GcPauses, version_string
 from nsqx.nsqd.statsd import statsd_loop
@@ -78,15 +78,6 @@ def _saved_meta(name: str, saved: dict[str, Any] | None) -> TopicMeta:
 def _log_failed_removal(fut: asyncio.Future[None]) -> None:
     if not fut.cancelled() and fut.exception() is not None:
         log.error("STORE: could not delete a reclaimed file: %s", fut.exception())
-
-
-def split_address(address: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` too) -> (host, port); an empty host means all."""
-    host, sep, port = address.rpartition(":")
-    if not sep:
-        raise ValueError(f"address {address!r} is not host:port")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
 
 
 class NSQD:

@@ -172,3 +172,12 @@ class NsqdOptions:
             output_buffer_size=16384,
             output_buffer_timeout_ms=int(self.output_buffer_timeout * 1000),
         )
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) -> (host, port); an empty host means all."""
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        raise ValueError(f"address {address!r} is not host:port")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
