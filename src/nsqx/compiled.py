@@ -32,6 +32,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "nsqx.nsqd.partition",
     "nsqx.nsqd.client_v2",
     "nsqx.nsqd.channel",
+    "nsqx.nsqd.inflight",
     "nsqx.nsqd.topic",
     "nsqx.nsqd.loopturn",
 )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import struct
 import time
 from collections.abc import Callable
@@ -110,12 +109,11 @@ class AckGroup:
 
 
 class ClientV2(asyncio.Protocol):
-    """A client connection: its negotiated settings, state, RDY and in-flight messages.
+    """A client connection: its negotiated settings, state, RDY and output.
 
-    ``inflight`` maps message id -> deadline (monotonic seconds) in delivery order; all
-    of a client's messages share its msg_timeout, so they expire in that order and a
-    timeout scan stops at the first live one. A TOUCH clamped by max-msg-timeout can
-    break that order: such entries wait in ``irregular``, which is scanned whole.
+    Subscribed, it is its channel's :class:`~nsqx.nsqd.channel.Consumer`: the channel
+    keeps the messages in flight to it (nsqx.nsqd.inflight) and calls :meth:`ready`
+    and :meth:`send`.
     """
 
     def __init__(self, nsqd: NSQD) -> None:
@@ -132,16 +130,9 @@ class ClientV2(asyncio.Protocol):
         self.state = STATE_INIT
         self.channel: Channel | None = None
         self.rdy = 0
-        self.inflight: dict[bytes, float] = {}
-        self.irregular: dict[bytes, float] = {}
-        #: delivery time of touched messages (for the max-msg-timeout clamp)
-        self.touched: dict[bytes, float] = {}
         self.remote_address = ""
         self.connect_ts = int(time.time())
         self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
-        self.timeout_count = 0
         self._pub_counts: dict[str, int] = {}
         # the topic published to last and its count not yet in _pub_counts: a publisher
         # keeps to one topic, and a dictionary get and set per publish cost more
@@ -395,52 +386,59 @@ class ClientV2(asyncio.Protocol):
         self._out.clear()
         self._out_size = 0
 
-    def spare(self) -> int:
-        """How many more messages this client can take now."""
+    # -- as its channel's Consumer -----------------------------------------------------
+
+    def ready(self) -> int:
+        """How many messages it may have in flight now: its RDY while subscribed and
+        writable, else 0."""
         if self.state != STATE_SUBSCRIBED or self._write_paused or self.closed:
             return 0
-        return self.rdy - len(self.inflight) - len(self.irregular)
+        return self.rdy
 
-    def send_messages(
-        self, frames: list[bytes], ids: list[bytes], now: float, flush: bool = False
-    ) -> None:
-        """Put messages in flight and buffer their frames (output_buffer_size/timeout);
-        ``flush`` writes them at once (ordered channels: nothing follows until a FIN)."""
+    def send(self, frames: list[bytes], ids: list[bytes], flush: bool) -> float:
+        """Buffer messages' frames (output_buffer_size/timeout); ``flush`` writes them
+        at once. Returns how long they may wait in the buffer (seconds): the channel
+        starts their timeout when the client can see them, not while buffered."""
         if self.yz_ids:
             frames = self._youzan_frames(frames, ids)
         elif self.channel is not None and self.channel.partition.extended:
             frames = _vanilla_frames(frames)
-        if self.sample_rate:
-            # as nsqd: a message sampled out is consumed without being sent
-            frames = split_chunks(frames)
-            rate = self.sample_rate
-            keep = [j for j in range(len(ids)) if random.randrange(100) <= rate]
-            frames = [frames[j] for j in keep]
-            ids = [ids[j] for j in keep]
-            if not ids:
-                return
         self._out.extend(frames)
         self._out_size += sum(map(len, frames))
         self.message_count += len(ids)
-        # flush when the buffer is full, when the client can take no more (nothing else
-        # would follow soon), or when buffering is off; otherwise within the timeout
-        timeout = self.msg_timeout
-        if (
-            flush
-            or self._out_size >= self.output_buffer_size
-            or self.output_buffer_timeout <= 0
-            or self.rdy <= len(self.inflight) + len(self.irregular) + len(ids)
-        ):
-            self.inflight.update(dict.fromkeys(ids, now + timeout))
+        # flush when the buffer is full, when the channel says the client can take no
+        # more (nothing else would follow soon), or when buffering is off; otherwise
+        # within the timeout
+        if flush or self._out_size >= self.output_buffer_size or self.output_buffer_timeout <= 0:
             self.flush()
-            return
-        # The clock starts when the client can see the message, not while it is buffered.
-        # (This can put a deadline after a later one in the dict; a scan then finds it
-        # at most one output_buffer_timeout late.)
-        self.inflight.update(dict.fromkeys(ids, now + timeout + self.output_buffer_timeout))
+            return 0.0
+        # (This can put a deadline after a later one in the in-flight table; a scan then
+        # finds it at most one output_buffer_timeout late.)
         if self._flush_handle is None:
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(self.output_buffer_timeout, self.flush)
+        return self.output_buffer_timeout
+
+    @property
+    def in_flight_count(self) -> int:
+        """Messages in flight to this client."""
+        held = self.channel.held_by(self) if self.channel is not None else None
+        return len(held) if held is not None else 0
+
+    @property
+    def finish_count(self) -> int:
+        held = self.channel.held_by(self) if self.channel is not None else None
+        return held.finish_count if held is not None else 0
+
+    @property
+    def requeue_count(self) -> int:
+        held = self.channel.held_by(self) if self.channel is not None else None
+        return held.requeue_count if held is not None else 0
+
+    @property
+    def timeout_count(self) -> int:
+        held = self.channel.held_by(self) if self.channel is not None else None
+        return held.timeout_count if held is not None else 0
 
     def _youzan_frames(self, frames: list[bytes], ids: list[bytes]) -> list[bytes]:
         channel = self.channel
@@ -515,27 +513,6 @@ class ClientV2(asyncio.Protocol):
         self._halt = True
 
     # -- timers (called by nsqd's scan loop) ------------------------------------------
-
-    def expired(self, now: float) -> list[bytes]:
-        """Remove and return in-flight ids whose deadline has passed."""
-        out: list[bytes] = []
-        inflight = self.inflight
-        if inflight:
-            for mid, deadline in inflight.items():
-                if deadline > now:
-                    break
-                out.append(mid)
-            for mid in out:
-                del inflight[mid]
-        if self.irregular:
-            late = [mid for mid, d in self.irregular.items() if d <= now]
-            for mid in late:
-                del self.irregular[mid]
-            out.extend(late)
-        if out and self.touched:
-            for mid in out:
-                self.touched.pop(mid, None)
-        return out
 
     def tick(self, now: float) -> None:
         """Heartbeats, and the close after two unanswered ones."""
@@ -838,8 +815,8 @@ class ClientV2(asyncio.Protocol):
             self._error(ProtocolError(E_INVALID, "cannot RDY in current state"))
             return
         self.rdy = ev.value
-        if self.channel is not None and self.spare() > 0:
-            self.channel.notify()
+        if self.channel is not None:
+            self.channel.ready_changed(self)
 
     def _subscribed_channel(self, verb: str) -> Channel | None:
         if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING) or self.channel is None:
