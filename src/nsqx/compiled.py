@@ -30,6 +30,7 @@ COMPILED_MODULES: tuple[str, ...] = (
     "nsqx.store.batchcache",
     "nsqx.store.log",
     "nsqx.nsqd.partition",
+    "nsqx.nsqd.protocol_v2",
     "nsqx.nsqd.client_v2",
     "nsqx.nsqd.channel",
     "nsqx.nsqd.inflight",

@@ -1,7 +1,9 @@
 """ClientV2: one TCP connection speaking protocol V2, as an asyncio Protocol.
 
-Bytes go to the sans-IO parser; its events are executed in order; everything the
-connection must send during one read is written once at the end of it.
+Bytes go to the sans-IO parser (nsqx.wire.commands); each event is judged by protocol
+V2's rules (nsqx.nsqd.protocol_v2: which state accepts it, whether AUTH must allow it)
+and executed in order; everything the connection must send during one read is written
+once at the end of it, or once the publishes it answers are acknowledged.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Final, cast, final
 
 from nsqx.nsqd import clock
+from nsqx.nsqd import protocol_v2 as pv2
 from nsqx.nsqd.auth import AuthError, AuthState
 from nsqx.nsqd.guid import seq_of
+from nsqx.nsqd.protocol_v2 import STATE_CLOSING as STATE_CLOSING
+from nsqx.nsqd.protocol_v2 import STATE_INIT as STATE_INIT
+from nsqx.nsqd.protocol_v2 import STATE_SUBSCRIBED as STATE_SUBSCRIBED
 from nsqx.nsqd.upgrade import UpgradedStream
 from nsqx.store.log import split_chunks
 from nsqx.wire import commands as cmd
@@ -72,10 +78,6 @@ if TYPE_CHECKING:
     from nsqx.nsqd.topic import Topic
 
 log = logging.getLogger("nsqx.nsqd")
-
-STATE_INIT: Final = 0
-STATE_SUBSCRIBED: Final = 2
-STATE_CLOSING: Final = 3
 
 #: reads of one connection whose answers may wait for their acknowledgement at once
 #: (replication round trips, fsyncs) before it stops reading
@@ -153,7 +155,8 @@ class ClientV2(asyncio.Protocol):
         self._held: list[cmd.Event] | None = None
         self._held_data: list[bytes] = []
         self._stream: UpgradedStream | None = None
-        self._dispatch = _AUTH_DISPATCH if nsqd.auth is not None else _DISPATCH
+        #: --auth-http-address: SUB and publishes must be authorized (Rule.auth)
+        self._auth = nsqd.auth is not None
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._out_size = 0
@@ -216,12 +219,12 @@ class ClientV2(asyncio.Protocol):
         # (the time of it is taken by the next tick: a clock read per read costs more
         # than the ticks' 100 ms of precision are worth)
         self._read_since_tick = True
-        dispatch = self._dispatch
-        plain = dispatch is _DISPATCH
+        plain = not self._auth
         events = self.parser.feed(data)
         for i, ev in enumerate(events):
             # a publisher's commands go straight to their handler (compiled: a direct
-            # call, not a dictionary lookup and a call through Python's protocol)
+            # call, not a dictionary lookup and a call through Python's protocol): every
+            # state accepts them, and without AUTH nothing else is checked
             kind = type(ev)
             if kind is _MPUB and plain:
                 self._on_mpub(cast(cmd.Mpub, ev))
@@ -230,7 +233,7 @@ class ClientV2(asyncio.Protocol):
             elif kind is _PUB and plain:
                 self._on_pub(cast(cmd.Pub, ev))
             else:
-                dispatch[kind](self, ev)
+                self._execute(ev)
             if self._halt:
                 if self.closed:
                     return
@@ -535,13 +538,23 @@ class ClientV2(asyncio.Protocol):
 
     # -- commands ---------------------------------------------------------------------
 
+    def _execute(self, ev: object) -> None:
+        """Judge ``ev`` by protocol V2's rules, check its AUTH, and run its handler."""
+        kind = type(ev)
+        rule = _RULES[kind]
+        verdict = pv2.judge(rule, self.state, self.heartbeat_interval > 0)
+        if verdict != pv2.ACCEPT:
+            if verdict == pv2.REFUSE:
+                self._error(pv2.refusal(rule, self.state))
+            return
+        if rule.auth and self._auth and not self._check_auth(ev, rule.auth):
+            return
+        _HANDLERS[kind](self, ev)
+
     def _on_error(self, err: ProtocolError) -> None:
         self._error(err)
 
     def _on_identify(self, ev: cmd.Identify) -> None:
-        if self.state != STATE_INIT:
-            self._error(ProtocolError(E_INVALID, "cannot IDENTIFY in current state"))
-            return
         try:
             self.settings, response = negotiate(ev.body, self.nsqd.server_limits, self.settings)
         except ProtocolError as err:
@@ -599,9 +612,6 @@ class ClientV2(asyncio.Protocol):
     # -- AUTH -------------------------------------------------------------------------
 
     def _on_auth(self, ev: cmd.Auth) -> None:
-        if self.state != STATE_INIT:
-            self._error(ProtocolError(E_INVALID, "cannot AUTH in current state"))
-            return
         if self.auth_state is not None and self.auth_state.authorizations:
             self._error(ProtocolError(E_INVALID, "AUTH Already set"))
             return
@@ -612,9 +622,11 @@ class ClientV2(asyncio.Protocol):
         self._hold(None)
         self.nsqd.spawn(self._query_auth(None))
 
-    def _check_auth(self, ev: cmd.Event, verb: str, topic: str, channel: str) -> bool:
+    def _check_auth(self, ev: object, verb: str) -> bool:
         """nsqd's CheckAuth: True when the client may go on with ``ev``. An expired
-        authorization is fetched again first; ``ev`` then waits for the answer."""
+        authorization is fetched again first; ``ev`` then waits for the answer (and is
+        judged again when it comes: the one AUTH hold, whatever the command)."""
+        topic, channel = pv2.auth_target(ev)
         st = self.auth_state
         if st is None or not st.authorizations:
             self._error(ProtocolError(E_AUTH_FIRST, f"AUTH required before {verb}"))
@@ -630,10 +642,10 @@ class ClientV2(asyncio.Protocol):
             return False
         return True
 
-    def _hold(self, ev: cmd.Event | None) -> None:
+    def _hold(self, ev: object | None) -> None:
         """Stop executing commands (and reading) until the auth server answers."""
         self._halt = True
-        self._held = [ev] if ev is not None else []
+        self._held = [cast(cmd.Event, ev)] if ev is not None else []
         if self._transport is not None:
             self._transport.pause_reading()
 
@@ -677,9 +689,8 @@ class ClientV2(asyncio.Protocol):
         """Execute what waited for the auth answer, then read again."""
         held, self._held = self._held or [], None
         self._halt = False
-        dispatch = self._dispatch
         for i, ev in enumerate(held):
-            dispatch[type(ev)](self, ev)
+            self._execute(ev)
             if self._halt:
                 if self.closed:
                     return
@@ -701,12 +712,6 @@ class ClientV2(asyncio.Protocol):
         self._resume_reading()
 
     def _on_sub(self, ev: cmd.Sub) -> None:
-        if self.state != STATE_INIT:
-            self._error(ProtocolError(E_INVALID, "cannot SUB in current state"))
-            return
-        if self.heartbeat_interval <= 0:
-            self._error(ProtocolError(E_INVALID, "cannot SUB with heartbeats disabled"))
-            return
         try:
             part = self._sub_partition(ev)
         except OSError as err:  # a topic's files cannot be made (a full or read-only disk)
@@ -736,7 +741,7 @@ class ClientV2(asyncio.Protocol):
         first = not channel.clients
         channel.add_client(self)
         self.channel = channel
-        self.state = STATE_SUBSCRIBED
+        self.state = _RULES[cmd.Sub].then
         if ev.mode == cmd.SUB_ORDERED:
             channel.set_ordered(True)
         if ev.start is not None:
@@ -809,33 +814,24 @@ class ClientV2(asyncio.Protocol):
         return part
 
     def _on_rdy(self, ev: cmd.Rdy) -> None:
-        if self.state == STATE_CLOSING:
-            return
-        if self.state != STATE_SUBSCRIBED:
-            self._error(ProtocolError(E_INVALID, "cannot RDY in current state"))
-            return
         self.rdy = ev.value
         if self.channel is not None:
             self.channel.ready_changed(self)
 
-    def _subscribed_channel(self, verb: str) -> Channel | None:
-        if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING) or self.channel is None:
-            self._error(ProtocolError(E_INVALID, f"cannot {verb} in current state"))
-            return None
-        return self.channel
+    def _subscribed_channel(self) -> Channel:
+        # (the rules accept FIN, REQ and TOUCH only once SUB has set it)
+        channel = self.channel
+        assert channel is not None
+        return channel
 
     def _on_fin(self, ev: cmd.Fin) -> None:
-        channel = self._subscribed_channel("FIN")
-        if channel is None:
-            return
+        channel = self._subscribed_channel()
         ids = [hex_id(i) for i in ev.ids] if self.yz_ids else ev.ids
         for mid, reason in channel.finish(self, ids):
             self._error(ProtocolError(E_FIN_FAILED, f"FIN {mid.decode('latin-1')} failed {reason}"))
 
     def _on_req(self, ev: cmd.Req) -> None:
-        channel = self._subscribed_channel("REQ")
-        if channel is None:
-            return
+        channel = self._subscribed_channel()
         if ev.requested_ns is not None:
             # NSQ 1.3's line: durations as integer nanoseconds
             log.info(
@@ -852,9 +848,7 @@ class ClientV2(asyncio.Protocol):
             )
 
     def _on_touch(self, ev: cmd.Touch) -> None:
-        channel = self._subscribed_channel("TOUCH")
-        if channel is None:
-            return
+        channel = self._subscribed_channel()
         mid = hex_id(ev.id) if self.yz_ids else ev.id
         reason = channel.touch(self, mid, self.nsqd.options.max_msg_timeout)
         if reason:
@@ -863,10 +857,7 @@ class ClientV2(asyncio.Protocol):
             )
 
     def _on_cls(self, ev: cmd.Cls) -> None:
-        if self.state != STATE_SUBSCRIBED:
-            self._error(ProtocolError(E_INVALID, "cannot CLS in current state"))
-            return
-        self.state = STATE_CLOSING
+        self.state = _RULES[cmd.Cls].then
         self._respond(_CLOSE_WAIT_FRAME)
 
     def _on_nop(self, ev: cmd.Nop) -> None:
@@ -1037,50 +1028,6 @@ class ClientV2(asyncio.Protocol):
         if self._publish("MPUB", ev.topic, ev.bodies, 0, ev.partition, traces, exts):
             self._respond(_OK_FRAME)
 
-    # -- the same commands when --auth-http-address is set ----------------------------
-
-    def _on_sub_auth(self, ev: cmd.Sub) -> None:
-        # state and heartbeat errors come first, as in nsqd
-        if (
-            self.state == STATE_INIT
-            and self.heartbeat_interval > 0
-            and not self._check_auth(ev, "SUB", ev.topic, ev.channel)
-        ):
-            return
-        self._on_sub(ev)
-
-    def _on_pub_auth(self, ev: cmd.Pub) -> None:
-        if self._check_auth(ev, "PUB", ev.topic, ""):
-            self._on_pub(ev)
-
-    def _on_pubs_auth(self, ev: cmd.Pubs) -> None:
-        if self._check_auth(ev, "PUB", ev.topic, ""):
-            self._on_pubs(ev)
-
-    def _on_mpub_auth(self, ev: cmd.Mpub) -> None:
-        if self._check_auth(ev, "MPUB", ev.topic, ""):
-            self._on_mpub(ev)
-
-    def _on_dpub_auth(self, ev: cmd.Dpub) -> None:
-        if self._check_auth(ev, "DPUB", ev.topic, ""):
-            self._on_dpub(ev)
-
-    def _on_pub_trace_auth(self, ev: cmd.PubTrace) -> None:
-        if self._check_auth(ev, "PUB", ev.topic, ""):
-            self._on_pub_trace(ev)
-
-    def _on_mpub_trace_auth(self, ev: cmd.MpubTrace) -> None:
-        if self._check_auth(ev, "MPUB", ev.topic, ""):
-            self._on_mpub_trace(ev)
-
-    def _on_pub_ext_auth(self, ev: cmd.PubExt) -> None:
-        if self._check_auth(ev, "PUB", ev.topic, ""):
-            self._on_pub_ext(ev)
-
-    def _on_mpub_ext_auth(self, ev: cmd.MpubExt) -> None:
-        if self._check_auth(ev, "MPUB", ev.topic, ""):
-            self._on_mpub_ext(ev)
-
 
 _TRACED: Final = struct.Struct(">QQQI")
 
@@ -1105,7 +1052,11 @@ def _go_json(obj: object) -> bytes:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
 
 
-_DISPATCH: Final[dict[type, Callable[[ClientV2, object], None]]] = {
+#: protocol V2's rules (compiled: a Final alias is a C static, not a module lookup)
+_RULES: Final = pv2.RULES
+
+#: each command's handler, run once the rules accepted it (see ClientV2._execute)
+_HANDLERS: Final[dict[type, Callable[[ClientV2, object], None]]] = {
     ProtocolError: ClientV2._on_error,  # type: ignore[dict-item]
     cmd.Identify: ClientV2._on_identify,  # type: ignore[dict-item]
     cmd.Auth: ClientV2._on_auth,  # type: ignore[dict-item]
@@ -1124,18 +1075,4 @@ _DISPATCH: Final[dict[type, Callable[[ClientV2, object], None]]] = {
     cmd.MpubTrace: ClientV2._on_mpub_trace,  # type: ignore[dict-item]
     cmd.PubExt: ClientV2._on_pub_ext,  # type: ignore[dict-item]
     cmd.MpubExt: ClientV2._on_mpub_ext,  # type: ignore[dict-item]
-}
-
-#: With --auth-http-address: PUB, MPUB, DPUB and SUB check the client's authorizations.
-_AUTH_DISPATCH: Final[dict[type, Callable[[ClientV2, object], None]]] = {
-    **_DISPATCH,
-    cmd.Sub: ClientV2._on_sub_auth,  # type: ignore[dict-item]
-    cmd.Pub: ClientV2._on_pub_auth,  # type: ignore[dict-item]
-    cmd.Pubs: ClientV2._on_pubs_auth,  # type: ignore[dict-item]
-    cmd.Mpub: ClientV2._on_mpub_auth,  # type: ignore[dict-item]
-    cmd.Dpub: ClientV2._on_dpub_auth,  # type: ignore[dict-item]
-    cmd.PubTrace: ClientV2._on_pub_trace_auth,  # type: ignore[dict-item]
-    cmd.MpubTrace: ClientV2._on_mpub_trace_auth,  # type: ignore[dict-item]
-    cmd.PubExt: ClientV2._on_pub_ext_auth,  # type: ignore[dict-item]
-    cmd.MpubExt: ClientV2._on_mpub_ext_auth,  # type: ignore[dict-item]
 }
