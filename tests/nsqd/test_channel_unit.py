@@ -1,15 +1,17 @@
-"""Channel alone, on fakes of its seams: a partition over a MemoryLog, and consumers
-that record what they are sent (the :class:`~nsqx.nsqd.channel.Consumer` protocol).
+"""Channel alone, on fakes of its consumers: they record what they are sent (the
+:class:`~nsqx.nsqd.channel.Consumer` protocol).
 
-No socket and no nsqd; the clocks are frozen and moved by the test, and the pump is
-run directly, so every delivery and deadline is exact.
+The partition is a real one in memory (an ``#ephemeral`` topic) of an nsqd that is
+never started: no socket, no listener, no scan loop (a compiled Channel only takes a
+real Partition). The clocks are frozen and moved by the test, and the pump is run
+directly, so every delivery and deadline is exact.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,46 +19,21 @@ import pytest
 from fakeclock import FrozenClock
 from nsqx.nsqd.channel import Channel
 from nsqx.nsqd.guid import make_ids, seq_of
+from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.partition import Partition
 from nsqx.store.log import split_chunks
-from nsqx.store.memlog import MemoryLog
 from nsqx.wire.errors import ProtocolError
-from nsqx.wire.frames import decode_message, encode_message_batch
+from nsqx.wire.frames import decode_message
 from nsqx.wire.identify import ClientSettings
 
 TIMEOUT = 10.0  # s: the fake consumers' msg_timeout
 
 
-class FakePartition:
-    """What a Channel needs of its partition: a memory log, its ids, its topic."""
-
-    def __init__(self) -> None:
-        self.log = MemoryLog()
-        self.ephemeral = False
-        self.durable = False
-        self.extended = False
-        self.id_base = 0
-        self.nsqd = SimpleNamespace(options=NsqdOptions(), tracer=None)
-        self.topic = SimpleNamespace(
-            meta=SimpleNamespace(ordered=False, ext=False), trace_enabled=False
-        )
-        self.deleted: list[str] = []
-
-    @property
-    def visible_end(self) -> int:
-        return self.log.end
-
-    def seq_of(self, msg_id: bytes) -> int:
-        return seq_of(msg_id, self.id_base)
-
-    def delete_channel(self, name: str) -> None:
-        self.deleted.append(name)
-
-    def publish(self, *bodies: bytes) -> list[bytes]:
-        ids = make_ids(self.log.end, len(bodies))
-        chunk, stride = encode_message_batch(1, ids, list(bodies))
-        self.log.append(chunk, ids, 0, stride)
-        return ids
+def publish(part: Partition, *bodies: bytes) -> list[bytes]:
+    """Publish to a memory partition (appended at once); the messages' ids."""
+    p = part.publish(list(bodies))
+    return make_ids(p.seq, len(bodies), part.id, part.id_base)
 
 
 class FakeConsumer:
@@ -109,6 +86,12 @@ def clock() -> Iterator[FrozenClock]:
         yield c
 
 
+@pytest.fixture
+def idle_nsqd(tmp_path: Path) -> NSQD:
+    """An nsqd that is never started: topics and channels, no socket, no loop task."""
+    return NSQD(NsqdOptions(data_path=str(tmp_path)))
+
+
 def in_loop(fn: Callable[[], Any]) -> Any:
     """Run ``fn`` inside a running loop (a channel schedules its pump on it)."""
 
@@ -118,9 +101,9 @@ def in_loop(fn: Callable[[], Any]) -> Any:
     return asyncio.run(body())
 
 
-def setup(*consumers: FakeConsumer) -> tuple[FakePartition, Channel]:
-    part = FakePartition()
-    ch = Channel(part, "ch", 0)  # type: ignore[arg-type]
+def setup(nsqd: NSQD, *consumers: FakeConsumer) -> tuple[Partition, Channel]:
+    part = nsqd.get_topic("t#ephemeral").default_partition
+    ch = part.get_channel("ch")
     for c in consumers:
         ch.add_client(c)
     return part, ch
@@ -132,15 +115,15 @@ def deliver(ch: Channel) -> None:
         ch.pump()
 
 
-def test_round_robin_to_spare_rdy(clock: FrozenClock) -> None:
+def test_round_robin_to_spare_rdy(clock: FrozenClock, idle_nsqd: NSQD) -> None:
     def body() -> None:
         a, b = FakeConsumer("a", 3), FakeConsumer("b", 5)
-        part, ch = setup(a, b)
-        part.publish(*[b"m%d" % i for i in range(6)])
+        part, ch = setup(idle_nsqd, a, b)
+        publish(part, *[b"m%d" % i for i in range(6)])
         deliver(ch)
         assert (len(a.got), len(b.got)) == (3, 3)  # an even share each
         assert sorted(a.ids + b.ids) == make_ids(0, 6)
-        part.publish(*[b"n%d" % i for i in range(6)])
+        publish(part, *[b"n%d" % i for i in range(6)])
         deliver(ch)
         assert (len(a.got), len(b.got)) == (3, 5)  # never more than RDY
         assert ch.in_flight_count == 8 and ch.depth == 4
@@ -154,11 +137,11 @@ def test_round_robin_to_spare_rdy(clock: FrozenClock) -> None:
     in_loop(body)
 
 
-def test_fin_req_touch_and_their_errors(clock: FrozenClock) -> None:
+def test_fin_req_touch_and_their_errors(clock: FrozenClock, idle_nsqd: NSQD) -> None:
     def body() -> None:
         a, b = FakeConsumer("a", 1), FakeConsumer("b", 1)
-        part, ch = setup(a, b)
-        m1, m2 = part.publish(b"1", b"2")
+        part, ch = setup(idle_nsqd, a, b)
+        m1, m2 = publish(part, b"1", b"2")
         deliver(ch)
         mine, theirs = (m1, m2) if a.ids == [m1] else (m2, m1)
         assert ch.finish(a, [theirs]) == [(theirs, "client does not own message")]
@@ -177,11 +160,11 @@ def test_fin_req_touch_and_their_errors(clock: FrozenClock) -> None:
     in_loop(body)
 
 
-def test_req_with_a_delay_waits_for_its_time(clock: FrozenClock) -> None:
+def test_req_with_a_delay_waits_for_its_time(clock: FrozenClock, idle_nsqd: NSQD) -> None:
     def body() -> None:
         a = FakeConsumer("a", 5)
-        part, ch = setup(a)
-        (m,) = part.publish(b"later")
+        part, ch = setup(idle_nsqd, a)
+        (m,) = publish(part, b"later")
         deliver(ch)
         assert ch.requeue(a, m, 5000) is None
         assert ch.deferred_count == 1 and ch.in_flight_count == 0
@@ -197,16 +180,16 @@ def test_req_with_a_delay_waits_for_its_time(clock: FrozenClock) -> None:
     in_loop(body)
 
 
-def test_timeouts_touch_and_buffered_output(clock: FrozenClock) -> None:
+def test_timeouts_touch_and_buffered_output(clock: FrozenClock, idle_nsqd: NSQD) -> None:
     def body() -> None:
         a = FakeConsumer("a", 2, buffer_delay=0.25)
-        part, ch = setup(a)
-        m1, m2 = part.publish(b"1", b"2")
+        part, ch = setup(idle_nsqd, a)
+        m1, m2 = publish(part, b"1", b"2")
         deliver(ch)
         assert a.flushes == [True]  # RDY filled: nothing else would follow
         b = FakeConsumer("b", 10, buffer_delay=0.25)
         ch.add_client(b)
-        (m3,) = part.publish(b"3")
+        (m3,) = publish(part, b"3")
         deliver(ch)
         assert b.got == [(m3, 1)] and b.flushes == [False]
         clock.advance(5)
@@ -229,13 +212,13 @@ def test_timeouts_touch_and_buffered_output(clock: FrozenClock) -> None:
     in_loop(body)
 
 
-def test_ordered_one_in_flight_next_after_fin(clock: FrozenClock) -> None:
+def test_ordered_one_in_flight_next_after_fin(clock: FrozenClock, idle_nsqd: NSQD) -> None:
     def body() -> None:
         journal: list[tuple[FakeConsumer, bytes, int]] = []
         a, b = FakeConsumer("a", 10, journal=journal), FakeConsumer("b", 10, journal=journal)
-        part, ch = setup(a, b)
+        part, ch = setup(idle_nsqd, a, b)
         ch.set_ordered(True)
-        ids = part.publish(b"1", b"2", b"3")
+        ids = publish(part, b"1", b"2", b"3")
         deliver(ch)
         assert ch.in_flight_count == 1 and len(journal) == 1
         first, mid, _ = journal[0]
@@ -258,11 +241,13 @@ def test_ordered_one_in_flight_next_after_fin(clock: FrozenClock) -> None:
     in_loop(body)
 
 
-def test_a_consumer_that_leaves_has_its_messages_requeued(clock: FrozenClock) -> None:
+def test_a_consumer_that_leaves_has_its_messages_requeued(
+    clock: FrozenClock, idle_nsqd: NSQD
+) -> None:
     def body() -> None:
         a, b = FakeConsumer("a", 2), FakeConsumer("b", 2)
-        part, ch = setup(a, b)
-        ids = part.publish(b"1", b"2", b"3", b"4")
+        part, ch = setup(idle_nsqd, a, b)
+        ids = publish(part, b"1", b"2", b"3", b"4")
         deliver(ch)
         assert len(a.got) == 2 and ch.depth == 0
         ch.remove_client(a)
@@ -279,11 +264,11 @@ def test_a_consumer_that_leaves_has_its_messages_requeued(clock: FrozenClock) ->
     in_loop(body)
 
 
-def test_a_deleted_channel_closes_its_consumers(clock: FrozenClock) -> None:
+def test_a_deleted_channel_closes_its_consumers(clock: FrozenClock, idle_nsqd: NSQD) -> None:
     def body() -> None:
         a = FakeConsumer("a", 2)
-        part, ch = setup(a)
-        part.publish(b"1")
+        part, ch = setup(idle_nsqd, a)
+        publish(part, b"1")
         deliver(ch)
         ch.close()
         assert a.closed and ch.in_flight_count == 0 and not ch.clients
@@ -291,11 +276,13 @@ def test_a_deleted_channel_closes_its_consumers(clock: FrozenClock) -> None:
     in_loop(body)
 
 
-def test_seek_forgets_the_queue_keeps_what_is_in_flight(clock: FrozenClock) -> None:
+def test_seek_forgets_the_queue_keeps_what_is_in_flight(
+    clock: FrozenClock, idle_nsqd: NSQD
+) -> None:
     def body() -> None:
         a = FakeConsumer("a", 1)
-        part, ch = setup(a)
-        m1, m2, _m3 = part.publish(b"1", b"2", b"3")
+        part, ch = setup(idle_nsqd, a)
+        m1, m2, _m3 = publish(part, b"1", b"2", b"3")
         deliver(ch)
         assert ch.requeue(a, m1, 0) is None
         ch.seek(2)
