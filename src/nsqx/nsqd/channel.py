@@ -39,7 +39,8 @@ class Consumer(Protocol):
 
     #: for logs and traces
     remote_address: str
-    #: how long a message may stay in flight before it is sent again (seconds)
+    #: how long a message may stay in flight before it is sent again (seconds); this
+    #: and sample_rate are read once, when it subscribes
     msg_timeout: float
     #: 1-99: the percentage of messages it gets (the rest are consumed unsent); 0: all
     sample_rate: int
@@ -222,7 +223,8 @@ class Channel:
 
     def add_client(self, client: Consumer) -> None:
         self.clients.append(client)
-        self._held[client] = self.flight.attach()
+        # (its msg_timeout and sample_rate are read once: IDENTIFY comes before SUB)
+        self._held[client] = self.flight.attach(client.msg_timeout, client.sample_rate)
         self._update_routing()
 
     def remove_client(self, client: Consumer) -> None:
@@ -385,12 +387,12 @@ class Channel:
         now: float,
     ) -> None:
         """Hand a batch to ``c`` and put it in flight (one dict update)."""
-        if c.sample_rate:
-            frames, ids = _sample(frames, ids, c.sample_rate)
+        if held.sample_rate:
+            frames, ids = _sample(frames, ids, held.sample_rate)
             if not ids:
                 return
         delay = c.send(frames, ids, flush)
-        held.add(ids, now + c.msg_timeout + delay)
+        held.add(ids, now + held.timeout + delay)
 
     def _pump_ordered(self, client: Consumer, held: Held) -> None:
         """One message in flight for the whole channel: the lowest unfinished one, to
@@ -654,9 +656,7 @@ class Channel:
     def touch(self, client: Consumer, msg_id: bytes, max_msg_timeout: float) -> str | None:
         """TOUCH: restart the message's timeout, up to max-msg-timeout since delivery."""
         held = self._held.get(client)
-        if held is None or not held.touch(
-            msg_id, clock.monotonic(), client.msg_timeout, max_msg_timeout
-        ):
+        if held is None or not held.touch(msg_id, clock.monotonic(), max_msg_timeout):
             return self._not_in_flight(client, msg_id)
         return None
 

@@ -35,14 +35,18 @@ _NO_DEADLINE: Final = -1.0
 
 @final
 class Held:
-    """The messages in flight to one consumer of a channel, and its counters.
+    """The messages in flight to one consumer of a channel, its counters, and the two
+    settings of the consumer that delivery uses (fixed by its IDENTIFY, before SUB):
+    ``timeout``, its msg_timeout (seconds), and ``sample_rate``.
 
     ``_inflight`` maps id -> deadline (seconds, the caller's monotonic clock) in
     delivery order. A TOUCH clamped by max-msg-timeout can break that order: such
     entries wait in ``_irregular``, which is scanned whole (it is almost always empty).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float, sample_rate: int = 0) -> None:
+        self.timeout = timeout
+        self.sample_rate = sample_rate
         self._inflight: dict[bytes, float] = {}
         self._irregular: dict[bytes, float] = {}
         #: delivery time of touched messages (for the max-msg-timeout clamp)
@@ -95,9 +99,10 @@ class Held:
                 touched_pop(mid, None)
         return missing
 
-    def touch(self, msg_id: bytes, now: float, timeout: float, max_timeout: float) -> bool:
-        """Restart ``msg_id``'s timeout at ``now`` + ``timeout``, but no later than
-        ``max_timeout`` after its delivery. False if it is not in flight here."""
+    def touch(self, msg_id: bytes, now: float, max_timeout: float) -> bool:
+        """Restart ``msg_id``'s timeout at ``now`` (its full timeout again), but no later
+        than ``max_timeout`` after its delivery. False if it is not in flight here."""
+        timeout = self.timeout
         deadline = self._inflight.pop(msg_id, None)
         if deadline is None and self._irregular:
             deadline = self._irregular.pop(msg_id, None)
@@ -165,9 +170,10 @@ class InFlight:
 
     # -- consumers ----------------------------------------------------------------------
 
-    def attach(self) -> Held:
-        """A new consumer: its (empty) table of messages in flight."""
-        held = Held()
+    def attach(self, timeout: float, sample_rate: int = 0) -> Held:
+        """A new consumer (its msg_timeout and sample_rate): its table of messages in
+        flight, empty."""
+        held = Held(timeout, sample_rate)
         self._held.append(held)
         return held
 
