@@ -58,9 +58,6 @@ class FakeConsumer:
         #: deliveries to several consumers, in order
         self.journal = journal if journal is not None else []
 
-    def ready(self) -> int:
-        return 0 if self.closed else self.rdy
-
     def send(self, frames: list[bytes], ids: list[bytes], flush: bool) -> float:
         msgs = [decode_message(f[8:]) for f in split_chunks(frames)]
         assert [m.id for m in msgs] == ids
@@ -105,8 +102,14 @@ def setup(nsqd: NSQD, *consumers: FakeConsumer) -> tuple[Partition, Channel]:
     part = nsqd.get_topic("t#ephemeral").default_partition
     ch = part.get_channel("ch")
     for c in consumers:
-        ch.add_client(c)
+        subscribe(ch, c)
     return part, ch
+
+
+def subscribe(ch: Channel, c: FakeConsumer) -> None:
+    """``c`` subscribes, then says its RDY (as a client must: RDY comes after SUB)."""
+    ch.add_client(c)
+    ch.ready_changed(c, c.rdy)
 
 
 def deliver(ch: Channel) -> None:
@@ -129,7 +132,7 @@ def test_round_robin_to_spare_rdy(clock: FrozenClock, idle_nsqd: NSQD) -> None:
         assert ch.in_flight_count == 8 and ch.depth == 4
         # the last batch that filled a consumer's RDY is written at once
         assert a.flushes[-1] and b.flushes[-1]
-        b.rdy = 0
+        ch.ready_changed(b, 0)
         ch.finish(a, a.ids)
         deliver(ch)
         assert len(a.got) == 6 and ch.depth == 1
@@ -188,7 +191,7 @@ def test_timeouts_touch_and_buffered_output(clock: FrozenClock, idle_nsqd: NSQD)
         deliver(ch)
         assert a.flushes == [True]  # RDY filled: nothing else would follow
         b = FakeConsumer("b", 10, buffer_delay=0.25)
-        ch.add_client(b)
+        subscribe(ch, b)
         (m3,) = publish(part, b"3")
         deliver(ch)
         assert b.got == [(m3, 1)] and b.flushes == [False]

@@ -35,7 +35,11 @@ log = logging.getLogger("nsqx.nsqd")
 
 class Consumer(Protocol):
     """What a channel needs of a subscribed client (nsqd's ``Consumer`` in channel.go):
-    ClientV2 is one, the unit tests have another."""
+    ClientV2 is one, the unit tests have another.
+
+    A consumer tells its channel how many messages it may have in flight (its RDY; 0
+    while it cannot take any: closing, or its output backed up) with
+    :meth:`Channel.ready_changed`, each time that changes; it starts at 0."""
 
     #: for logs and traces
     remote_address: str
@@ -46,11 +50,6 @@ class Consumer(Protocol):
     sample_rate: int
     #: its IDENTIFY (dispatch tag and ext filter, for an ext topic's routing)
     settings: ClientSettings
-
-    def ready(self) -> int:
-        """How many messages it may have in flight now (its RDY; 0 while it cannot
-        take any: not subscribed, closing, or its output is backed up)."""
-        ...
 
     def send(self, frames: list[bytes], ids: list[bytes], flush: bool) -> float:
         """Send (or buffer) these messages; ``flush``: write them now (nothing follows
@@ -318,11 +317,14 @@ class Channel:
             self._pump_scheduled = True
             self._loop.call_soon(self.pump)
 
-    def ready_changed(self, client: Consumer) -> None:
-        """``client``'s RDY (or its output) changed: deliver if it has room now."""
+    def ready_changed(self, client: Consumer, ready: int) -> None:
+        """``client`` may now have ``ready`` messages in flight (its RDY, or 0 while it
+        cannot take any): deliver if it has room."""
         held = self._held.get(client)
-        if held is not None and client.ready() > len(held):
-            self.notify()
+        if held is not None:
+            held.ready = ready
+            if ready > len(held):
+                self.notify()
 
     def _ready(self) -> list[tuple[Consumer, Held, int]]:
         """The clients with spare RDY (and how much), starting with the next in turn."""
@@ -330,7 +332,7 @@ class Channel:
         ready = []
         for c in self.clients:
             held = held_of[c]
-            spare = c.ready() - len(held)
+            spare = held.ready - len(held)
             if spare > 0:
                 ready.append((c, held, spare))
         if len(ready) > 1:

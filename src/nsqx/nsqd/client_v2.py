@@ -301,6 +301,7 @@ class ClientV2(asyncio.Protocol):
                 log.error("[%s] - %s; closing without acknowledging", self, err)
             self._close_after_ack = True
             self.closed = self._halt = True
+            self._tell_ready()
         if self._ack_failed:
             if not self._acks_due:
                 self._flush_closing()  # the fatal error that closed us
@@ -367,12 +368,12 @@ class ClientV2(asyncio.Protocol):
         self._write_paused = True
         if self._transport is not None:
             self._transport.pause_reading()
+        self._tell_ready()
 
     def resume_writing(self) -> None:
         self._write_paused = False
         self._resume_reading()
-        if self.channel is not None:
-            self.channel.notify()
+        self._tell_ready()
 
     # -- output -----------------------------------------------------------------------
 
@@ -397,6 +398,13 @@ class ClientV2(asyncio.Protocol):
         if self.state != STATE_SUBSCRIBED or self._write_paused or self.closed:
             return 0
         return self.rdy
+
+    def _tell_ready(self) -> None:
+        """Tell the channel what :meth:`ready` says now (after each change of RDY,
+        state, output pause or closing): the channel keeps it, rather than asking
+        every client at every delivery."""
+        if self.channel is not None:
+            self.channel.ready_changed(self, self.ready())
 
     def send(self, frames: list[bytes], ids: list[bytes], flush: bool) -> float:
         """Buffer messages' frames (output_buffer_size/timeout); ``flush`` writes them
@@ -497,6 +505,7 @@ class ClientV2(asyncio.Protocol):
             self._await_acks()  # publishes of this read are answered first
         self.closed = True
         self._halt = True
+        self._tell_ready()
         if self._acks_due:
             # answers wait for their acknowledgement: close once they are out
             self._close_after_ack = True
@@ -514,6 +523,7 @@ class ClientV2(asyncio.Protocol):
         """The upgraded stream hung up by itself (a TLS failure): write nothing more."""
         self.closed = True
         self._halt = True
+        self._tell_ready()
 
     # -- timers (called by nsqd's scan loop) ------------------------------------------
 
@@ -815,8 +825,7 @@ class ClientV2(asyncio.Protocol):
 
     def _on_rdy(self, ev: cmd.Rdy) -> None:
         self.rdy = ev.value
-        if self.channel is not None:
-            self.channel.ready_changed(self)
+        self._tell_ready()
 
     def _subscribed_channel(self) -> Channel:
         # (the rules accept FIN, REQ and TOUCH only once SUB has set it)
@@ -858,6 +867,7 @@ class ClientV2(asyncio.Protocol):
 
     def _on_cls(self, ev: cmd.Cls) -> None:
         self.state = _RULES[cmd.Cls].then
+        self._tell_ready()
         self._respond(_CLOSE_WAIT_FRAME)
 
     def _on_nop(self, ev: cmd.Nop) -> None:

@@ -35,9 +35,10 @@ _NO_DEADLINE: Final = -1.0
 
 @final
 class Held:
-    """The messages in flight to one consumer of a channel, its counters, and the two
-    settings of the consumer that delivery uses (fixed by its IDENTIFY, before SUB):
-    ``timeout``, its msg_timeout (seconds), and ``sample_rate``.
+    """The messages in flight to one consumer of a channel, its counters, and what
+    delivery needs to know of the consumer: ``ready``, how many messages it may have in
+    flight now (its RDY, as it last told the channel), and two settings fixed by its
+    IDENTIFY before SUB, ``timeout`` (its msg_timeout, seconds) and ``sample_rate``.
 
     ``_inflight`` maps id -> deadline (seconds, the caller's monotonic clock) in
     delivery order. A TOUCH clamped by max-msg-timeout can break that order: such
@@ -47,6 +48,7 @@ class Held:
     def __init__(self, timeout: float, sample_rate: int = 0) -> None:
         self.timeout = timeout
         self.sample_rate = sample_rate
+        self.ready = 0
         self._inflight: dict[bytes, float] = {}
         self._irregular: dict[bytes, float] = {}
         #: delivery time of touched messages (for the max-msg-timeout clamp)
