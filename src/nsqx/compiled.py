@@ -39,8 +39,10 @@ COMPILED_MODULES: tuple[str, ...] = (
     "nsqx.store.log",
     "nsqx.store.memlog",
     "nsqx.nsqd.partition",
+    "nsqx.nsqd.protocol_v2",
     "nsqx.nsqd.client_v2",
     "nsqx.nsqd.channel",
+    "nsqx.nsqd.inflight",
     "nsqx.nsqd.topic",
     "nsqx.nsqd.loopturn",
 )

@@ -113,7 +113,7 @@ def test_late_fin_keeps_the_attempts_of_a_message_in_flight_elsewhere() -> None:
         other.send(c.fin(m4.id))
         ch = nsqd.topics["t"].channels["ch"]
         await wait_for(lambda: ch.in_flight_count == 0)
-        assert not ch.attempts  # a FIN of a message in flight does forget its attempts
+        assert not ch.flight.attempts  # a FIN of a message in flight does forget its attempts
         await nsqd.close()
 
     run(body())

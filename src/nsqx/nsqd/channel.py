@@ -1,48 +1,77 @@
-"""Channel: a cursor over a topic partition's log that delivers to its subscribed clients."""
+"""Channel: a cursor over a topic partition's log that delivers to its subscribed clients.
+
+The channel reads the log, picks who gets what and keeps the timers; what it has handed
+out and not seen finished is its :class:`~nsqx.nsqd.inflight.InFlight` (sans-IO). It
+reaches its clients only through :class:`Consumer`, as nsqd's channel.go does, so that
+tests drive a channel with fake consumers (tests/nsqd/test_channel_unit.py).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import os
-from array import array
-from collections import Counter, deque
-from typing import TYPE_CHECKING
+import random
+from typing import TYPE_CHECKING, Protocol
 
 from nsqx.nsqd import clock
 from nsqx.nsqd import tracer as tr
 from nsqx.nsqd.e2e import new_window
-from nsqx.nsqd.guid import seq_of
+from nsqx.nsqd.inflight import Held, InFlight
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
 from nsqx.store.log import split_chunks
 from nsqx.wire.ext import header_tag
-from nsqx.wire.frames import is_extended, record_parts, with_attempts
+from nsqx.wire.frames import ATTEMPTS_AT, ID_AT, ID_END, is_extended, record_parts, with_attempts
 from nsqx.wire.names import is_ephemeral
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.client_v2 import ClientV2
     from nsqx.nsqd.partition import Partition
     from nsqx.nsqd.topic import Topic
+    from nsqx.wire.errors import ProtocolError
+    from nsqx.wire.identify import ClientSettings
 
 log = logging.getLogger("nsqx.nsqd")
 
-# a message's id inside its frame: size(4) type(4) timestamp(8) attempts(2) id(16)
-# (written [18:34] where used: mypyc, setup.py, compiles bytes[slice object] as an
-# index by int, a TypeError)
+
+class Consumer(Protocol):
+    """What a channel needs of a subscribed client (nsqd's ``Consumer`` in channel.go):
+    ClientV2 is one, the unit tests have another.
+
+    A consumer tells its channel how many messages it may have in flight (its RDY; 0
+    while it cannot take any: closing, or its output backed up) with
+    :meth:`Channel.ready_changed`, each time that changes; it starts at 0."""
+
+    #: for logs and traces
+    remote_address: str
+    #: how long a message may stay in flight before it is sent again (seconds); this
+    #: and sample_rate are read once, when it subscribes
+    msg_timeout: float
+    #: 1-99: the percentage of messages it gets (the rest are consumed unsent); 0: all
+    sample_rate: int
+    #: its IDENTIFY (dispatch tag and ext filter, for an ext topic's routing)
+    settings: ClientSettings
+
+    def send(self, frames: list[bytes], ids: list[bytes], flush: bool) -> float:
+        """Send (or buffer) these messages; ``flush``: write them now (nothing follows
+        soon). Returns how long they may wait in its buffer before written (seconds,
+        0 when written now): their timeout starts when the client can see them."""
+        ...
+
+    def close(self) -> None:
+        """The channel is gone: close the connection."""
+        ...
+
+    def fail(self, err: ProtocolError) -> None:
+        """Send an error now; a fatal one closes the connection (its partition moved)."""
+        ...
 
 
-def _without(ids: list[bytes], missing: list[bytes]) -> list[bytes]:
-    """``ids`` less one occurrence of each of ``missing`` (a FIN batch may repeat an id:
-    the first one finished it, the second is missing)."""
-    left = Counter(missing)
-    done = []
-    for mid in ids:
-        if left[mid]:
-            left[mid] -= 1
-        else:
-            done.append(mid)
-    return done
+def _sample(frames: list[bytes], ids: list[bytes], rate: int) -> tuple[list[bytes], list[bytes]]:
+    """What a consumer with a ``sample_rate`` gets of these (as nsqd, a message sampled
+    out is consumed without being sent)."""
+    frames = split_chunks(frames)
+    keep = [j for j in range(len(ids)) if random.randrange(100) <= rate]
+    return [frames[j] for j in keep], [ids[j] for j in keep]
 
 
 class Channel:
@@ -52,9 +81,8 @@ class Channel:
     Delivery is one pump per channel, scheduled once per loop iteration however many
     events asked for it. It takes requeued messages first, then the log, and gives
     each ready client a fair share in one batch: one list slice, one dict update and
-    one write per client. In-flight messages live in their client's insertion-ordered
-    dict (id -> deadline) so timeouts are found by scanning its head; messages that
-    were delivered more than once are the only ones with an attempts entry here.
+    one write per client. In-flight messages live in ``flight`` (nsqx.nsqd.inflight),
+    one insertion-ordered table per consumer, so timeouts are found by scanning heads.
 
     Two other dispatchers serve Youzan's extensions: an *ordered* channel (SUB_ORDERED,
     or a topic created orderedmulti) has one message in flight across all its clients,
@@ -70,14 +98,13 @@ class Channel:
         self.log = partition.log
         #: Next log sequence to deliver.
         self.cursor = start
-        self.clients: list[ClientV2] = []
-        #: (seq, attempts so far) ready to go again, ahead of the log.
-        self.requeued: deque[tuple[int, int]] = deque()
-        #: heap of (due ns on the monotonic clock, seq, attempts so far): a wall clock
-        #: set back or forward changes no delay (the cursor file keeps wall-clock times)
-        self.deferred: list[tuple[int, int, int]] = []
-        #: attempts of in-flight messages delivered more than once.
-        self.attempts: dict[bytes, int] = {}
+        self.clients: list[Consumer] = []
+        #: each client's messages in flight
+        self._held: dict[Consumer, Held] = {}
+        #: in flight, requeued (ahead of the log) and deferred messages. Deferred due
+        #: times are the monotonic clock's (ns): a wall clock set back or forward
+        #: changes no delay (the cursor file keeps wall-clock times)
+        self.flight = InFlight()
         self.paused = False
         self.deleted = False
         self.message_count = 0
@@ -144,30 +171,20 @@ class Channel:
         lo, hi = self.log.start, self.log.end
         self.cursor = min(max(state.cursor, lo), hi)
         to_mono = clock.monotonic_ns() - clock.time_ns()
+        flight = self.flight
         for seq, attempts, due in state.entries():
             if not lo <= seq < hi:
                 continue  # gone from the log (deleted segment, or lost with the page cache)
             if due:
-                self.deferred.append((due + to_mono, seq, attempts))
+                flight.defer(seq, attempts, due + to_mono)
             else:
-                self.requeued.append((seq, attempts))
-        heapq.heapify(self.deferred)
+                flight.requeued.append((seq, attempts))
         self._arm_deferred()
 
     def cursor_state(self) -> CursorState:
         """The checkpoint of this channel now (see nsqx.store.cursor)."""
-        pending = array("q")
-        attempts_of = self.attempts.get
-        id_base = self.partition.id_base
-        for c in self.clients:
-            for table in (c.inflight, c.irregular):
-                for mid in table:
-                    pending.extend((seq_of(mid, id_base), attempts_of(mid, 1), 0))
-        for seq, attempts in self.requeued:
-            pending.extend((seq, attempts, 0))
         to_wall = clock.time_ns() - clock.monotonic_ns()
-        for due, seq, attempts in self.deferred:
-            pending.extend((seq, attempts, due + to_wall))
+        pending = self.flight.pending(self.partition.id_base, to_wall)
         confirmed = min(pending[::3], default=self.cursor)
         return CursorState(min(confirmed, self.cursor), self.cursor, pending)
 
@@ -183,44 +200,42 @@ class Channel:
     @property
     def depth(self) -> int:
         """Messages waiting (not in flight, not deferred)."""
-        return len(self.requeued) + max(self.partition.visible_end - self.cursor, 0)
+        return len(self.flight.requeued) + max(self.partition.visible_end - self.cursor, 0)
 
     @property
     def in_flight_count(self) -> int:
-        return sum(len(c.inflight) + len(c.irregular) for c in self.clients)
+        return self.flight.count
 
     @property
     def deferred_count(self) -> int:
-        return len(self.deferred)
+        return len(self.flight.deferred)
 
     def low_water(self) -> int:
         """The oldest log sequence this channel may still deliver."""
-        low = self.cursor
-        if self.requeued:
-            low = min(low, min(s for s, _ in self.requeued))
-        if self.deferred:
-            low = min(low, min(s for _, s, _ in self.deferred))
-        id_base = self.partition.id_base
-        for c in self.clients:
-            if c.inflight:
-                low = min(low, min(seq_of(mid, id_base) for mid in c.inflight))
-            if c.irregular:
-                low = min(low, min(seq_of(mid, id_base) for mid in c.irregular))
-        return low
+        return self.flight.low_water(self.cursor, self.partition.id_base)
 
     # -- clients ----------------------------------------------------------------------
 
-    def add_client(self, client: ClientV2) -> None:
+    def held_by(self, client: Consumer) -> Held | None:
+        """``client``'s messages in flight and its counters (None if not subscribed)."""
+        return self._held.get(client)
+
+    def add_client(self, client: Consumer) -> None:
         self.clients.append(client)
+        # (its msg_timeout and sample_rate are read once: IDENTIFY comes before SUB)
+        self._held[client] = self.flight.attach(client.msg_timeout, client.sample_rate)
         self._update_routing()
 
-    def remove_client(self, client: ClientV2) -> None:
-        """A client left: whatever it had in flight goes back to the front at once."""
-        try:
-            self.clients.remove(client)
-        except ValueError:
+    def remove_client(self, client: Consumer) -> None:
+        """A client left: whatever it had in flight is queued again at once."""
+        held = self._held.pop(client, None)
+        if held is None:
             return
-        self._requeue_all(client)
+        self.clients.remove(client)
+        ids = self.flight.detach(held, self.partition.id_base)
+        if ids and self.traced:
+            for mid in ids:
+                self._trace_end(tr.REQ, mid, client, {"reason": "client left"})
         self._update_routing()
         if self.clients:
             self.notify()
@@ -231,18 +246,6 @@ class Channel:
         self._routed = self.partition.topic.meta.ext and any(
             c.settings.desired_tag or c.settings.ext_filter is not None for c in self.clients
         )
-
-    def _requeue_all(self, client: ClientV2) -> None:
-        for table in (client.inflight, client.irregular):
-            if table:
-                pop = self.attempts.pop
-                id_base = self.partition.id_base
-                self.requeued.extend((seq_of(mid, id_base), pop(mid, 1)) for mid in table)
-                if self.traced:
-                    for mid in table:
-                        self._trace_end(tr.REQ, mid, client, {"reason": "client left"})
-                table.clear()
-        client.touched.clear()
 
     def detach(self) -> None:
         """nsqd is stopping: stop delivering (state stays on disk)."""
@@ -256,9 +259,8 @@ class Channel:
         for c in list(self.clients):
             c.close()
         self.clients.clear()
-        self.requeued.clear()
-        self.deferred.clear()
-        self.attempts.clear()
+        self._held.clear()
+        self.flight.clear()
         self.traced.clear()
         if self.cursor_path is not None:
             try:
@@ -275,8 +277,7 @@ class Channel:
 
     def empty(self) -> None:
         """Drop every queued and deferred message (in-flight ones stay in flight)."""
-        self.requeued.clear()
-        self.deferred.clear()
+        self.flight.drop_queued()
         self.cursor = max(self.cursor, self.partition.visible_end)
         self.dirty = True
 
@@ -284,22 +285,23 @@ class Channel:
         """Replay or skip: deliver from ``seq`` on (SUB_ADVANCED, /channel/setoffset).
         Queued and deferred messages are forgotten (those from ``seq`` on come again
         from the log); messages in flight stay in flight."""
-        self.cursor = min(max(seq, self.log.start), self.log.end)
-        self.requeued.clear()
-        self.deferred.clear()
-        self.dirty = True
+        self.seek(min(max(seq, self.log.start), self.log.end))
         log.info("CHANNEL(%s): reset to sequence %d", self.name, self.cursor)
         self.notify()
+
+    def seek(self, seq: int) -> None:
+        """Deliver from ``seq`` on, as is (the partition moved under the channel: a
+        truncated or reset log, a follower taking its leader's positions). Queued and
+        deferred messages are forgotten; messages in flight stay in flight."""
+        self.cursor = seq
+        self.flight.drop_queued()
+        self.dirty = True
 
     def advance_to(self, seq: int) -> None:
         """Count everything below ``seq`` as consumed (a range consumer, such as a Spark
         query, reports its progress); messages in flight stay in flight."""
         self.cursor = max(self.cursor, seq)
-        if self.requeued:
-            self.requeued = deque(e for e in self.requeued if e[0] >= seq)
-        if self.deferred:
-            self.deferred = [e for e in self.deferred if e[1] >= seq]
-            heapq.heapify(self.deferred)
+        self.flight.drop_below(seq)
         self.dirty = True
 
     def drop_before(self, seq: int) -> None:
@@ -315,18 +317,38 @@ class Channel:
             self._pump_scheduled = True
             self._loop.call_soon(self.pump)
 
+    def ready_changed(self, client: Consumer, ready: int) -> None:
+        """``client`` may now have ``ready`` messages in flight (its RDY, or 0 while it
+        cannot take any): deliver if it has room."""
+        held = self._held.get(client)
+        if held is not None:
+            held.ready = ready
+            if ready > len(held):
+                self.notify()
+
+    def _ready(self) -> list[tuple[Consumer, Held, int]]:
+        """The clients with spare RDY (and how much), starting with the next in turn."""
+        held_of = self._held
+        ready = []
+        for c in self.clients:
+            held = held_of[c]
+            spare = held.ready - len(held)
+            if spare > 0:
+                ready.append((c, held, spare))
+        if len(ready) > 1:
+            self._rr = (self._rr + 1) % len(ready)
+            ready = ready[self._rr :] + ready[: self._rr]
+        return ready
+
     def pump(self) -> None:
         self._pump_scheduled = False
         if self.paused or self.deleted or not self.clients:
             return
-        ready = [(c, spare) for c in self.clients if (spare := c.spare()) > 0]
+        ready = self._ready()
         if not ready:
             return
-        if len(ready) > 1:
-            self._rr = (self._rr + 1) % len(ready)
-            ready = ready[self._rr :] + ready[: self._rr]
         if self.ordered:
-            self._pump_ordered(ready)
+            self._pump_ordered(ready[0][0], ready[0][1])
             return
         if self._routed:
             self._pump_routed(ready)
@@ -334,9 +356,10 @@ class Channel:
         now = clock.monotonic()
         left = len(ready)
         tracing = self.partition.extended or self.trace_enabled or self.topic.trace_enabled
+        requeued = self.flight.requeued
         room_left = sent = False
-        for c, spare in ready:
-            avail = len(self.requeued) + self.partition.visible_end - self.cursor
+        for c, held, spare in ready:
+            avail = len(requeued) + self.partition.visible_end - self.cursor
             if avail <= 0:
                 break
             # an even share of what is there, so that one client cannot take it all
@@ -348,19 +371,37 @@ class Channel:
                 sent = True
                 if tracing:
                     self._trace_start(frames, ids, c)
-                c.send_messages(frames, ids, now)
-        if room_left and sent and len(self.requeued) + self.partition.visible_end > self.cursor:
+                # written now when the client can take no more (nothing else would
+                # follow soon); else buffered as it asked (output_buffer_*)
+                self._send(c, held, frames, ids, len(ids) >= spare, now)
+        if room_left and sent and len(requeued) + self.partition.visible_end > self.cursor:
             # a client with less room than its share left messages that another one has
             # room for: go round again (found by tests/nsqd/test_channel_states.py)
             self.notify()
 
-    def _pump_ordered(self, ready: list[tuple[ClientV2, int]]) -> None:
+    def _send(
+        self,
+        c: Consumer,
+        held: Held,
+        frames: list[bytes],
+        ids: list[bytes],
+        flush: bool,
+        now: float,
+    ) -> None:
+        """Hand a batch to ``c`` and put it in flight (one dict update)."""
+        if held.sample_rate:
+            frames, ids = _sample(frames, ids, held.sample_rate)
+            if not ids:
+                return
+        delay = c.send(frames, ids, flush)
+        held.add(ids, now + held.timeout + delay)
+
+    def _pump_ordered(self, client: Consumer, held: Held) -> None:
         """One message in flight for the whole channel: the lowest unfinished one, to
         the next client with room; the next one only after its FIN (or REQ 0, or a
         timeout, which send it again)."""
-        if self.in_flight_count:
+        if self.flight.count:
             return
-        client = ready[0][0]
         ext_filter = client.settings.ext_filter if self.topic.meta.ext else None
         for _ in range(1000):  # messages an ext filter skips: a bounded run per pump
             frame, mid = self._take_ordered()
@@ -373,14 +414,14 @@ class Channel:
                     continue
             if self.partition.extended or self.trace_enabled or self.topic.trace_enabled:
                 self._trace_start([frame], [mid], client)
-            client.send_messages([frame], [mid], clock.monotonic(), flush=True)
+            self._send(client, held, [frame], [mid], True, clock.monotonic())
             return
         self.notify()
 
     def _take_ordered(self) -> tuple[bytes | None, bytes]:
         """The lowest unfinished message (requeued ones come before the cursor's), its
         deferral ignored: ordered channels never delay (as Youzan's)."""
-        requeued = self.requeued
+        requeued = self.flight.requeued
         while requeued:
             k = min(range(len(requeued)), key=lambda i: requeued[i][0])
             seq, attempts = requeued[k]
@@ -390,8 +431,8 @@ class Channel:
                 continue  # dropped (emptied, or an ephemeral overflow)
             if attempts:
                 frame = with_attempts(frame, attempts + 1)
-                self.attempts[frame[18:34]] = attempts + 1
-            return frame, frame[18:34]
+                self.flight.redelivered(frame[ID_AT:ID_END], attempts + 1)
+            return frame, frame[ID_AT:ID_END]
         end = self.partition.visible_end
         while self.cursor < end:
             lo = self.cursor
@@ -404,27 +445,27 @@ class Channel:
             self.cursor = lo + 1
             self.dirty = True
             self.message_count += 1
-            if self.deferred and any(s == lo for _, s, _ in self.deferred):
+            if self.flight.is_deferred(lo):
                 continue  # also deferred from before the channel was ordered
             frame = split_chunks(f)[0]
             return frame, i[0]
         return None, b""
 
-    def _pump_routed(self, ready: list[tuple[ClientV2, int]]) -> None:
+    def _pump_routed(self, ready: list[tuple[Consumer, Held, int]]) -> None:
         """Route each message by its ext header: a message with a dispatch tag goes to a
         client that asked for that tag if there is one, every other message to clients
         without a tag; a client's ext filter finishes what it does not match unsent.
         What no client can take now waits at the front of the queue."""
         now = clock.monotonic()
-        room = {c: spare for c, spare in ready}
-        by_tag: dict[str, list[ClientV2]] = {}
+        room = {c: spare for c, _, spare in ready}
+        by_tag: dict[str, list[Consumer]] = {}
         for c in self.clients:
             by_tag.setdefault(c.settings.desired_tag, []).append(c)
         frames, ids = self._take(sum(room.values()))
         if not ids:
             return
         frames = split_chunks(frames)
-        out: dict[ClientV2, tuple[list[bytes], list[bytes]]] = {}
+        out: dict[Consumer, tuple[list[bytes], list[bytes]]] = {}
         back: list[tuple[int, int]] = []
         skipped = 0
         rr = self._rr
@@ -436,8 +477,9 @@ class Channel:
                 group = by_tag.get("", [])
             takers = [c for c in group if room.get(c, 0) > 0]
             if not takers:
-                back.append((self.partition.seq_of(mid), int.from_bytes(frame[16:18], "big") - 1))
-                self.attempts.pop(mid, None)
+                attempts = int.from_bytes(frame[ATTEMPTS_AT:ID_AT], "big") - 1
+                back.append((self.partition.seq_of(mid), attempts))
+                self.flight.forget(mid)
                 continue
             rr += 1
             c = takers[rr % len(takers)]
@@ -452,10 +494,10 @@ class Channel:
             i_list.append(mid)
         self._rr = rr
         if back:
-            self.requeued.extendleft(reversed(back))
+            self.flight.requeued.extendleft(reversed(back))
         for c, (f_list, i_list) in out.items():
             self._trace_start(f_list, i_list, c)
-            c.send_messages(f_list, i_list, now)
+            self._send(c, self._held[c], f_list, i_list, room[c] <= 0, now)
         if skipped and not back:
             # what a filter skipped left room: take more (else a client with RDY 1
             # whose next message is filtered would wait for ever)
@@ -463,7 +505,7 @@ class Channel:
 
     def _skip_filtered(self, mid: bytes) -> None:
         """A message a client's ext filter refused: finished for the channel, unsent."""
-        self.attempts.pop(mid, None)
+        self.flight.forget(mid)
         self.filtered_count += 1
         self.dirty = True
         if self.trace_enabled or self.topic.trace_enabled:
@@ -471,7 +513,7 @@ class Channel:
 
     # -- tracing ----------------------------------------------------------------------
 
-    def _trace_start(self, frames: list[bytes], ids: list[bytes], client: ClientV2) -> None:
+    def _trace_start(self, frames: list[bytes], ids: list[bytes], client: Consumer) -> None:
         """START events for the traced messages among these (and remember them in
         flight, for their FIN, REQ or TIMEOUT)."""
         everything = self.trace_enabled or self.topic.trace_enabled
@@ -489,11 +531,11 @@ class Channel:
                     trace_id,
                     channel=self.name,
                     client=client.remote_address,
-                    extra={"attempts": int.from_bytes(frame[16:18], "big")},
+                    extra={"attempts": int.from_bytes(frame[ATTEMPTS_AT:ID_AT], "big")},
                 )
 
     def _trace_end(
-        self, event: str, mid: bytes, client: ClientV2, extra: dict[str, object] | None = None
+        self, event: str, mid: bytes, client: Consumer, extra: dict[str, object] | None = None
     ) -> None:
         trace_id = self.traced.pop(mid, None)
         if trace_id is not None:
@@ -510,7 +552,7 @@ class Channel:
     def _take(self, k: int) -> tuple[list[bytes], list[bytes]]:
         frames: list[bytes] = []
         ids: list[bytes] = []
-        requeued = self.requeued
+        requeued = self.flight.requeued
         if requeued:
             get = self.log.get
             while requeued and len(ids) < k:
@@ -520,9 +562,9 @@ class Channel:
                     continue
                 if attempts:
                     frame = with_attempts(frame, attempts + 1)
-                    self.attempts[frame[18:34]] = attempts + 1
+                    self.flight.redelivered(frame[ID_AT:ID_END], attempts + 1)
                 frames.append(frame)
-                ids.append(frame[18:34])
+                ids.append(frame[ID_AT:ID_END])
         end = self.partition.visible_end
         while len(ids) < k and self.cursor < end:
             lo = self.cursor
@@ -556,7 +598,7 @@ class Channel:
         skip = set()
         for seq, due in deferred:
             if due > now_ns:
-                heapq.heappush(self.deferred, (due + to_mono, seq, 0))
+                self.flight.defer(seq, 0, due + to_mono)
                 skip.add(seq - lo)
         if not skip:
             return frames, ids
@@ -567,92 +609,57 @@ class Channel:
 
     # -- acknowledgements -------------------------------------------------------------
 
-    def _not_in_flight(self, client: ClientV2, msg_id: bytes) -> str:
-        for other in self.clients:
-            if other is not client and (msg_id in other.inflight or msg_id in other.irregular):
-                return "client does not own message"
+    def _not_in_flight(self, client: Consumer, msg_id: bytes) -> str:
+        holder = self.flight.holder(msg_id)
+        if holder is not None and holder is not self._held.get(client):
+            return "client does not own message"
         return "ID not in flight"
 
-    def _pop_in_flight(self, client: ClientV2, msg_id: bytes) -> float | None:
-        deadline = client.inflight.pop(msg_id, None)
-        if deadline is None and client.irregular:
-            deadline = client.irregular.pop(msg_id, None)
-        return deadline
-
-    def finish(self, client: ClientV2, ids: list[bytes]) -> list[tuple[bytes, str]]:
+    def finish(self, client: Consumer, ids: list[bytes]) -> list[tuple[bytes, str]]:
         """FIN: forget the messages. Returns (id, reason) for those not in flight."""
-        pop = client.inflight.pop
-        missing = [mid for mid in ids if pop(mid, None) is None]
-        if missing and client.irregular:
-            irregular_pop = client.irregular.pop
-            missing = [mid for mid in missing if irregular_pop(mid, None) is None]
-        # only what this client had in flight is finished: a late FIN of a message now
-        # in flight elsewhere must not reset its attempts
-        done = ids if not missing else _without(ids, missing)
-        if self.attempts:
-            attempts_pop = self.attempts.pop
-            for mid in done:
-                attempts_pop(mid, None)
-        if client.touched:
-            touched_pop = client.touched.pop
-            for mid in done:
-                touched_pop(mid, None)
+        held = self._held.get(client)
+        if held is None:
+            return [(mid, self._not_in_flight(client, mid)) for mid in ids]
+        done, missing = self.flight.finish(held, ids)
         if self.traced:
             for mid in done:
                 if mid in self.traced:
                     self._trace_end(tr.FIN, mid, client)
-        client.finish_count += len(done)
         self.dirty = True
         if self.e2e is not None:
             self.e2e.record(self.log, done, self.partition.id_base)
         self.notify()
+        if not missing:
+            return []
         return [(mid, self._not_in_flight(client, mid)) for mid in missing]
 
-    def requeue(self, client: ClientV2, msg_id: bytes, timeout_ms: int) -> str | None:
+    def requeue(self, client: Consumer, msg_id: bytes, timeout_ms: int) -> str | None:
         """REQ: back to the queue now (0) or after ``timeout_ms``. Returns an error.
 
         On an ordered channel a REQ with a delay is ignored (the message stays in flight
         and times out), as Youzan's nsqd does: a delay would break the order."""
-        if self.ordered and timeout_ms > 0:
-            if msg_id in client.inflight or msg_id in client.irregular:
-                return None
+        held = self._held.get(client)
+        if held is None:
             return self._not_in_flight(client, msg_id)
-        if self._pop_in_flight(client, msg_id) is None:
+        if self.ordered and timeout_ms > 0:
+            return None if msg_id in held else self._not_in_flight(client, msg_id)
+        due = clock.monotonic_ns() + timeout_ms * 1_000_000 if timeout_ms > 0 else 0
+        if not self.flight.requeue(held, msg_id, self.partition.seq_of(msg_id), due):
             return self._not_in_flight(client, msg_id)
         if self.traced:
             self._trace_end(tr.REQ, msg_id, client, {"delay_ms": timeout_ms})
-        client.touched.pop(msg_id, None)
-        attempts = self.attempts.pop(msg_id, 1)
         self.dirty = True
         self.requeue_count += 1
-        client.requeue_count += 1
-        if timeout_ms <= 0:
-            self.requeued.append((self.partition.seq_of(msg_id), attempts))
-            self.notify()
-        else:
-            due = clock.monotonic_ns() + timeout_ms * 1_000_000
-            heapq.heappush(self.deferred, (due, self.partition.seq_of(msg_id), attempts))
+        if due:
             self._arm_deferred()
-            self.notify()  # the client's RDY has room again
+        self.notify()  # the message goes again, or the client's RDY has room again
         return None
 
-    def touch(self, client: ClientV2, msg_id: bytes, max_msg_timeout: float) -> str | None:
+    def touch(self, client: Consumer, msg_id: bytes, max_msg_timeout: float) -> str | None:
         """TOUCH: restart the message's timeout, up to max-msg-timeout since delivery."""
-        timeout = client.msg_timeout
-        deadline = self._pop_in_flight(client, msg_id)
-        if deadline is None:
+        held = self._held.get(client)
+        if held is None or not held.touch(msg_id, clock.monotonic(), max_msg_timeout):
             return self._not_in_flight(client, msg_id)
-        delivered = client.touched.get(msg_id)
-        if delivered is None:
-            delivered = client.touched[msg_id] = deadline - timeout
-        now = clock.monotonic()
-        new = min(now + timeout, delivered + max_msg_timeout)
-        inflight = client.inflight
-        # the in-flight dict must stay ordered by deadline; a clamped one goes aside
-        if not inflight or new >= next(reversed(inflight.values())):
-            inflight[msg_id] = new
-        else:
-            client.irregular[msg_id] = new
         return None
 
     # -- timers -----------------------------------------------------------------------
@@ -661,17 +668,15 @@ class Channel:
         """Time out in-flight messages and release due deferred ones (batched); both
         times are the monotonic clock's (seconds, ns)."""
         moved = False
-        for c in self.clients:
-            expired = c.expired(now)
+        flight = self.flight
+        id_base = self.partition.id_base
+        for c, held in self._held.items():
+            expired = flight.expire(held, now, id_base)
             if expired:
                 if self.traced:
                     for mid in expired:
                         self._trace_end(tr.TIMEOUT, mid, c)
-                pop = self.attempts.pop
-                id_base = self.partition.id_base
-                self.requeued.extend((seq_of(mid, id_base), pop(mid, 1)) for mid in expired)
                 self.timeout_count += len(expired)
-                c.timeout_count += len(expired)
                 moved = True
         if self._release_deferred(now_ns):
             moved = True
@@ -680,20 +685,15 @@ class Channel:
 
     def _release_deferred(self, now_ns: int) -> bool:
         """Move the deferred messages due by ``now_ns`` to the requeued ones."""
-        deferred = self.deferred
-        moved = False
-        while deferred and deferred[0][0] <= now_ns:
-            _, seq, attempts = heapq.heappop(deferred)
-            self.requeued.append((seq, attempts))
-            moved = True
+        moved = self.flight.release(now_ns)
         self._arm_deferred()
         return moved
 
     def _arm_deferred(self) -> None:
         """Have the timer go off when the earliest deferred message is due."""
-        if not self.deferred or self.deleted:
+        due = self.flight.next_due()
+        if not due or self.deleted:
             return
-        due = self.deferred[0][0]
         timer = self._defer_timer
         if timer is not None:
             if self._defer_timer_due <= due:

@@ -1,7 +1,9 @@
 """ClientV2: one TCP connection speaking protocol V2, as an asyncio Protocol.
 
-Bytes go to the sans-IO parser; its events are executed in order; everything the
-connection must send during one read is written once at the end of it.
+Bytes go to the sans-IO parser (nsqx.wire.commands); each event is judged by protocol
+V2's rules (nsqx.nsqd.protocol_v2: which state accepts it, whether AUTH must allow it)
+and executed in order; everything the connection must send during one read is written
+once at the end of it, or once the publishes it answers are acknowledged.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import struct
 import time
 from collections.abc import Callable
@@ -17,8 +18,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Final, cast, final
 
 from nsqx.nsqd import clock
+from nsqx.nsqd import protocol_v2 as pv2
 from nsqx.nsqd.auth import AuthError, AuthState
 from nsqx.nsqd.guid import seq_of
+from nsqx.nsqd.protocol_v2 import STATE_CLOSING as STATE_CLOSING
+from nsqx.nsqd.protocol_v2 import STATE_INIT as STATE_INIT
+from nsqx.nsqd.protocol_v2 import STATE_SUBSCRIBED as STATE_SUBSCRIBED
 from nsqx.nsqd.upgrade import UpgradedStream
 from nsqx.store.log import split_chunks
 from nsqx.wire import commands as cmd
@@ -74,10 +79,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nsqx.nsqd")
 
-STATE_INIT: Final = 0
-STATE_SUBSCRIBED: Final = 2
-STATE_CLOSING: Final = 3
-
 #: reads of one connection whose answers may wait for their acknowledgement at once
 #: (replication round trips, fsyncs) before it stops reading
 MAX_ACK_GROUPS: Final = 32
@@ -110,12 +111,11 @@ class AckGroup:
 
 
 class ClientV2(asyncio.Protocol):
-    """A client connection: its negotiated settings, state, RDY and in-flight messages.
+    """A client connection: its negotiated settings, state, RDY and output.
 
-    ``inflight`` maps message id -> deadline (monotonic seconds) in delivery order; all
-    of a client's messages share its msg_timeout, so they expire in that order and a
-    timeout scan stops at the first live one. A TOUCH clamped by max-msg-timeout can
-    break that order: such entries wait in ``irregular``, which is scanned whole.
+    Subscribed, it is its channel's :class:`~nsqx.nsqd.channel.Consumer`: the channel
+    keeps the messages in flight to it (nsqx.nsqd.inflight) and calls :meth:`ready`
+    and :meth:`send`.
     """
 
     def __init__(self, nsqd: NSQD) -> None:
@@ -132,16 +132,9 @@ class ClientV2(asyncio.Protocol):
         self.state = STATE_INIT
         self.channel: Channel | None = None
         self.rdy = 0
-        self.inflight: dict[bytes, float] = {}
-        self.irregular: dict[bytes, float] = {}
-        #: delivery time of touched messages (for the max-msg-timeout clamp)
-        self.touched: dict[bytes, float] = {}
         self.remote_address = ""
         self.connect_ts = int(time.time())
         self.message_count = 0
-        self.finish_count = 0
-        self.requeue_count = 0
-        self.timeout_count = 0
         self._pub_counts: dict[str, int] = {}
         # the topic published to last and its count not yet in _pub_counts: a publisher
         # keeps to one topic, and a dictionary get and set per publish cost more
@@ -162,7 +155,8 @@ class ClientV2(asyncio.Protocol):
         self._held: list[cmd.Event] | None = None
         self._held_data: list[bytes] = []
         self._stream: UpgradedStream | None = None
-        self._dispatch = _AUTH_DISPATCH if nsqd.auth is not None else _DISPATCH
+        #: --auth-http-address: SUB and publishes must be authorized (Rule.auth)
+        self._auth = nsqd.auth is not None
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._out_size = 0
@@ -225,12 +219,12 @@ class ClientV2(asyncio.Protocol):
         # (the time of it is taken by the next tick: a clock read per read costs more
         # than the ticks' 100 ms of precision are worth)
         self._read_since_tick = True
-        dispatch = self._dispatch
-        plain = dispatch is _DISPATCH
+        plain = not self._auth
         events = self.parser.feed(data)
         for i, ev in enumerate(events):
             # a publisher's commands go straight to their handler (compiled: a direct
-            # call, not a dictionary lookup and a call through Python's protocol)
+            # call, not a dictionary lookup and a call through Python's protocol): every
+            # state accepts them, and without AUTH nothing else is checked
             kind = type(ev)
             if kind is _MPUB and plain:
                 self._on_mpub(cast(cmd.Mpub, ev))
@@ -239,7 +233,7 @@ class ClientV2(asyncio.Protocol):
             elif kind is _PUB and plain:
                 self._on_pub(cast(cmd.Pub, ev))
             else:
-                dispatch[kind](self, ev)
+                self._execute(ev)
             if self._halt:
                 if self.closed:
                     return
@@ -307,6 +301,7 @@ class ClientV2(asyncio.Protocol):
                 log.error("[%s] - %s; closing without acknowledging", self, err)
             self._close_after_ack = True
             self.closed = self._halt = True
+            self._tell_ready()
         if self._ack_failed:
             if not self._acks_due:
                 self._flush_closing()  # the fatal error that closed us
@@ -373,12 +368,12 @@ class ClientV2(asyncio.Protocol):
         self._write_paused = True
         if self._transport is not None:
             self._transport.pause_reading()
+        self._tell_ready()
 
     def resume_writing(self) -> None:
         self._write_paused = False
         self._resume_reading()
-        if self.channel is not None:
-            self.channel.notify()
+        self._tell_ready()
 
     # -- output -----------------------------------------------------------------------
 
@@ -395,52 +390,66 @@ class ClientV2(asyncio.Protocol):
         self._out.clear()
         self._out_size = 0
 
-    def spare(self) -> int:
-        """How many more messages this client can take now."""
+    # -- as its channel's Consumer -----------------------------------------------------
+
+    def ready(self) -> int:
+        """How many messages it may have in flight now: its RDY while subscribed and
+        writable, else 0."""
         if self.state != STATE_SUBSCRIBED or self._write_paused or self.closed:
             return 0
-        return self.rdy - len(self.inflight) - len(self.irregular)
+        return self.rdy
 
-    def send_messages(
-        self, frames: list[bytes], ids: list[bytes], now: float, flush: bool = False
-    ) -> None:
-        """Put messages in flight and buffer their frames (output_buffer_size/timeout);
-        ``flush`` writes them at once (ordered channels: nothing follows until a FIN)."""
+    def _tell_ready(self) -> None:
+        """Tell the channel what :meth:`ready` says now (after each change of RDY,
+        state, output pause or closing): the channel keeps it, rather than asking
+        every client at every delivery."""
+        if self.channel is not None:
+            self.channel.ready_changed(self, self.ready())
+
+    def send(self, frames: list[bytes], ids: list[bytes], flush: bool) -> float:
+        """Buffer messages' frames (output_buffer_size/timeout); ``flush`` writes them
+        at once. Returns how long they may wait in the buffer (seconds): the channel
+        starts their timeout when the client can see them, not while buffered."""
         if self.yz_ids:
             frames = self._youzan_frames(frames, ids)
         elif self.channel is not None and self.channel.partition.extended:
             frames = _vanilla_frames(frames)
-        if self.sample_rate:
-            # as nsqd: a message sampled out is consumed without being sent
-            frames = split_chunks(frames)
-            rate = self.sample_rate
-            keep = [j for j in range(len(ids)) if random.randrange(100) <= rate]
-            frames = [frames[j] for j in keep]
-            ids = [ids[j] for j in keep]
-            if not ids:
-                return
         self._out.extend(frames)
         self._out_size += sum(map(len, frames))
         self.message_count += len(ids)
-        # flush when the buffer is full, when the client can take no more (nothing else
-        # would follow soon), or when buffering is off; otherwise within the timeout
-        timeout = self.msg_timeout
-        if (
-            flush
-            or self._out_size >= self.output_buffer_size
-            or self.output_buffer_timeout <= 0
-            or self.rdy <= len(self.inflight) + len(self.irregular) + len(ids)
-        ):
-            self.inflight.update(dict.fromkeys(ids, now + timeout))
+        # flush when the buffer is full, when the channel says the client can take no
+        # more (nothing else would follow soon), or when buffering is off; otherwise
+        # within the timeout
+        if flush or self._out_size >= self.output_buffer_size or self.output_buffer_timeout <= 0:
             self.flush()
-            return
-        # The clock starts when the client can see the message, not while it is buffered.
-        # (This can put a deadline after a later one in the dict; a scan then finds it
-        # at most one output_buffer_timeout late.)
-        self.inflight.update(dict.fromkeys(ids, now + timeout + self.output_buffer_timeout))
+            return 0.0
+        # (This can put a deadline after a later one in the in-flight table; a scan then
+        # finds it at most one output_buffer_timeout late.)
         if self._flush_handle is None:
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(self.output_buffer_timeout, self.flush)
+        return self.output_buffer_timeout
+
+    @property
+    def in_flight_count(self) -> int:
+        """Messages in flight to this client."""
+        held = self.channel.held_by(self) if self.channel is not None else None
+        return len(held) if held is not None else 0
+
+    @property
+    def finish_count(self) -> int:
+        held = self.channel.held_by(self) if self.channel is not None else None
+        return held.finish_count if held is not None else 0
+
+    @property
+    def requeue_count(self) -> int:
+        held = self.channel.held_by(self) if self.channel is not None else None
+        return held.requeue_count if held is not None else 0
+
+    @property
+    def timeout_count(self) -> int:
+        held = self.channel.held_by(self) if self.channel is not None else None
+        return held.timeout_count if held is not None else 0
 
     def _youzan_frames(self, frames: list[bytes], ids: list[bytes]) -> list[bytes]:
         channel = self.channel
@@ -496,6 +505,7 @@ class ClientV2(asyncio.Protocol):
             self._await_acks()  # publishes of this read are answered first
         self.closed = True
         self._halt = True
+        self._tell_ready()
         if self._acks_due:
             # answers wait for their acknowledgement: close once they are out
             self._close_after_ack = True
@@ -513,29 +523,9 @@ class ClientV2(asyncio.Protocol):
         """The upgraded stream hung up by itself (a TLS failure): write nothing more."""
         self.closed = True
         self._halt = True
+        self._tell_ready()
 
     # -- timers (called by nsqd's scan loop) ------------------------------------------
-
-    def expired(self, now: float) -> list[bytes]:
-        """Remove and return in-flight ids whose deadline has passed."""
-        out: list[bytes] = []
-        inflight = self.inflight
-        if inflight:
-            for mid, deadline in inflight.items():
-                if deadline > now:
-                    break
-                out.append(mid)
-            for mid in out:
-                del inflight[mid]
-        if self.irregular:
-            late = [mid for mid, d in self.irregular.items() if d <= now]
-            for mid in late:
-                del self.irregular[mid]
-            out.extend(late)
-        if out and self.touched:
-            for mid in out:
-                self.touched.pop(mid, None)
-        return out
 
     def tick(self, now: float) -> None:
         """Heartbeats, and the close after two unanswered ones."""
@@ -558,13 +548,23 @@ class ClientV2(asyncio.Protocol):
 
     # -- commands ---------------------------------------------------------------------
 
+    def _execute(self, ev: object) -> None:
+        """Judge ``ev`` by protocol V2's rules, check its AUTH, and run its handler."""
+        kind = type(ev)
+        rule = _RULES[kind]
+        verdict = pv2.judge(rule, self.state, self.heartbeat_interval > 0)
+        if verdict != pv2.ACCEPT:
+            if verdict == pv2.REFUSE:
+                self._error(pv2.refusal(rule, self.state))
+            return
+        if rule.auth and self._auth and not self._check_auth(ev, rule.auth):
+            return
+        _HANDLERS[kind](self, ev)
+
     def _on_error(self, err: ProtocolError) -> None:
         self._error(err)
 
     def _on_identify(self, ev: cmd.Identify) -> None:
-        if self.state != STATE_INIT:
-            self._error(ProtocolError(E_INVALID, "cannot IDENTIFY in current state"))
-            return
         try:
             self.settings, response = negotiate(ev.body, self.nsqd.server_limits, self.settings)
         except ProtocolError as err:
@@ -622,9 +622,6 @@ class ClientV2(asyncio.Protocol):
     # -- AUTH -------------------------------------------------------------------------
 
     def _on_auth(self, ev: cmd.Auth) -> None:
-        if self.state != STATE_INIT:
-            self._error(ProtocolError(E_INVALID, "cannot AUTH in current state"))
-            return
         if self.auth_state is not None and self.auth_state.authorizations:
             self._error(ProtocolError(E_INVALID, "AUTH Already set"))
             return
@@ -635,9 +632,11 @@ class ClientV2(asyncio.Protocol):
         self._hold(None)
         self.nsqd.spawn(self._query_auth(None))
 
-    def _check_auth(self, ev: cmd.Event, verb: str, topic: str, channel: str) -> bool:
+    def _check_auth(self, ev: object, verb: str) -> bool:
         """nsqd's CheckAuth: True when the client may go on with ``ev``. An expired
-        authorization is fetched again first; ``ev`` then waits for the answer."""
+        authorization is fetched again first; ``ev`` then waits for the answer (and is
+        judged again when it comes: the one AUTH hold, whatever the command)."""
+        topic, channel = pv2.auth_target(ev)
         st = self.auth_state
         if st is None or not st.authorizations:
             self._error(ProtocolError(E_AUTH_FIRST, f"AUTH required before {verb}"))
@@ -653,10 +652,10 @@ class ClientV2(asyncio.Protocol):
             return False
         return True
 
-    def _hold(self, ev: cmd.Event | None) -> None:
+    def _hold(self, ev: object | None) -> None:
         """Stop executing commands (and reading) until the auth server answers."""
         self._halt = True
-        self._held = [ev] if ev is not None else []
+        self._held = [cast(cmd.Event, ev)] if ev is not None else []
         if self._transport is not None:
             self._transport.pause_reading()
 
@@ -700,9 +699,8 @@ class ClientV2(asyncio.Protocol):
         """Execute what waited for the auth answer, then read again."""
         held, self._held = self._held or [], None
         self._halt = False
-        dispatch = self._dispatch
         for i, ev in enumerate(held):
-            dispatch[type(ev)](self, ev)
+            self._execute(ev)
             if self._halt:
                 if self.closed:
                     return
@@ -724,12 +722,6 @@ class ClientV2(asyncio.Protocol):
         self._resume_reading()
 
     def _on_sub(self, ev: cmd.Sub) -> None:
-        if self.state != STATE_INIT:
-            self._error(ProtocolError(E_INVALID, "cannot SUB in current state"))
-            return
-        if self.heartbeat_interval <= 0:
-            self._error(ProtocolError(E_INVALID, "cannot SUB with heartbeats disabled"))
-            return
         try:
             part = self._sub_partition(ev)
         except OSError as err:  # a topic's files cannot be made (a full or read-only disk)
@@ -759,7 +751,7 @@ class ClientV2(asyncio.Protocol):
         first = not channel.clients
         channel.add_client(self)
         self.channel = channel
-        self.state = STATE_SUBSCRIBED
+        self.state = _RULES[cmd.Sub].then
         if ev.mode == cmd.SUB_ORDERED:
             channel.set_ordered(True)
         if ev.start is not None:
@@ -832,33 +824,23 @@ class ClientV2(asyncio.Protocol):
         return part
 
     def _on_rdy(self, ev: cmd.Rdy) -> None:
-        if self.state == STATE_CLOSING:
-            return
-        if self.state != STATE_SUBSCRIBED:
-            self._error(ProtocolError(E_INVALID, "cannot RDY in current state"))
-            return
         self.rdy = ev.value
-        if self.channel is not None and self.spare() > 0:
-            self.channel.notify()
+        self._tell_ready()
 
-    def _subscribed_channel(self, verb: str) -> Channel | None:
-        if self.state not in (STATE_SUBSCRIBED, STATE_CLOSING) or self.channel is None:
-            self._error(ProtocolError(E_INVALID, f"cannot {verb} in current state"))
-            return None
-        return self.channel
+    def _subscribed_channel(self) -> Channel:
+        # (the rules accept FIN, REQ and TOUCH only once SUB has set it)
+        channel = self.channel
+        assert channel is not None
+        return channel
 
     def _on_fin(self, ev: cmd.Fin) -> None:
-        channel = self._subscribed_channel("FIN")
-        if channel is None:
-            return
+        channel = self._subscribed_channel()
         ids = [hex_id(i) for i in ev.ids] if self.yz_ids else ev.ids
         for mid, reason in channel.finish(self, ids):
             self._error(ProtocolError(E_FIN_FAILED, f"FIN {mid.decode('latin-1')} failed {reason}"))
 
     def _on_req(self, ev: cmd.Req) -> None:
-        channel = self._subscribed_channel("REQ")
-        if channel is None:
-            return
+        channel = self._subscribed_channel()
         if ev.requested_ns is not None:
             # NSQ 1.3's line: durations as integer nanoseconds
             log.info(
@@ -875,9 +857,7 @@ class ClientV2(asyncio.Protocol):
             )
 
     def _on_touch(self, ev: cmd.Touch) -> None:
-        channel = self._subscribed_channel("TOUCH")
-        if channel is None:
-            return
+        channel = self._subscribed_channel()
         mid = hex_id(ev.id) if self.yz_ids else ev.id
         reason = channel.touch(self, mid, self.nsqd.options.max_msg_timeout)
         if reason:
@@ -886,10 +866,8 @@ class ClientV2(asyncio.Protocol):
             )
 
     def _on_cls(self, ev: cmd.Cls) -> None:
-        if self.state != STATE_SUBSCRIBED:
-            self._error(ProtocolError(E_INVALID, "cannot CLS in current state"))
-            return
-        self.state = STATE_CLOSING
+        self.state = _RULES[cmd.Cls].then
+        self._tell_ready()
         self._respond(_CLOSE_WAIT_FRAME)
 
     def _on_nop(self, ev: cmd.Nop) -> None:
@@ -1060,50 +1038,6 @@ class ClientV2(asyncio.Protocol):
         if self._publish("MPUB", ev.topic, ev.bodies, 0, ev.partition, traces, exts):
             self._respond(_OK_FRAME)
 
-    # -- the same commands when --auth-http-address is set ----------------------------
-
-    def _on_sub_auth(self, ev: cmd.Sub) -> None:
-        # state and heartbeat errors come first, as in nsqd
-        if (
-            self.state == STATE_INIT
-            and self.heartbeat_interval > 0
-            and not self._check_auth(ev, "SUB", ev.topic, ev.channel)
-        ):
-            return
-        self._on_sub(ev)
-
-    def _on_pub_auth(self, ev: cmd.Pub) -> None:
-        if self._check_auth(ev, "PUB", ev.topic, ""):
-            self._on_pub(ev)
-
-    def _on_pubs_auth(self, ev: cmd.Pubs) -> None:
-        if self._check_auth(ev, "PUB", ev.topic, ""):
-            self._on_pubs(ev)
-
-    def _on_mpub_auth(self, ev: cmd.Mpub) -> None:
-        if self._check_auth(ev, "MPUB", ev.topic, ""):
-            self._on_mpub(ev)
-
-    def _on_dpub_auth(self, ev: cmd.Dpub) -> None:
-        if self._check_auth(ev, "DPUB", ev.topic, ""):
-            self._on_dpub(ev)
-
-    def _on_pub_trace_auth(self, ev: cmd.PubTrace) -> None:
-        if self._check_auth(ev, "PUB", ev.topic, ""):
-            self._on_pub_trace(ev)
-
-    def _on_mpub_trace_auth(self, ev: cmd.MpubTrace) -> None:
-        if self._check_auth(ev, "MPUB", ev.topic, ""):
-            self._on_mpub_trace(ev)
-
-    def _on_pub_ext_auth(self, ev: cmd.PubExt) -> None:
-        if self._check_auth(ev, "PUB", ev.topic, ""):
-            self._on_pub_ext(ev)
-
-    def _on_mpub_ext_auth(self, ev: cmd.MpubExt) -> None:
-        if self._check_auth(ev, "MPUB", ev.topic, ""):
-            self._on_mpub_ext(ev)
-
 
 _TRACED: Final = struct.Struct(">QQQI")
 
@@ -1128,7 +1062,11 @@ def _go_json(obj: object) -> bytes:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
 
 
-_DISPATCH: Final[dict[type, Callable[[ClientV2, object], None]]] = {
+#: protocol V2's rules (compiled: a Final alias is a C static, not a module lookup)
+_RULES: Final = pv2.RULES
+
+#: each command's handler, run once the rules accepted it (see ClientV2._execute)
+_HANDLERS: Final[dict[type, Callable[[ClientV2, object], None]]] = {
     ProtocolError: ClientV2._on_error,  # type: ignore[dict-item]
     cmd.Identify: ClientV2._on_identify,  # type: ignore[dict-item]
     cmd.Auth: ClientV2._on_auth,  # type: ignore[dict-item]
@@ -1147,18 +1085,4 @@ _DISPATCH: Final[dict[type, Callable[[ClientV2, object], None]]] = {
     cmd.MpubTrace: ClientV2._on_mpub_trace,  # type: ignore[dict-item]
     cmd.PubExt: ClientV2._on_pub_ext,  # type: ignore[dict-item]
     cmd.MpubExt: ClientV2._on_mpub_ext,  # type: ignore[dict-item]
-}
-
-#: With --auth-http-address: PUB, MPUB, DPUB and SUB check the client's authorizations.
-_AUTH_DISPATCH: Final[dict[type, Callable[[ClientV2, object], None]]] = {
-    **_DISPATCH,
-    cmd.Sub: ClientV2._on_sub_auth,  # type: ignore[dict-item]
-    cmd.Pub: ClientV2._on_pub_auth,  # type: ignore[dict-item]
-    cmd.Pubs: ClientV2._on_pubs_auth,  # type: ignore[dict-item]
-    cmd.Mpub: ClientV2._on_mpub_auth,  # type: ignore[dict-item]
-    cmd.Dpub: ClientV2._on_dpub_auth,  # type: ignore[dict-item]
-    cmd.PubTrace: ClientV2._on_pub_trace_auth,  # type: ignore[dict-item]
-    cmd.MpubTrace: ClientV2._on_mpub_trace_auth,  # type: ignore[dict-item]
-    cmd.PubExt: ClientV2._on_pub_ext_auth,  # type: ignore[dict-item]
-    cmd.MpubExt: ClientV2._on_mpub_ext_auth,  # type: ignore[dict-item]
 }

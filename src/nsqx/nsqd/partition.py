@@ -505,10 +505,7 @@ class Partition:
         self.hold_from = min(self.hold_from, end)
         for ch in self.channels.values():
             if ch.cursor > end:
-                ch.cursor = end
-                ch.requeued.clear()
-                ch.deferred.clear()
-                ch.dirty = True
+                ch.seek(end)
         self.save_state()
 
     def _drop_staged(self, why: str) -> None:
@@ -533,10 +530,7 @@ class Partition:
         self.visible_end = seq
         self.hold_from = max(self.hold_from, seq)
         for ch in self.channels.values():
-            ch.cursor = seq
-            ch.requeued.clear()
-            ch.deferred.clear()
-            ch.dirty = True
+            ch.seek(seq)
         self.save_state()
 
     def apply_cursors(self, channels: dict[str, tuple[int, bool]], hold_from: int) -> None:
@@ -549,10 +543,7 @@ class Partition:
             if ch is None:
                 ch = self.get_channel(name, start=cursor)
             elif ch.cursor != cursor:
-                ch.cursor = cursor
-                ch.requeued.clear()
-                ch.deferred.clear()
-                ch.dirty = True
+                ch.seek(cursor)
             if ch.ordered_flag != ordered:
                 ch.set_ordered(ordered)
         if hold_from != self.hold_from:

@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from nsqx import NSQ_VERSION
 from nsqx.compiled import build_description
-from nsqx.nsqd.client_v2 import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED
+from nsqx.nsqd.client_v2 import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, ClientV2
 from nsqx.nsqd.e2e import E2eResult
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
-    from nsqx.nsqd.client_v2 import ClientV2
     from nsqx.nsqd.nsqd import NSQD
     from nsqx.nsqd.partition import Partition
 
@@ -252,7 +251,7 @@ def client_stats(client: ClientV2, topic: str = "") -> ClientStats:
         remote_address=client.remote_address,
         state=GO_STATE.get(client.state, client.state),
         ready_count=client.rdy,
-        in_flight_count=len(client.inflight) + len(client.irregular),
+        in_flight_count=client.in_flight_count,
         message_count=client.message_count,
         finish_count=client.finish_count,
         requeue_count=client.requeue_count,
@@ -302,7 +301,9 @@ def channel_stats(ch: Channel, include_clients: bool = True) -> ChannelStats:
         requeue_count=ch.requeue_count,
         timeout_count=ch.timeout_count,
         client_count=len(ch.clients),
-        clients=[client_stats(c, ch.topic.name) for c in ch.clients] if include_clients else None,
+        clients=[client_stats(c, ch.topic.name) for c in ch.clients if isinstance(c, ClientV2)]
+        if include_clients
+        else None,
         paused=ch.paused,
         ephemeral=ch.ephemeral,
         e2e=_NO_E2E if ch.e2e is None else E2eResult.merge([ch.e2e]),
