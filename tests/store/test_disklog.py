@@ -159,6 +159,21 @@ def test_seek_by_offset_count_and_time(tmp_path: Path) -> None:
     assert log.seek_offset(log.end_offset) == log.end
 
 
+def test_an_offset_inside_a_message_seeks_to_the_next_one(tmp_path: Path) -> None:
+    """Within a batch, at its last message (the next batch's first answers), and at the
+    last message of a segment (the next segment's first)."""
+    log = DiskLog(str(tmp_path), max_bytes_per_file=600, cache_size=2)
+    for i in range(12):
+        put(log, [b"b%02d-%d" % (i, k) for k in range(3)], ts=TS + i)
+    assert len(log.segments) > 2
+    for seq in range(log.end - 1):
+        loc = log.locate(seq)
+        assert loc is not None
+        assert log.seek_offset(loc[0] + 1) == seq + 1, seq
+    last = log.locate(log.end - 1)
+    assert last is not None and log.seek_offset(last[0] + 1) == log.end
+
+
 def test_reclaim_and_drop(tmp_path: Path) -> None:
     log = DiskLog(str(tmp_path), max_bytes_per_file=1000, cache_size=2)
     for _ in range(50):

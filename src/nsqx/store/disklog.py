@@ -778,14 +778,16 @@ class DiskLog(MessageLog):
             # from the last indexed batch at or before the offset's file position
             target = offset - seg.base_offset + SEG_HEAD_SIZE
             walk = self._reader.walk_to_pos(seg, target)
-            if walk.advance():  # the first batch with frames at or after the target
+            # the first batch with frames past the target, then the ones after it: a
+            # target inside a batch's last frame is answered by the next batch's first
+            while walk.advance():
                 b0 = walk.off + BATCH_HEAD_SIZE
                 p0 = walk.pos + BATCH_HEAD_SIZE
                 try:
                     starts = frame_starts(memoryview(walk.buf)[b0 : b0 + walk.plen], walk.count)
                 except ValueError as err:
                     walk.damaged(err)
-                    continue
+                    break
                 for k in range(walk.count):
                     if p0 + starts[k] >= target:
                         return walk.first + k
