@@ -150,6 +150,12 @@ def test_fin_req_touch_and_their_errors(clock: FrozenClock, idle_nsqd: NSQD) -> 
         assert ch.finish(a, [theirs]) == [(theirs, "client does not own message")]
         assert ch.touch(a, theirs, 60) == "client does not own message"
         assert ch.requeue(a, b"0" * 16, 0) == "ID not in flight"
+        # ids are the client's bytes: not hex is not in flight either (found by fuzzing)
+        for bad in (b"0123\xff\xff\xff9999999PY", b"z" * 16):
+            assert ch.requeue(a, bad, 0) == "ID not in flight"
+            assert ch.requeue(a, bad, 1000) == "ID not in flight"
+            assert ch.touch(a, bad, 60) == "ID not in flight"
+            assert ch.finish(a, [bad]) == [(bad, "ID not in flight")]
         assert ch.requeue(a, mine, 0) is None
         deliver(ch)
         assert a.got[-1] == (mine, 2)  # again, as its second attempt

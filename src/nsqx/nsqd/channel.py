@@ -643,6 +643,9 @@ class Channel:
             return self._not_in_flight(client, msg_id)
         if self.ordered and timeout_ms > 0:
             return None if msg_id in held else self._not_in_flight(client, msg_id)
+        # (the id is the client's: only one in flight here is known to be hex)
+        if msg_id not in held:
+            return self._not_in_flight(client, msg_id)
         due = clock.monotonic_ns() + timeout_ms * 1_000_000 if timeout_ms > 0 else 0
         if not self.flight.requeue(held, msg_id, self.partition.seq_of(msg_id), due):
             return self._not_in_flight(client, msg_id)
