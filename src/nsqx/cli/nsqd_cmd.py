@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 
 from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
@@ -12,11 +13,13 @@ from nsqx.cli.nsqd_flags import nsqd_usage, parse_nsqd_args, wants_help, wants_v
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.stats import version_string
+from nsqx.nsqd.supervisor import Supervisor, worker_spec_from_env
+from nsqx.nsqd.workers.spec import WorkerSpec
 
 
-async def serve(options: NsqdOptions) -> int:
+async def serve(options: NsqdOptions, worker: WorkerSpec | None = None) -> int:
     """Run nsqd until a termination signal; 1 if it cannot start."""
-    nsqd = NSQD(options)
+    nsqd = NSQD(options, worker)
     try:
         await nsqd.start()
     except (OSError, RuntimeError, ValueError) as err:
@@ -40,6 +43,30 @@ def run_nsqd(argv: list[str]) -> int:
     except FlagError as err:
         print(f"nsqd: {err}\n(run `nsqx nsqd --help` for the flags)", file=sys.stderr)
         return 2
+    worker = worker_spec_from_env()
+    if worker is not None:
+        setup_logging(options.log_level, f"{options.log_prefix}w{worker.index}: ")
+        install_event_loop_policy()
+        return asyncio.run(serve(options, worker))
     setup_logging(options.log_level, options.log_prefix)
     install_event_loop_policy()
+    if options.workers > 1:
+        return asyncio.run(supervise(options, argv))
     return asyncio.run(serve(options))
+
+
+async def supervise(options: NsqdOptions, argv: list[str]) -> int:
+    """Run the node as --workers processes until a termination signal."""
+    supervisor = Supervisor(options, argv)
+    try:
+        supervisor.start()
+    except (OSError, RuntimeError, ValueError) as err:
+        logging.getLogger("nsqx.nsqd").critical("failed to start: %s", err)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    code = await supervisor.run(stop)
+    logging.getLogger("nsqx.nsqd").info("NSQ: shutting down")
+    return code

@@ -260,6 +260,14 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         " (default: the broadcast address and HTTP port)",
     ),
     FlagSpec(
+        "workers",
+        _I,
+        "workers",
+        1,
+        "[nsqx] worker processes sharing the node's addresses, partitions spread over"
+        " them (1: one process)",
+    ),
+    FlagSpec(
         "busy-poll",
         _D,
         "busy_poll",

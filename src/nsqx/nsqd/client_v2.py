@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import struct
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -24,6 +23,7 @@ from nsqx.nsqd.guid import seq_of
 from nsqx.nsqd.protocol_v2 import STATE_CLOSING as STATE_CLOSING
 from nsqx.nsqd.protocol_v2 import STATE_INIT as STATE_INIT
 from nsqx.nsqd.protocol_v2 import STATE_SUBSCRIBED as STATE_SUBSCRIBED
+from nsqx.nsqd.publishing import ext_fields, pub_partition, traced_answer
 from nsqx.nsqd.upgrade import UpgradedStream
 from nsqx.store.log import split_chunks
 from nsqx.wire import commands as cmd
@@ -32,8 +32,6 @@ from nsqx.wire.errors import (
     E_AUTH_DISABLED,
     E_AUTH_FAILED,
     E_AUTH_FIRST,
-    E_BAD_PARTITION,
-    E_EXT_NOT_SUPPORT,
     E_FAILED_ON_NOT_LEADER,
     E_FIN_FAILED,
     E_IDENTIFY_FAILED,
@@ -47,13 +45,6 @@ from nsqx.wire.errors import (
     E_TOUCH_FAILED,
     E_UNAUTHORIZED,
     ProtocolError,
-)
-from nsqx.wire.ext import (
-    JSON_HEADER_EXT_VER,
-    ExtError,
-    header_trace_id,
-    only_reserved_keys,
-    parse_header,
 )
 from nsqx.wire.frames import (
     CLOSE_WAIT,
@@ -76,6 +67,7 @@ if TYPE_CHECKING:
     from nsqx.nsqd.nsqd import NSQD
     from nsqx.nsqd.partition import Partition, Published
     from nsqx.nsqd.topic import Topic
+    from nsqx.nsqd.workers.forwarding import Ticket, WorkerSet
 
 log = logging.getLogger("nsqx.nsqd")
 
@@ -88,6 +80,7 @@ _OK_FRAME: Final = encode_response(OK)
 _MPUB: Final = cmd.Mpub
 _PUBS: Final = cmd.Pubs
 _PUB: Final = cmd.Pub
+_SUB: Final = cmd.Sub
 _HEARTBEAT_FRAME: Final = encode_response(HEARTBEAT)
 _CLOSE_WAIT_FRAME: Final = encode_response(CLOSE_WAIT)
 
@@ -157,6 +150,16 @@ class ClientV2(asyncio.Protocol):
         self._stream: UpgradedStream | None = None
         #: --auth-http-address: SUB and publishes must be authorized (Rule.auth)
         self._auth = nsqd.auth is not None
+        #: the node's other workers (--workers): publishes to partitions another worker
+        #: owns are forwarded there (nsqx.nsqd.workers.forwarding)
+        self._workers: WorkerSet | None = nsqd.workers
+        #: every command through _execute (AUTH checks, forwarding), none by the fast path
+        self._checked = self._auth or nsqd.workers is not None
+        #: publishes of this read forwarded to their owner, waiting for its answer
+        self._forwarded: list[Ticket] = []
+        #: items written or dropped from the front of _out so far (a forwarded
+        #: publish's answer is found by its place counted from the start)
+        self._out_base = 0
         self._transport: asyncio.Transport | None = None
         self._out: list[bytes] = []
         self._out_size = 0
@@ -219,7 +222,7 @@ class ClientV2(asyncio.Protocol):
         # (the time of it is taken by the next tick: a clock read per read costs more
         # than the ticks' 100 ms of precision are worth)
         self._read_since_tick = True
-        plain = not self._auth
+        plain = not self._checked
         events = self.parser.feed(data)
         for i, ev in enumerate(events):
             # a publisher's commands go straight to their handler (compiled: a direct
@@ -241,7 +244,7 @@ class ClientV2(asyncio.Protocol):
                 assert self._held is not None
                 self._held.extend(events[i + 1 :])
                 break
-        published = bool(self._awaiting)
+        published = bool(self._awaiting) or bool(self._forwarded)
         if published:
             self._await_acks()
         elif self._out and not self._acks_due:
@@ -271,9 +274,16 @@ class ClientV2(asyncio.Protocol):
         written in order once it and every earlier group are acknowledged. Past
         MAX_ACK_GROUPS groups waiting, reading stops until the oldest is answered."""
         parts, self._awaiting = self._awaiting, []
-        group = AckGroup(self, len(parts), len(self._out))
+        forwarded = self._forwarded
+        due = len(parts)
+        if forwarded:
+            self._forwarded = []
+            due += len(forwarded)
+        group = AckGroup(self, due, len(self._out))
+        for ticket in forwarded:
+            ticket.group = group
         self._groups.append(group)
-        self._acks_due += len(parts)
+        self._acks_due += due
         if len(self._groups) >= MAX_ACK_GROUPS and not self._paused_for_ack:
             assert self._transport is not None
             self._paused_for_ack = True
@@ -286,6 +296,7 @@ class ClientV2(asyncio.Protocol):
         group.due -= 1
         if err is not None and not self._ack_failed:
             self._ack_failed = True
+            self._out_base += len(self._out)
             self._out.clear()
             self._groups.clear()  # none of the held answers goes out
             if isinstance(err, OSError):
@@ -319,6 +330,7 @@ class ClientV2(asyncio.Protocol):
             if end and transport is not None and not transport.is_closing():
                 transport.write(b"".join(out[:end]))
             del out[:end]
+            self._out_base += end
             for g in groups:
                 g.end -= end
             self._out_size = sum(map(len, out)) if out else 0
@@ -380,13 +392,14 @@ class ClientV2(asyncio.Protocol):
     def flush(self) -> None:
         """Write everything buffered in one call (unless answers wait for their
         acknowledgement: then with them)."""
-        if self._acks_due or self._awaiting:
+        if self._acks_due or self._awaiting or self._forwarded:
             return
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
         if self._out and self._transport is not None and not self.closed:
             self._transport.write(b"".join(self._out))
+        self._out_base += len(self._out)
         self._out.clear()
         self._out_size = 0
 
@@ -501,7 +514,7 @@ class ClientV2(asyncio.Protocol):
         """Flush what is buffered, then close."""
         if self.closed:
             return
-        if self._awaiting:
+        if self._awaiting or self._forwarded:
             self._await_acks()  # publishes of this read are answered first
         self.closed = True
         self._halt = True
@@ -515,6 +528,7 @@ class ClientV2(asyncio.Protocol):
     def _flush_closing(self) -> None:
         if self._out and self._transport is not None:
             self._transport.write(b"".join(self._out))
+        self._out_base += len(self._out)
         self._out.clear()
         if self._transport is not None:
             self._transport.close()
@@ -558,6 +572,8 @@ class ClientV2(asyncio.Protocol):
                 self._error(pv2.refusal(rule, self.state))
             return
         if rule.auth and self._auth and not self._check_auth(ev, rule.auth):
+            return
+        if rule.auth and self._workers is not None and kind is not _SUB and self._forward(ev):
             return
         _HANDLERS[kind](self, ev)
 
@@ -707,7 +723,7 @@ class ClientV2(asyncio.Protocol):
                 # waiting again (an expired authorization met on the way)
                 assert self._held is not None
                 self._held.extend(held[i + 1 :])
-                if self._awaiting:
+                if self._awaiting or self._forwarded:
                     self._await_acks()
                 else:
                     self.flush()
@@ -715,7 +731,7 @@ class ClientV2(asyncio.Protocol):
         data, self._held_data = b"".join(self._held_data), []
         if data or self.parser.buffered:
             self.data_received(data)
-        if self._awaiting:
+        if self._awaiting or self._forwarded:
             self._await_acks()
         elif self._out:
             self.flush()
@@ -873,27 +889,82 @@ class ClientV2(asyncio.Protocol):
     def _on_nop(self, ev: cmd.Nop) -> None:
         pass
 
-    def _pub_partition(self, topic_name: str, pid: int) -> Partition | None:
-        """The partition a publish goes to (an error frame and None if refused). A topic
-        that does not exist is made as NSQ 1.3 makes it, unless a partition is named."""
-        topic = self._topics.get(topic_name)
-        if topic is None or not topic.partitions:
-            if pid >= 0:
-                self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
-                return None
-            topic = self.nsqd.get_topic(topic_name)
-        part = topic.partition(pid)
-        if part is None:
-            self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
-            return None
-        if pid < 0 and topic.ordered:
-            self._error(
-                ProtocolError(
-                    E_BAD_PARTITION, f"topic partition is not valid for multi partition: {pid}"
-                )
-            )
-            return None
-        return part
+    def _forward(self, ev: object) -> bool:
+        """Forward a publish to the worker that owns its partition (False: this one
+        owns it). Its answer is reserved in the output (an OK) and held, with all that
+        follows, until the owner answers (:meth:`_forward_answered`)."""
+        workers = self._workers
+        assert workers is not None
+        kind = type(ev)
+        topic = cast(cmd.Dpub, ev).topic
+        pid = -1 if kind is cmd.Dpub else cast(cmd.PubExt, ev).partition
+        owner = workers.owner(topic, pid)
+        if owner == workers.index:
+            return False
+        defer_ms = 0
+        traces: list[int] | None = None
+        headers: list[bytes] | None = None
+        if kind is _PUB:
+            verb, bodies = "PUB", [cast(cmd.Pub, ev).body]
+        elif kind is _PUBS:
+            verb, bodies = "PUBS", cast(cmd.Pubs, ev).bodies
+        elif kind is _MPUB:
+            verb, bodies = "MPUB", cast(cmd.Mpub, ev).bodies
+        elif kind is cmd.Dpub:
+            dpub = cast(cmd.Dpub, ev)
+            verb, bodies, defer_ms = "DPUB", [dpub.body], dpub.defer_ms
+        elif kind is cmd.PubTrace:
+            pt = cast(cmd.PubTrace, ev)
+            verb, bodies, traces = "PUB_TRACE", [pt.body], [pt.trace_id]
+        elif kind is cmd.MpubTrace:
+            mt = cast(cmd.MpubTrace, ev)
+            verb, bodies, traces = "MPUB_TRACE", mt.bodies, mt.trace_ids
+        elif kind is cmd.PubExt:
+            pe = cast(cmd.PubExt, ev)
+            verb, bodies, headers = "PUB_EXT", [pe.body], [pe.header]
+        else:
+            me = cast(cmd.MpubExt, ev)
+            verb, bodies, headers = "MPUB_EXT", me.bodies, me.headers
+        slot = self._out_base + len(self._out)
+        self._out.append(_OK_FRAME)  # (a placeholder: the owner's answer replaces it)
+        ticket = workers.forward(
+            owner,
+            slot,
+            self._forward_answered,
+            verb,
+            topic,
+            pid,
+            bodies,
+            defer_ms,
+            traces,
+            headers,
+        )
+        self._forwarded.append(ticket)
+        if topic == self._pub_topic:
+            self._pub_pending += len(bodies)
+        else:
+            self._fold_pub_counts()
+            self._pub_topic = topic
+            self._pub_pending = len(bodies)
+        return True
+
+    def _forward_answered(self, ticket: Ticket, err: BaseException | None) -> None:
+        """A forwarded publish's owner answered (or its link broke: ``err``)."""
+        answer = ticket.answer
+        if err is None and answer is None:
+            err = ConnectionError("its owner could not acknowledge it")
+        elif err is None:
+            i = ticket.slot - self._out_base
+            if 0 <= i < len(self._out):
+                self._out[i] = answer
+            if ticket.fatal and not self.closed:
+                # as a fatal error here: nothing after it is answered, then the close
+                del self._out[i + 1 :]
+                log.error("[%s] - %s", self.remote_address, answer[8:].decode(errors="replace"))
+                self._close_after_ack = True
+                self.closed = self._halt = True
+                self._tell_ready()
+        self._acknowledged(ticket.group, err)
 
     def _publish(
         self,
@@ -906,17 +977,11 @@ class ClientV2(asyncio.Protocol):
         exts: list[tuple[int, bytes]] | None = None,
     ) -> Published | None:
         try:
-            part = self._pub_partition(topic_name, pid)
-            if part is None:
-                return None
-            replica = part.replica
-            if replica is not None:
-                code = replica.write_error()
-                if code is not None:
-                    # the client looks the partition up again (Youzan's non-fatal answer)
-                    self._error(ProtocolError(code, "", fatal=False))
-                    return None
+            part = pub_partition(self.nsqd, self._topics, topic_name, pid)
             published = part.publish(bodies, defer_ms, trace_ids, exts)
+        except ProtocolError as err:
+            self._error(err)
+            return None
         except OSError as err:
             # nothing acknowledged: E_PUB_FAILED / E_MPUB_FAILED / E_DPUB_FAILED, then close
             log.error("TOPIC(%s): write failed: %s", topic_name, err)
@@ -970,7 +1035,7 @@ class ClientV2(asyncio.Protocol):
 
     def _respond_traced(self, p: Published, trace_id: int, raw_size: int) -> None:
         # 30 bytes: OK, then the message id, trace id, virtual offset and raw size
-        self._respond(encode_response(OK + _TRACED.pack(p.first_id, trace_id, p.offset, raw_size)))
+        self._respond(traced_answer(p, trace_id, raw_size))
 
     def _on_pub_trace(self, ev: cmd.PubTrace) -> None:
         p = self._publish("PUB", ev.topic, [ev.body], 0, ev.partition, [ev.trace_id])
@@ -983,42 +1048,12 @@ class ClientV2(asyncio.Protocol):
             # the first message's id and offset, the whole batch's size (as Youzan)
             self._respond_traced(p, 0, p.raw_size)
 
-    def _ext_fields(
-        self, topic_name: str, pid: int, headers: list[bytes]
-    ) -> tuple[list[int | None], list[tuple[int, bytes]] | None] | None:
-        """Check PUB_EXT / MPUB_EXT headers against the topic: trace ids (None: no
-        ``##trace_id``) and ext data per message, or an error frame (the connection
-        stays open) and None."""
-        topic = self.nsqd.topics.get(topic_name)
-        ext_topic = topic is not None and topic.meta.ext
-        trace_ids: list[int | None] = []
-        exts: list[tuple[int, bytes]] = []
-        try:
-            for raw in headers:
-                if not raw and not ext_topic:
-                    trace_ids.append(None)
-                    exts.append((0, b""))
-                    continue
-                header = parse_header(raw)
-                trace_ids.append(header_trace_id(header))
-                if ext_topic:
-                    exts.append((JSON_HEADER_EXT_VER, raw))
-                elif self.nsqd.options.allow_ext_compatible and only_reserved_keys(header):
-                    exts.append((0, b""))  # the reserved keys alone can be dropped
-                else:
-                    raise ExtError(
-                        E_EXT_NOT_SUPPORT, f"ext content not supported in topic {topic_name}"
-                    )
-        except ExtError as err:
-            self._error(ProtocolError(err.code, str(err), fatal=False))
-            return None
-        return trace_ids, (exts if ext_topic else None)
-
     def _on_pub_ext(self, ev: cmd.PubExt) -> None:
-        fields = self._ext_fields(ev.topic, ev.partition, [ev.header])
-        if fields is None:
+        try:
+            trace_ids, exts = ext_fields(self.nsqd, ev.topic, [ev.header])
+        except ProtocolError as err:
+            self._error(err)
             return
-        trace_ids, exts = fields
         trace_id = trace_ids[0]
         traces = [trace_id] if trace_id else None
         p = self._publish("PUB", ev.topic, [ev.body], 0, ev.partition, traces, exts)
@@ -1030,16 +1065,14 @@ class ClientV2(asyncio.Protocol):
             self._respond(_OK_FRAME)
 
     def _on_mpub_ext(self, ev: cmd.MpubExt) -> None:
-        fields = self._ext_fields(ev.topic, ev.partition, ev.headers)
-        if fields is None:
+        try:
+            trace_ids, exts = ext_fields(self.nsqd, ev.topic, ev.headers)
+        except ProtocolError as err:
+            self._error(err)
             return
-        trace_ids, exts = fields
         traces = [t or 0 for t in trace_ids] if any(trace_ids) else None
         if self._publish("MPUB", ev.topic, ev.bodies, 0, ev.partition, traces, exts):
             self._respond(_OK_FRAME)
-
-
-_TRACED: Final = struct.Struct(">QQQI")
 
 
 def _vanilla_frames(chunks: list[bytes]) -> list[bytes]:

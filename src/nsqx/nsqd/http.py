@@ -249,6 +249,17 @@ class HTTPServer:
         except OSError:
             sock.close()
             raise
+        return await self.start_socket(sock, ssl_context)
+
+    async def start_socket(
+        self, sock: socket.socket, ssl_context: ssl.SSLContext | None = None
+    ) -> tuple[str, int]:
+        """Serve on a bound socket (a worker's, inherited from its supervisor)."""
+        if self._runner is None:
+            server = web.Server(self._handle, access_log=None, lingering_time=LINGER_SECONDS)
+            self._runner = web.ServerRunner(server, shutdown_timeout=1.0)
+            await self._runner.setup()
+        scheme = "HTTPS" if ssl_context is not None else "HTTP"
         bound = sock.getsockname()
         site = web.SockSite(self._runner, sock, ssl_context=ssl_context, backlog=1024)
         await site.start()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,3 +125,63 @@ class DataDirLock:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
+
+
+#: the lock the workers of one node take to rewrite nsqd.dat (each its own partitions)
+MERGE_LOCK_FILE = "nsqd.dat.lock"
+
+
+class MetadataMergeLock:
+    """Held while a worker reads, merges and rewrites ``nsqd.dat`` (a blocking flock:
+    rewrites are rare and take a millisecond)."""
+
+    def __init__(self, data_path: str) -> None:
+        self.path = os.path.join(data_path, MERGE_LOCK_FILE)
+        self._fd: int | None = None
+
+    def __enter__(self) -> MetadataMergeLock:
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def merge_metadata(
+    existing: list[TopicMetadata],
+    mine: list[TopicMetadata],
+    owns: Callable[[str, int], bool],
+) -> list[TopicMetadata]:
+    """nsqd.dat after one worker's rewrite: ``existing`` without the partitions this
+    worker owns (``owns(topic, partition)``), plus ``mine`` (what it hosts now). A topic
+    of NSQ 1.3 (one partition, 0) is its owner's entry; a partitioned topic's entry
+    gathers every worker's partitions, with the settings of the last writer (the same
+    in every worker)."""
+    merged: dict[str, TopicMetadata] = {}
+    for t in existing:
+        if t.partitions is None:
+            if not owns(t.name, 0):
+                merged[t.name] = t
+            continue
+        kept = {pid: chans for pid, chans in t.partitions.items() if not owns(t.name, pid)}
+        if kept:
+            merged[t.name] = TopicMetadata(t.name, t.paused, [], t.settings, kept)
+    for t in mine:
+        other = merged.get(t.name)
+        if other is None or other.partitions is None or t.partitions is None:
+            merged[t.name] = t
+            continue
+        partitions = dict(other.partitions)
+        partitions.update(t.partitions)
+        merged[t.name] = TopicMetadata(
+            t.name, t.paused, [], t.settings, dict(sorted(partitions.items()))
+        )
+    for t in merged.values():
+        # the top-level channels are the lowest partition's, so the file still reads as NSQ's
+        if t.partitions:
+            t.channels = t.partitions[min(t.partitions)]
+    return list(merged.values())

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import os
+import socket
 import ssl
 import time
 from collections.abc import Callable, Coroutine
@@ -24,7 +25,9 @@ from nsqx.nsqd.loopturn import LoopTurn
 from nsqx.nsqd.metadata import (
     ChannelMetadata,
     DataDirLock,
+    MetadataMergeLock,
     TopicMetadata,
+    merge_metadata,
     read_metadata,
     write_metadata,
 )
@@ -36,6 +39,8 @@ from nsqx.nsqd.syncer import Checkpointer, LogSyncer
 from nsqx.nsqd.tls import build_server_context
 from nsqx.nsqd.topic import Topic
 from nsqx.nsqd.tracer import Tracer
+from nsqx.nsqd.workers.forwarding import WorkerSet
+from nsqx.nsqd.workers.spec import WorkerSpec
 from nsqx.store.data_format import DataFormatError, open_data_dir
 from nsqx.store.disklog import remove_file
 from nsqx.store.durable_file import write_durable
@@ -85,8 +90,14 @@ class NSQD:
     loop that checks every channel's timers (in-flight timeouts, deferred messages) and
     every client's heartbeat in batches, every --queue-scan-interval (100ms)."""
 
-    def __init__(self, options: NsqdOptions) -> None:
+    def __init__(self, options: NsqdOptions, worker: WorkerSpec | None = None) -> None:
         self.options = options
+        #: one of several worker processes of this node (--workers), or None: the node
+        self.worker = worker
+        #: this worker's peers and the forwarding between them (None: a single process)
+        self.workers: WorkerSet | None = None
+        if worker is not None and worker.count > 1:
+            self.workers = WorkerSet(self, worker)
         self.parser_limits = options.parser_limits()
         self.server_limits = options.server_limits()
         self.topics: dict[str, Topic] = {}
@@ -291,7 +302,14 @@ class NSQD:
                 meta.settings = t.meta.to_json()
                 meta.partitions = {pid: metas(p.channels) for pid, p in t.partitions.items()}
             topics.append(meta)
-        write_metadata(self.data_path, topics, NSQ_VERSION)
+        workers = self.workers
+        if workers is None:
+            write_metadata(self.data_path, topics, NSQ_VERSION)
+            return
+        # one file for the node: each worker rewrites its own partitions' entries
+        with MetadataMergeLock(self.data_path):
+            merged = merge_metadata(read_metadata(self.data_path), topics, workers.owns)
+            write_metadata(self.data_path, merged, NSQ_VERSION)
 
     def load_metadata(self) -> None:
         """Recreate the topics and channels of nsqd.dat (on start)."""
@@ -301,6 +319,20 @@ class NSQD:
                 if not is_valid_name(tm.name):
                     log.warning("skipping invalid topic name %r in metadata", tm.name)
                     continue
+                workers = self.workers
+                if workers is not None:
+                    # this worker's partitions only (another worker owns the rest)
+                    if tm.partitions is None:
+                        if not workers.owns(tm.name, 0):
+                            continue
+                    else:
+                        tm.partitions = {
+                            pid: chans
+                            for pid, chans in tm.partitions.items()
+                            if workers.owns(tm.name, pid)
+                        }
+                        if not tm.partitions:
+                            continue
                 if tm.partitions is None:
                     topic = self.get_topic(tm.name)
                     partitions = {0: tm.channels}
@@ -332,14 +364,39 @@ class NSQD:
         opts.cluster_secret = load_secret(opts.cluster_secret, opts.cluster_secret_file)
         if self.tls_context is None and self.tls_required:
             raise ValueError("cannot require TLS client connections without TLS key and cert")
-        os.makedirs(self.data_path, exist_ok=True)
-        self._lock.acquire()
-        try:
-            open_data_dir(self.data_path, "nsqx nsqd")  # a format this release reads
-        except DataFormatError:
-            self._lock.release()
-            raise
+        if self.worker is None:
+            # (a worker's supervisor holds the directory and checked its format)
+            os.makedirs(self.data_path, exist_ok=True)
+            self._lock.acquire()
+            try:
+                open_data_dir(self.data_path, "nsqx nsqd")  # a format this release reads
+            except DataFormatError:
+                self._lock.release()
+                raise
         self.load_metadata()
+        if self.workers is not None:
+            await self.workers.start()
+        if self.worker is not None:
+            await self._listen_inherited(self.worker)
+        else:
+            await self._listen()
+        GcPauses.install()
+        self._gc_timed = True
+        self.loop_monitor.start()
+        self._scan_task = asyncio.create_task(self._scan_loop())
+        if self.options.statsd_address:
+            self._statsd_task = asyncio.create_task(statsd_loop(self))
+        self.node_id = self._node_id()
+        self.replication.start()
+        # last, once every listener is bound: IDENTIFY announces the real ports
+        if self.workers is None or self.workers.lead:
+            self.lookup.start()
+        # the start's long-lived objects out of the collector's way (the tail: see there)
+        if freeze_startup_heap():
+            log.debug("GC: froze %d start-up objects", gc.get_freeze_count())
+
+    async def _listen(self) -> None:
+        """Bind the TCP, HTTP and HTTPS listeners of the options."""
         loop = asyncio.get_running_loop()
         addr = self.options.tcp_address
         if addr:
@@ -360,19 +417,26 @@ class NSQD:
         if self.tls_context is not None and self.options.https_address:
             # HTTPS shares the TCP upgrade's context, as nsqd does
             self.https_address = await self.http.start(self.options.https_address, self.tls_context)
-        GcPauses.install()
-        self._gc_timed = True
-        self.loop_monitor.start()
-        self._scan_task = asyncio.create_task(self._scan_loop())
-        if self.options.statsd_address:
-            self._statsd_task = asyncio.create_task(statsd_loop(self))
-        self.node_id = self._node_id()
-        self.replication.start()
-        # last, once every listener is bound: IDENTIFY announces the real ports
-        self.lookup.start()
-        # the start's long-lived objects out of the collector's way (the tail: see there)
-        if freeze_startup_heap():
-            log.debug("GC: froze %d start-up objects", gc.get_freeze_count())
+
+    async def _listen_inherited(self, spec: WorkerSpec) -> None:
+        """A worker listens on the sockets its supervisor bound (SO_REUSEPORT: the
+        kernel spreads the node's connections over its workers)."""
+        loop = asyncio.get_running_loop()
+        if spec.tcp_fd >= 0:
+            sock = socket.socket(fileno=spec.tcp_fd)
+            server = await loop.create_server(lambda: ClientV2(self), sock=sock, backlog=1024)
+            name = sock.getsockname()
+            if isinstance(name, tuple):
+                self.tcp_address = (name[0], name[1])
+            self._servers.append(server)
+        if spec.http_fd >= 0:
+            self.http_address = await self.http.start_socket(socket.socket(fileno=spec.http_fd))
+        if spec.internal_http_fd >= 0:
+            await self.http.start_socket(socket.socket(fileno=spec.internal_http_fd))
+        if spec.https_fd >= 0 and self.tls_context is not None:
+            self.https_address = await self.http.start_socket(
+                socket.socket(fileno=spec.https_fd), self.tls_context
+            )
 
     def _node_id(self) -> str:
         """This node's id for nsqlookupd (its distributed_id): chosen at the first start
@@ -459,6 +523,8 @@ class NSQD:
         self.turn.exiting = True
         await self.lookup.close()
         await self.replication.close()
+        if self.workers is not None:
+            await self.workers.close()
         for server in self._servers:
             server.close()
         await self.http.close()
@@ -488,7 +554,8 @@ class NSQD:
                 topic.close()  # cursors checkpointed, logs fsynced
             except OSError:
                 log.exception("TOPIC(%s): failed to close cleanly", topic.name)
-        self._lock.release()
+        if self.worker is None:
+            self._lock.release()
         if self.options.tcp_address and "/" in self.options.tcp_address:
             try:
                 os.unlink(self.options.tcp_address)

@@ -57,6 +57,9 @@ class NsqdOptions:
     #: nsqx: seconds the event loop keeps polling without sleeping after a read while a
     #: single client connection is active (0: off); see nsqx.nsqd.loopturn.LoopTurn.note_read
     busy_poll: float = 0.0002
+    #: nsqx: worker processes behind the node's one address (1: a single process);
+    #: see nsqx.nsqd.supervisor and docs/workers.md
+    workers: int = 1
     queue_scan_interval: float = 0.1
     queue_scan_worker_pool_max: int = 4
     queue_scan_selection_count: int = 20
@@ -129,6 +132,8 @@ class NsqdOptions:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must not be negative")
+        if not 1 <= self.workers <= 256:
+            raise ValueError("--workers must be from 1 to 256")
         if not 0 <= self.busy_poll <= 0.01:
             raise ValueError("--busy-poll must be from 0 to 10ms")
         if self.msg_timeout <= 0 or self.max_msg_timeout < self.msg_timeout:

@@ -1,0 +1,233 @@
+"""Publishes to a partition another worker owns: forwarded, executed there, answered back.
+
+The connection that took the publish (its worker, the *origin*) keeps the client's
+state: its AUTH, its answers in order, its counts. It reserves the publish's answer in
+its output (an OK, the usual answer), sends the publish to the owner over the link
+(:mod:`.links`, one frame per loop turn for all its connections), and holds that answer
+and everything after it, as it holds any answer until its publish is acknowledged. The
+owner executes it exactly as its own connections' publishes (nsqx.nsqd.publishing: the
+same checks, the same group commit, fsync and ISR), and answers once the publish is
+acknowledged: the answer frame itself (OK, PUB_TRACE's answer, or the error), which
+replaces the reserved one. If the link to the owner breaks first, the connection closes
+without answering, as after a failed replication: the publisher does not know, and
+publishes again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from nsqx.nsqd.publishing import ext_fields, pub_partition, traced_answer
+from nsqx.nsqd.workers.links import Link, PeerLinks
+from nsqx.nsqd.workers.ownership import owner_of
+from nsqx.nsqd.workers.spec import WorkerSpec
+from nsqx.wire.errors import ProtocolError
+from nsqx.wire.frames import OK, encode_error, encode_response
+
+if TYPE_CHECKING:
+    from nsqx.nsqd.nsqd import NSQD
+    from nsqx.nsqd.partition import Partition
+
+log = logging.getLogger("nsqx.nsqd")
+
+OK_FRAME: Final = encode_response(OK)
+
+#: items on the links
+PUB: Final = "pub"
+PUB_ANSWER: Final = "pub_ans"
+
+# what a forwarded publish is (the verb says how it is answered)
+V_PUB: Final = "PUB"
+#: pipelined PUBs of one topic, read at once (nsqx.wire.commands.Pubs): one answer each
+V_PUBS: Final = "PUBS"
+V_MPUB: Final = "MPUB"
+V_DPUB: Final = "DPUB"
+V_PUB_TRACE: Final = "PUB_TRACE"
+V_MPUB_TRACE: Final = "MPUB_TRACE"
+V_PUB_EXT: Final = "PUB_EXT"
+V_MPUB_EXT: Final = "MPUB_EXT"
+
+
+class LinkLost(Exception):
+    """The owner's worker went away before it answered."""
+
+
+class Ticket:
+    """One forwarded publish, waiting for its owner's answer."""
+
+    __slots__ = ("answer", "fatal", "group", "on_answer", "slot")
+
+    def __init__(self, slot: int, on_answer: Callable[[Ticket, BaseException | None], None]):
+        #: where its answer sits in the connection's output (counted from its start)
+        self.slot = slot
+        self.on_answer = on_answer
+        #: the connection's AckGroup, once the read that published ended
+        self.group: Any = None
+        self.answer = OK_FRAME
+        self.fatal = False
+
+
+class WorkerSet:
+    """This worker's place in its node: its index, how many there are, the links
+    between them, and the forwarding of publishes both ways."""
+
+    def __init__(self, nsqd: NSQD, spec: WorkerSpec) -> None:
+        self.nsqd = nsqd
+        self.spec = spec
+        self.index = index = spec.index
+        self.count = count = spec.count
+        self.links = PeerLinks(index, count, spec.prefix, self._handle)
+        self._tickets: dict[Link, dict[int, Ticket]] = {}
+        self._seq = 0
+        #: more item kinds (subscriptions, calls), by their first field
+        self.handlers: dict[str, Callable[[Link, tuple[Any, ...]], None]] = {
+            PUB: self._on_pub,
+            PUB_ANSWER: self._on_pub_answer,
+        }
+
+    @property
+    def lead(self) -> bool:
+        """Worker 0 speaks for the node where one voice is needed (nsqlookupd)."""
+        return self.index == 0
+
+    def internal_http(self, index: int) -> str:
+        """host:port of worker ``index``'s own HTTP API (loopback), for forwarding."""
+        return f"127.0.0.1:{self.spec.internal_http_ports[index]}"
+
+    def owner(self, topic: str, partition: int) -> int:
+        return owner_of(topic, partition, self.count)
+
+    def owns(self, topic: str, partition: int) -> bool:
+        return owner_of(topic, partition, self.count) == self.index
+
+    async def start(self) -> None:
+        await self.links.start()
+
+    async def close(self) -> None:
+        await self.links.close()
+
+    def _handle(self, link: Link, item: tuple[Any, ...]) -> None:
+        handler = self.handlers.get(item[0])
+        if handler is None:
+            log.error("WORKERS: unknown item %r from worker %d", item[0], link.peer)
+            return
+        handler(link, item)
+
+    # -- the origin's side ------------------------------------------------------------
+
+    def forward(
+        self,
+        owner: int,
+        slot: int,
+        on_answer: Callable[[Ticket, BaseException | None], None],
+        verb: str,
+        topic: str,
+        partition: int,
+        bodies: list[bytes],
+        defer_ms: int = 0,
+        traces: list[int] | None = None,
+        headers: list[bytes] | None = None,
+    ) -> Ticket:
+        """Send a publish to its owner; ``on_answer(ticket, error)`` is called once with
+        its answer in the ticket (or LinkLost)."""
+        link = self.links.link(owner)
+        tickets = self._tickets.get(link)
+        if tickets is None:
+            tickets = self._tickets[link] = {}
+            link.on_close.append(self._link_lost)
+        self._seq += 1
+        ticket = Ticket(slot, on_answer)
+        tickets[self._seq] = ticket
+        link.send((PUB, self._seq, verb, topic, partition, bodies, defer_ms, traces, headers))
+        return ticket
+
+    def _on_pub_answer(self, link: Link, item: tuple[Any, ...]) -> None:
+        _, seq, frame, fatal = item
+        tickets = self._tickets.get(link)
+        ticket = tickets.pop(seq, None) if tickets is not None else None
+        if ticket is None:
+            return
+        ticket.answer = frame
+        ticket.fatal = fatal
+        ticket.on_answer(ticket, None)
+
+    def _link_lost(self, link: Link) -> None:
+        tickets = self._tickets.pop(link, None)
+        if not tickets:
+            return
+        err = LinkLost(f"worker {link.peer} went away before acknowledging")
+        for ticket in tickets.values():
+            ticket.on_answer(ticket, err)
+
+    # -- the owner's side -------------------------------------------------------------
+
+    def _on_pub(self, link: Link, item: tuple[Any, ...]) -> None:
+        _, seq, verb, topic, pid, bodies, defer_ms, traces, headers = item
+        nsqd = self.nsqd
+        exts: list[tuple[int, bytes]] | None = None
+        trace_id: int | None = None
+        try:
+            if headers is not None:
+                trace_list, exts = ext_fields(nsqd, topic, headers)
+                if verb == V_PUB_EXT:
+                    trace_id = trace_list[0]
+                    traces = [trace_id] if trace_id else None
+                else:
+                    traces = [t or 0 for t in trace_list] if any(trace_list) else None
+            elif verb == V_PUB_TRACE:
+                trace_id = traces[0]
+            part = pub_partition(nsqd, nsqd.topics, topic, pid)
+            if not self.owns(topic, part.id):
+                raise ProtocolError("E_TOPIC_NOT_EXIST", "")
+            published = part.publish(bodies, defer_ms, traces, exts)
+        except ProtocolError as err:
+            frame = encode_error(err)
+            if verb == V_PUBS and not err.fatal:
+                frame *= len(bodies)  # pipelined PUBs: one refusal each, as answered here
+            link.send((PUB_ANSWER, seq, frame, err.fatal))
+            return
+        except OSError as err:
+            log.error("TOPIC(%s): write failed: %s", topic, err)
+            base = "MPUB" if verb.startswith("MPUB") else ("DPUB" if verb == V_DPUB else "PUB")
+            err2 = ProtocolError(f"E_{base}_FAILED", f"{base} failed {err}")
+            link.send((PUB_ANSWER, seq, encode_error(err2), True))
+            return
+        if verb == V_MPUB_TRACE:
+            answer = traced_answer(published, 0, published.raw_size)
+        elif trace_id is not None:
+            answer = traced_answer(published, trace_id, published.raw_size)
+        elif verb == V_PUBS:
+            answer = OK_FRAME * len(bodies)
+        else:
+            answer = OK_FRAME
+        if not part.durable:
+            link.send((PUB_ANSWER, seq, answer, False))
+            return
+        part.when_acknowledged(_Answer(link, seq, answer, verb, part))
+
+
+class _Answer:
+    """Sends a forwarded publish's answer once its partition acknowledged it."""
+
+    __slots__ = ("answer", "link", "part", "seq", "verb")
+
+    def __init__(self, link: Link, seq: int, answer: bytes, verb: str, part: Partition):
+        self.link = link
+        self.seq = seq
+        self.answer = answer
+        self.verb = verb
+        self.part = part
+
+    def __call__(self, err: BaseException | None) -> None:
+        if err is None:
+            self.link.send((PUB_ANSWER, self.seq, self.answer, False))
+        elif isinstance(err, OSError):
+            base = "MPUB" if self.verb.startswith("MPUB") else "PUB"
+            frame = encode_error(ProtocolError(f"E_{base}_FAILED", f"{base} failed {err}"))
+            self.link.send((PUB_ANSWER, self.seq, frame, True))
+        else:
+            # not held by the ISR: the origin closes without answering
+            log.error("TOPIC(%s): %s", self.part.topic.name, err)
+            self.link.send((PUB_ANSWER, self.seq, None, True))
