@@ -141,6 +141,7 @@ NSQX_EXTRA_FLAGS = {
     "http-admin-allow",
     "replication-address",
     "busy-poll",
+    "workers",
     "cluster-secret",
     "cluster-secret-file",
     # Youzan's nsqd options
@@ -668,3 +669,14 @@ def test_every_option_is_settable_from_flags_and_config(tmp_path: Path) -> None:
     for dest, value in expected.items():
         assert getattr(from_flags, dest) == value, dest
         assert getattr(from_config, dest) == value, dest
+
+
+@pytest.mark.parametrize("value", ["0", "257", "-1"])
+def test_workers_out_of_range_is_refused(value: str) -> None:
+    with pytest.raises(FlagError, match="--workers must be from 1 to 256"):
+        parse_nsqd_args([f"--workers={value}"])
+
+
+def test_workers_default_is_one_process() -> None:
+    assert parse_nsqd_args([]).workers == 1
+    assert parse_nsqd_args(["--workers=4"]).workers == 4

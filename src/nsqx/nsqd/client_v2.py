@@ -926,7 +926,8 @@ class ClientV2(asyncio.Protocol):
             me = cast(cmd.MpubExt, ev)
             verb, bodies, headers = "MPUB_EXT", me.bodies, me.headers
         slot = self._out_base + len(self._out)
-        self._out.append(_OK_FRAME)  # (a placeholder: the owner's answer replaces it)
+        # the answer if all goes well (the owner's answer replaces it if not)
+        self._out.append(_OK_FRAME * len(bodies) if kind is _PUBS else _OK_FRAME)
         ticket = workers.forward(
             owner,
             slot,
@@ -953,9 +954,12 @@ class ClientV2(asyncio.Protocol):
         answer = ticket.answer
         if err is None and answer is None:
             err = ConnectionError("its owner could not acknowledge it")
-        elif err is None:
+        elif err is None and answer:
             i = ticket.slot - self._out_base
             if 0 <= i < len(self._out):
+                n = len(self._out[i]) // len(_OK_FRAME)
+                if n > 1 and not ticket.fatal:
+                    answer *= n  # pipelined PUBs (one event): one refusal each, as here
                 self._out[i] = answer
             if ticket.fatal and not self.closed:
                 # as a fatal error here: nothing after it is answered, then the close

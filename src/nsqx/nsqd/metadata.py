@@ -120,6 +120,12 @@ class DataDirLock:
             ) from None
         self._fd = fd
 
+    def fileno(self) -> int:
+        """The locked file's descriptor (-1: not held). A child process given it holds
+        the lock with this one until both closed it: a node's workers do, so that the
+        directory is not free while any of them runs."""
+        return -1 if self._fd is None else self._fd
+
     def release(self) -> None:
         if self._fd is not None:
             fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -165,7 +165,9 @@ class Supervisor:
             fds["internal_http"],
             self.internal_http_ports,
         )
-        return spec, sorted(set(fds.values()))
+        # the workers hold the directory's lock too (a shared open file): it is free
+        # only once every process of the node is gone
+        return spec, sorted({*fds.values(), self._lock.fileno()})
 
     async def _spawn(self, index: int) -> None:
         spec, fds = self._spec(index)

@@ -15,6 +15,7 @@ publishes again.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
@@ -37,6 +38,14 @@ OK_FRAME: Final = encode_response(OK)
 #: items on the links
 PUB: Final = "pub"
 PUB_ANSWER: Final = "pub_ans"
+#: the plain publishes of one loop turn to one partition, as one batch
+PUB_GROUP: Final = "pubs"
+PUB_GROUP_OK: Final = "pubs_ok"
+#: a group is sent before its bodies pass this size (a batch record stays reasonable)
+GROUP_BYTES: Final = 1 << 20
+
+#: verbs whose publishes of one turn to one partition are grouped
+_GROUPED: Final = frozenset(("PUB", "PUBS", "MPUB"))
 
 # what a forwarded publish is (the verb says how it is answered)
 V_PUB: Final = "PUB"
@@ -65,8 +74,23 @@ class Ticket:
         self.on_answer = on_answer
         #: the connection's AckGroup, once the read that published ended
         self.group: Any = None
-        self.answer = OK_FRAME
+        #: the owner's answer: b"" keeps the OK reserved for it, None closes the
+        #: connection unanswered (not held by the ISR), else the frame to answer
+        self.answer: bytes | None = b""
         self.fatal = False
+
+
+class _Group:
+    """Plain publishes of one loop turn to one partition, sent as one batch."""
+
+    __slots__ = ("bodies", "mpubs", "seqs", "size")
+
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+        #: per publish: an MPUB (for the error it answers if the write fails)
+        self.mpubs: list[bool] = []
+        self.bodies: list[bytes] = []
+        self.size = 0
 
 
 class WorkerSet:
@@ -81,10 +105,15 @@ class WorkerSet:
         self.links = PeerLinks(index, count, spec.prefix, self._handle)
         self._tickets: dict[Link, dict[int, Ticket]] = {}
         self._seq = 0
+        #: this turn's groups, by (owner, topic, partition)
+        self._groups: dict[tuple[int, str, int], _Group] = {}
+        self._groups_scheduled = False
         #: more item kinds (subscriptions, calls), by their first field
         self.handlers: dict[str, Callable[[Link, tuple[Any, ...]], None]] = {
             PUB: self._on_pub,
             PUB_ANSWER: self._on_pub_answer,
+            PUB_GROUP: self._on_pub_group,
+            PUB_GROUP_OK: self._on_pub_group_ok,
         }
 
     @property
@@ -138,10 +167,55 @@ class WorkerSet:
             tickets = self._tickets[link] = {}
             link.on_close.append(self._link_lost)
         self._seq += 1
+        seq = self._seq
         ticket = Ticket(slot, on_answer)
-        tickets[self._seq] = ticket
-        link.send((PUB, self._seq, verb, topic, partition, bodies, defer_ms, traces, headers))
+        tickets[seq] = ticket
+        if verb in _GROUPED:
+            # the plain publishes of a turn to one partition go as one batch: one
+            # publish, one acknowledgement and one answer at the owner for them all
+            key = (owner, topic, partition)
+            group = self._groups.get(key)
+            if group is None or group.size >= GROUP_BYTES:
+                if group is not None:
+                    self._send_group(key, group)
+                group = self._groups[key] = _Group()
+                if not self._groups_scheduled:
+                    self._groups_scheduled = True
+                    asyncio.get_running_loop().call_soon(self._send_groups)
+            group.seqs.append(seq)
+            group.mpubs.append(verb == V_MPUB)
+            group.bodies.extend(bodies)
+            group.size += sum(map(len, bodies))
+            return ticket
+        self._send_groups(owner)  # what came before it on this link goes first
+        link.send((PUB, seq, verb, topic, partition, bodies, defer_ms, traces, headers))
         return ticket
+
+    def _send_group(self, key: tuple[int, str, int], group: _Group) -> None:
+        owner, topic, partition = key
+        self.links.link(owner).send(
+            (PUB_GROUP, group.seqs, group.mpubs, topic, partition, group.bodies)
+        )
+
+    def _send_groups(self, owner: int = -1) -> None:
+        """Send this turn's groups (to ``owner`` only, or all at the turn's end)."""
+        if owner < 0:
+            self._groups_scheduled = False
+        groups = self._groups
+        if not groups:
+            return
+        for key in list(groups):
+            if owner < 0 or key[0] == owner:
+                self._send_group(key, groups.pop(key))
+
+    def _on_pub_group_ok(self, link: Link, item: tuple[Any, ...]) -> None:
+        tickets = self._tickets.get(link)
+        if tickets is None:
+            return
+        for seq in item[1]:
+            ticket = tickets.pop(seq, None)
+            if ticket is not None:
+                ticket.on_answer(ticket, None)
 
     def _on_pub_answer(self, link: Link, item: tuple[Any, ...]) -> None:
         _, seq, frame, fatal = item
@@ -163,6 +237,26 @@ class WorkerSet:
 
     # -- the owner's side -------------------------------------------------------------
 
+    def _on_pub_group(self, link: Link, item: tuple[Any, ...]) -> None:
+        _, seqs, mpubs, topic, pid, bodies = item
+        nsqd = self.nsqd
+        try:
+            part = pub_partition(nsqd, nsqd.topics, topic, pid)
+            part.publish(bodies)
+        except ProtocolError as err:
+            frame = encode_error(err)
+            for seq in seqs:
+                link.send((PUB_ANSWER, seq, frame, err.fatal))
+            return
+        except OSError as err:
+            log.error("TOPIC(%s): write failed: %s", topic, err)
+            _GroupAnswer(link, seqs, mpubs)(err)
+            return
+        if not part.durable:
+            link.send((PUB_GROUP_OK, seqs))
+            return
+        part.when_acknowledged(_GroupAnswer(link, seqs, mpubs))
+
     def _on_pub(self, link: Link, item: tuple[Any, ...]) -> None:
         _, seq, verb, topic, pid, bodies, defer_ms, traces, headers = item
         nsqd = self.nsqd
@@ -183,10 +277,7 @@ class WorkerSet:
                 raise ProtocolError("E_TOPIC_NOT_EXIST", "")
             published = part.publish(bodies, defer_ms, traces, exts)
         except ProtocolError as err:
-            frame = encode_error(err)
-            if verb == V_PUBS and not err.fatal:
-                frame *= len(bodies)  # pipelined PUBs: one refusal each, as answered here
-            link.send((PUB_ANSWER, seq, frame, err.fatal))
+            link.send((PUB_ANSWER, seq, encode_error(err), err.fatal))
             return
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", topic, err)
@@ -198,10 +289,8 @@ class WorkerSet:
             answer = traced_answer(published, 0, published.raw_size)
         elif trace_id is not None:
             answer = traced_answer(published, trace_id, published.raw_size)
-        elif verb == V_PUBS:
-            answer = OK_FRAME * len(bodies)
         else:
-            answer = OK_FRAME
+            answer = b""  # the OK the origin reserved
         if not part.durable:
             link.send((PUB_ANSWER, seq, answer, False))
             return
@@ -231,3 +320,27 @@ class _Answer:
             # not held by the ISR: the origin closes without answering
             log.error("TOPIC(%s): %s", self.part.topic.name, err)
             self.link.send((PUB_ANSWER, self.seq, None, True))
+
+
+class _GroupAnswer:
+    """Answers a group of forwarded publishes once their partition acknowledged them."""
+
+    __slots__ = ("link", "mpubs", "seqs")
+
+    def __init__(self, link: Link, seqs: list[int], mpubs: list[bool]) -> None:
+        self.link = link
+        self.seqs = seqs
+        self.mpubs = mpubs
+
+    def __call__(self, err: BaseException | None) -> None:
+        link = self.link
+        if err is None:
+            link.send((PUB_GROUP_OK, self.seqs))
+            return
+        for seq, mpub in zip(self.seqs, self.mpubs, strict=True):
+            if isinstance(err, OSError):
+                verb = "MPUB" if mpub else "PUB"
+                frame = encode_error(ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {err}"))
+                link.send((PUB_ANSWER, seq, frame, True))
+            else:
+                link.send((PUB_ANSWER, seq, None, True))
