@@ -153,8 +153,10 @@ class ClientV2(asyncio.Protocol):
         #: the node's other workers (--workers): publishes to partitions another worker
         #: owns are forwarded there (nsqx.nsqd.workers.forwarding)
         self._workers: WorkerSet | None = nsqd.workers
-        #: every command through _execute (AUTH checks, forwarding), none by the fast path
-        self._checked = self._auth or nsqd.workers is not None
+        #: the worker that owns the partition published to last (-1: none yet)
+        self._route_topic = ""
+        self._route_pid = 0
+        self._route_owner = -1
         #: publishes of this read forwarded to their owner, waiting for its answer
         self._forwarded: list[Ticket] = []
         #: items written or dropped from the front of _out so far (a forwarded
@@ -222,19 +224,24 @@ class ClientV2(asyncio.Protocol):
         # (the time of it is taken by the next tick: a clock read per read costs more
         # than the ticks' 100 ms of precision are worth)
         self._read_since_tick = True
-        plain = not self._checked
+        plain = not self._auth
+        local = self._workers is None
         events = self.parser.feed(data)
         for i, ev in enumerate(events):
             # a publisher's commands go straight to their handler (compiled: a direct
             # call, not a dictionary lookup and a call through Python's protocol): every
-            # state accepts them, and without AUTH nothing else is checked
+            # state accepts them, and without AUTH nothing else is checked (with
+            # workers, unless its partition's owner is another worker: forwarded)
             kind = type(ev)
             if kind is _MPUB and plain:
-                self._on_mpub(cast(cmd.Mpub, ev))
+                if local or not self._forward(ev):
+                    self._on_mpub(cast(cmd.Mpub, ev))
             elif kind is _PUBS and plain:
-                self._on_pubs(cast(cmd.Pubs, ev))
+                if local or not self._forward(ev):
+                    self._on_pubs(cast(cmd.Pubs, ev))
             elif kind is _PUB and plain:
-                self._on_pub(cast(cmd.Pub, ev))
+                if local or not self._forward(ev):
+                    self._on_pub(cast(cmd.Pub, ev))
             else:
                 self._execute(ev)
             if self._halt:
@@ -896,35 +903,47 @@ class ClientV2(asyncio.Protocol):
         workers = self._workers
         assert workers is not None
         kind = type(ev)
-        topic = cast(cmd.Dpub, ev).topic
-        pid = -1 if kind is cmd.Dpub else cast(cmd.PubExt, ev).partition
-        owner = workers.owner(topic, pid)
-        if owner == workers.index:
-            return False
         defer_ms = 0
         traces: list[int] | None = None
         headers: list[bytes] | None = None
+        # (each event cast to its own type: compiled, a cast is checked)
         if kind is _PUB:
-            verb, bodies = "PUB", [cast(cmd.Pub, ev).body]
+            pub = cast(cmd.Pub, ev)
+            verb, topic, pid, bodies = "PUB", pub.topic, pub.partition, [pub.body]
         elif kind is _PUBS:
-            verb, bodies = "PUBS", cast(cmd.Pubs, ev).bodies
+            pubs = cast(cmd.Pubs, ev)
+            verb, topic, pid, bodies = "PUBS", pubs.topic, pubs.partition, pubs.bodies
         elif kind is _MPUB:
-            verb, bodies = "MPUB", cast(cmd.Mpub, ev).bodies
+            mpub = cast(cmd.Mpub, ev)
+            verb, topic, pid, bodies = "MPUB", mpub.topic, mpub.partition, mpub.bodies
         elif kind is cmd.Dpub:
             dpub = cast(cmd.Dpub, ev)
-            verb, bodies, defer_ms = "DPUB", [dpub.body], dpub.defer_ms
+            verb, topic, pid, bodies = "DPUB", dpub.topic, -1, [dpub.body]
+            defer_ms = dpub.defer_ms
         elif kind is cmd.PubTrace:
             pt = cast(cmd.PubTrace, ev)
-            verb, bodies, traces = "PUB_TRACE", [pt.body], [pt.trace_id]
+            verb, topic, pid, bodies = "PUB_TRACE", pt.topic, pt.partition, [pt.body]
+            traces = [pt.trace_id]
         elif kind is cmd.MpubTrace:
             mt = cast(cmd.MpubTrace, ev)
-            verb, bodies, traces = "MPUB_TRACE", mt.bodies, mt.trace_ids
+            verb, topic, pid, bodies = "MPUB_TRACE", mt.topic, mt.partition, mt.bodies
+            traces = mt.trace_ids
         elif kind is cmd.PubExt:
             pe = cast(cmd.PubExt, ev)
-            verb, bodies, headers = "PUB_EXT", [pe.body], [pe.header]
+            verb, topic, pid, bodies = "PUB_EXT", pe.topic, pe.partition, [pe.body]
+            headers = [pe.header]
         else:
             me = cast(cmd.MpubExt, ev)
-            verb, bodies, headers = "MPUB_EXT", me.bodies, me.headers
+            verb, topic, pid, bodies = "MPUB_EXT", me.topic, me.partition, me.bodies
+            headers = me.headers
+        if topic == self._route_topic and pid == self._route_pid and self._route_owner >= 0:
+            owner = self._route_owner  # (a publisher keeps to one topic)
+        else:
+            owner = self._route_owner = workers.owner(topic, pid)
+            self._route_topic = topic
+            self._route_pid = pid
+        if owner == workers.index:
+            return False
         slot = self._out_base + len(self._out)
         # the answer if all goes well (the owner's answer replaces it if not)
         self._out.append(_OK_FRAME * len(bodies) if kind is _PUBS else _OK_FRAME)
