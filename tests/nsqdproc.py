@@ -48,7 +48,14 @@ class NsqdProcess:
 
 
 def start_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
-    """Start ``nsqx nsqd`` on port 0 and wait until it says where it listens."""
+    """Start ``nsqx nsqd`` on port 0 and wait until it says where it listens.
+
+    ``NSQX_TEST_WORKERS=N`` in the environment runs every such nsqd with ``--workers=N``
+    unless the test names its own (the compatibility suites run so against a node of
+    several workers)."""
+    workers = os.environ.get("NSQX_TEST_WORKERS")
+    if workers and not any(a.startswith(("--workers", "-workers")) for a in args):
+        args = (*args, f"--workers={workers}")
     cmd = [
         sys.executable,
         "-m",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nsqx.client import Consumer, Producer
+from nsqx.client import Consumer, Message, Producer
 from nsqx.nsqd.metadata import ChannelMetadata, TopicMetadata, merge_metadata
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.wire import commands as c
@@ -232,3 +232,45 @@ def test_a_killed_worker_restarts_and_keeps_what_it_acknowledged(tmp_path: Path)
             assert want <= got, (topic, sorted(want - got)[:5])
     finally:
         single.stop()
+
+
+def test_a_hundred_topics_with_their_own_publishers_and_consumers(tmp_path: Path) -> None:
+    """Issue 30's "many topics": 100 topics, each with a publisher and a consumer of its
+    own, on a node of two workers; every consumer gets its topic's messages, once."""
+    node = start_nsqd(tmp_path, "--workers=2")
+    topics = [f"many{i}" for i in range(100)]
+    per_topic = 20
+    address = f"127.0.0.1:{node.tcp_port}"
+
+    async def one(topic: str) -> list[bytes]:
+        got: list[bytes] = []
+        done = asyncio.Event()
+
+        def handle(msg: Message) -> None:
+            got.append(msg.body)
+            if len(got) >= per_topic:
+                done.set()
+
+        consumer = Consumer(topic, "c", handle, nsqd_tcp_addresses=[address], max_in_flight=50)
+        await consumer.start()
+        producer = Producer(address)
+        await producer.connect()
+        for i in range(per_topic):
+            await producer.publish(topic, f"{topic}/{i}".encode())
+        await producer.close()
+        try:
+            async with asyncio.timeout(30):
+                await done.wait()
+        finally:
+            await consumer.close()
+        return got
+
+    async def all_topics() -> list[list[bytes]]:
+        return await asyncio.gather(*(one(t) for t in topics))
+
+    try:
+        results = run(all_topics(), timeout=120)
+    finally:
+        node.stop()
+    for topic, got in zip(topics, results, strict=True):
+        assert sorted(got) == sorted(f"{topic}/{i}".encode() for i in range(per_topic)), topic
