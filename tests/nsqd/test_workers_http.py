@@ -250,6 +250,7 @@ def test_a_partitioned_topic_is_one_topic_of_the_node(node: NsqdProcess) -> None
     # deleted everywhere
     assert http(node, "POST", f"/topic/delete?topic={name}")[0] == 200
     assert stats(node)["topics"] == []
+    assert not (node.data_path / f"{name}.topic").exists()  # (the last worker's rmdir)
     status, body, _ = http(node, "POST", f"/topic/delete?topic={name}")
     assert (status, body) == (404, b'{"message":"TOPIC_NOT_FOUND"}')
 
@@ -312,8 +313,14 @@ def test_refusals_are_a_single_nsqds(node: NsqdProcess, single: NsqdProcess) -> 
             assert http(node, method, path, body)[:2] == want, (method, path)
 
 
-def test_ping_and_config_speak_for_every_worker(node: NsqdProcess) -> None:
+def test_ping_info_and_config_speak_for_every_worker(node: NsqdProcess) -> None:
     assert http(node, "GET", "/ping")[:2] == (200, b"OK")
+    own = {i: json.loads(body) for i, (_, body) in each_worker(node, "GET", "/info").items()}
+    status, body, _ = http(node, "GET", "/info")
+    info = json.loads(body)
+    assert status == 200 and info["http_port"] == node.http_port
+    assert info["start_time"] == min(i["start_time"] for i in own.values())
+    assert set(info) == set(own[0])
     status, body, _ = http(node, "PUT", "/config/log_level", b"debug")
     assert (status, json.loads(body)) == (200, 1)
     for status, body in each_worker(node, "GET", "/config/log_level").values():
@@ -355,3 +362,26 @@ def test_a_replication_stream_reaches_the_partitions_owner(node: NsqdProcess) ->
 
     for answer in run(go()):
         assert isinstance(answer, rp.Refused) and answer.message == "not the leader"
+
+
+def test_admin_actions_from_an_allowed_address_reach_every_worker(tmp_path: Path) -> None:
+    """--http-admin-allow is checked against the client's address, not the worker that
+    forwarded the request."""
+    allowed = start_nsqd(tmp_path / "a", "--workers=2", HTTP, "--http-admin-allow=127.0.0.1/32")
+    refused = start_nsqd(tmp_path / "r", "--workers=2", HTTP, "--http-admin-allow=10.0.0.0/8")
+    try:
+        internal_ports(allowed)
+        internal_ports(refused)
+        topics = topics_spread(10)
+        for topic in topics:
+            assert http(allowed, "POST", f"/pub?topic={topic}", b"m")[0] == 200
+            assert http(allowed, "POST", f"/channel/create?topic={topic}&channel=c")[0] == 200
+            assert http(allowed, "POST", f"/topic/pause?topic={topic}")[0] == 200
+            assert http(refused, "POST", f"/pub?topic={topic}", b"m")[0] == 200
+            status, body, _ = http(refused, "POST", f"/topic/pause?topic={topic}")
+            assert (status, body) == (403, b'{"message":"FORBIDDEN"}')
+        assert all(t["paused"] for t in stats(allowed)["topics"])
+        assert not any(t["paused"] for t in stats(refused)["topics"])
+    finally:
+        allowed.stop()
+        refused.stop()

@@ -431,6 +431,15 @@ class HTTPServer:
             answers = await self._every(router, request, b"")
             bad = next((a for a in answers if not a.ok), None)
             return ok_text() if bad is None else _as_response(bad)
+        if kind == wr.INFO:
+            answers = await self._every(router, request, b"")
+            bad = next((a for a in answers if not a.ok), None)
+            if bad is not None:
+                return _as_response(bad)
+            infos = [json.loads(a.body) for a in answers]
+            info = infos[router.index]
+            info["start_time"] = min(i["start_time"] for i in infos)
+            return ok_json(info)
         body = await self._body_to_forward(request)
         if kind == wr.OWNER:
             return await router.forward(r.worker, request, body)

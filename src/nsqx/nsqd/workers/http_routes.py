@@ -14,8 +14,9 @@ by what it is about (:func:`route`):
   delete, empty, tracing) and ``PUT /config/*``: sent to every worker, answered with the
   first real error, else a success (:func:`combine`; a worker that does not host the
   topic answers 404, which only counts when every worker does);
-- node-wide reads (``/stats``, ``/metrics``, ``/ping``): every worker's own part,
-  merged into one node's answer by the HTTP layer (nsqx.nsqd.stats, nsqx.nsqd.metrics);
+- node-wide reads (``/stats``, ``/metrics``, ``/ping``, ``/info``): every worker's own
+  part, merged into one node's answer by the HTTP layer (nsqx.nsqd.stats,
+  nsqx.nsqd.metrics; /info is the receiver's with the node's start, the earliest);
 - anything else, and any request whose topic or partition is missing or malformed, is
   answered where it arrived: the same handler then gives a single nsqd's error.
 
@@ -61,6 +62,7 @@ EVERY: Final = 2  # sent to every worker, answers combined
 STATS: Final = 3  # every worker's part, merged
 METRICS: Final = 4
 PING: Final = 5
+INFO: Final = 6
 
 #: answered by one partition's owner (``partition``, default: partition 0's owner)
 _OWNER_PATHS = frozenset(
@@ -93,7 +95,7 @@ _SPLIT_PATHS = frozenset(
 _EVERY_PATHS = frozenset(
     {"/topic/pause", "/topic/unpause", "/message/trace/enable", "/message/trace/disable"}
 )
-_NODE_READS = {"/stats": STATS, "/metrics": METRICS, "/ping": PING}
+_NODE_READS = {"/stats": STATS, "/metrics": METRICS, "/ping": PING, "/info": INFO}
 
 _INT = re.compile(r"[+-]?[0-9]+")
 
