@@ -29,6 +29,7 @@ from nsqx.client import Producer
 from nsqx.nsqd.workers.http_routes import FORWARDED, WORKER
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.wire import replication as rp
+from tlsnsq import make_certs
 
 from nsqdproc import NsqdProcess, start_nsqd
 from rawnsq import run
@@ -342,26 +343,36 @@ def test_a_forwarded_request_is_answered_where_it_lands(node: NsqdProcess) -> No
 
 
 def test_a_replication_stream_reaches_the_partitions_owner(node: NsqdProcess) -> None:
-    """A follower's WebSocket to any worker is carried to the owner, whose refusal (the
-    partition is not replicated) comes back through it."""
-    topics = topics_spread(10)
+    """A follower's WebSocket to any worker is carried to the partition's owner: its
+    leader answers (here: refuses a node that holds no replica), not "not the leader"
+    from a worker without the partition."""
+    spread = topics_spread(10)
+    topics = [t for w in (0, 1) for t in [x for x in spread if owner_of(x, 0, 2) == w][:2]]
     for topic in topics:
         assert http(node, "POST", f"/pub?topic={topic}", b"m")[0] == 200
+        state = json.loads(http(node, "GET", f"/partition/state?topic={topic}&partition=0")[1])
+        me = state["node"]
+        role = {"epoch": 1, "replica": 2, "leader": me, "isr": [me], "replicas": [me, "other"]}
+        path = f"/partition/role?topic={topic}&partition=0"
+        assert http(node, "POST", path, json.dumps(role).encode())[0] == 200
 
     async def go() -> list[object]:
         out = []
-        async with aiohttp.ClientSession() as session:
+        connector = aiohttp.TCPConnector(force_close=True)  # a connection per stream
+        async with aiohttp.ClientSession(connector=connector) as session:
             for topic in topics:
-                url = f"{node.http_url}/replication/stream?node=n&topic={topic}&partition=0"
-                async with session.ws_connect(url) as ws:
-                    hello = rp.Hello(topic, 0, "n", 1, 0, 0, [])
-                    await ws.send_bytes(rp.encode_hello(hello))
-                    msg = await ws.receive(timeout=10)
-                    out.append(rp.decode(msg.data))
+                for _ in range(3):
+                    url = f"{node.http_url}/replication/stream?node=n&topic={topic}&partition=0"
+                    async with session.ws_connect(url) as ws:
+                        await ws.send_bytes(rp.encode_hello(rp.Hello(topic, 0, "n", 1, 0, 0, [])))
+                        msg = await ws.receive(timeout=10)
+                        out.append(rp.decode(msg.data))
         return out
 
-    for answer in run(go()):
-        assert isinstance(answer, rp.Refused) and answer.message == "not the leader"
+    answers = run(go())
+    assert len(answers) == 12
+    for answer in answers:
+        assert isinstance(answer, rp.Refused) and answer.error == "E_NOT_REPLICA", answer
 
 
 def test_admin_actions_from_an_allowed_address_reach_every_worker(tmp_path: Path) -> None:
@@ -385,3 +396,70 @@ def test_admin_actions_from_an_allowed_address_reach_every_worker(tmp_path: Path
     finally:
         allowed.stop()
         refused.stop()
+
+
+def test_https_with_tls_required_is_forwarded_over_loopback(tmp_path: Path) -> None:
+    """With --tls-required=true, a request over HTTPS reaches the owner through its
+    loopback port (the worker it reached checked TLS); plain HTTP is refused."""
+    certs = make_certs(tmp_path / "certs")
+    node = start_nsqd(
+        tmp_path / "node",
+        "--workers=2",
+        HTTP,
+        "--https-address=127.0.0.1:0",
+        "--tls-required=true",
+        *certs.nsqd_flags(),
+    )
+    try:
+        internal_ports(node)
+        https_re = re.compile(r"\bw\d+: .*HTTPS: listening on 127\.0\.0\.1:(\d+)")
+        deadline = time.monotonic() + 20
+        while not (found := [m for ln in list(node.log) if (m := https_re.search(ln))]):
+            assert time.monotonic() < deadline, "".join(node.log)
+            time.sleep(0.05)
+        base = f"https://127.0.0.1:{found[0].group(1)}"
+        topics = topics_spread(10)
+
+        async def go() -> tuple[dict[str, Any], set[str], int]:
+            ctx = certs.client_context()
+            workers: set[str] = set()
+            connector = aiohttp.TCPConnector(force_close=True)  # a connection per request
+            async with aiohttp.ClientSession(connector=connector) as session:
+                for topic in topics:
+                    for _ in range(2):
+                        url = f"{base}/pub?topic={topic}"
+                        async with session.post(url, data=b"m", ssl=ctx) as resp:
+                            assert (resp.status, await resp.read()) == (200, b"OK")
+                            workers.add(resp.headers[WORKER])
+                async with session.get(f"{base}/stats?format=json", ssl=ctx) as resp:
+                    doc = json.loads(await resp.read())
+                async with session.get(f"{node.http_url}/ping") as resp:
+                    plain = resp.status
+            return doc, workers, plain
+
+        doc, workers, plain = run(go())
+    finally:
+        node.stop()
+    assert workers == {"0", "1"}
+    assert [(t["topic_name"], t["depth"]) for t in doc["topics"]] == [
+        (t, 2) for t in sorted(topics)
+    ]
+    assert plain == 403
+
+
+def test_a_range_read_streams_from_the_owner(node: NsqdProcess) -> None:
+    topics = topics_spread(10)
+    bodies = b"\n".join(b"%04d" % i + b"x" * 1000 for i in range(200))
+    for topic in topics:
+        assert http(node, "POST", f"/mpub?topic={topic}", bodies)[0] == 200
+    ports = internal_ports(node)
+    for topic in topics:
+        owner = owner_of(topic, 0, 2)
+        path = f"/range?topic={topic}&partition=0&max_messages=150"
+        url = f"http://127.0.0.1:{ports[owner]}{path}"
+        want = http(node, "GET", path, None, {FORWARDED: "1"}, url)
+        assert want[0] == 200 and len(want[1]) > 150_000
+        for _ in range(3):
+            status, body, headers = http(node, "GET", path)
+            assert (status, body) == want[:2]
+            assert headers["Content-Type"] == "application/octet-stream"
