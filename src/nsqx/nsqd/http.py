@@ -6,6 +6,10 @@ lookup so that paths, methods and errors behave as NSQ's router does: 404 NOT_FO
 an unknown path, 405 METHOD_NOT_ALLOWED (with ``Allow``) for a known path and another
 method. Every response carries ``X-NSQ-Content-Type: nsq; version=1.0``; errors are
 ``{"message":"CODE"}``; the 0.x response envelope is gone and the Accept header is ignored.
+
+In a worker of a node (``--workers``), a request is first routed
+(nsqx.nsqd.workers.http_routes): to its partition's owner, to every worker, or
+gathered from every worker and merged here into one node's /stats, /metrics or /ping.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from array import array
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
-from urllib.parse import unquote_plus
+from urllib.parse import unquote_plus, urlencode
 
 from aiohttp import web
 
@@ -29,11 +33,12 @@ from nsqx import NSQ_VERSION
 from nsqx.compiled import build_description
 from nsqx.nsqd import stats as st
 from nsqx.nsqd.guid import PARTITION_SHIFT, SEQ_MASK
-from nsqx.nsqd.metrics import Metrics
+from nsqx.nsqd.metrics import Metrics, merge_exposition
 from nsqx.nsqd.options import split_address
 from nsqx.nsqd.replication.leader import CommitFailed
 from nsqx.nsqd.replication.replica import StaleEpoch
 from nsqx.nsqd.replication.state import ReplicaRole
+from nsqx.nsqd.workers import http_routes as wr
 from nsqx.store.log import MessageLog, RangeFramesOut
 from nsqx.wire import members
 from nsqx.wire import replication as rp
@@ -130,6 +135,11 @@ def ok_empty() -> web.Response:
     return _respond(200, b"", None)
 
 
+def _as_response(answer: wr.Answer) -> web.Response:
+    """Another worker's answer, as it came."""
+    return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
+
+
 def error_response(status: int, message: str) -> web.Response:
     body = json.dumps({"message": message}, separators=(",", ":")).encode()
     return _respond(status, body, _JSON)
@@ -216,6 +226,15 @@ class HTTPServer:
         self._metrics: Metrics | None = None  # made on the first scrape
         #: --http-admin-allow, parsed on first use
         self._admin_networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None = None
+        workers = nsqd.workers
+        #: a worker's routing of requests to the other workers (None: a single process)
+        self._router = wr.HttpRouter(workers) if workers is not None else None
+        #: the port of this worker's own loopback listener (0: none)
+        self._internal_port = (
+            workers.spec.internal_http_ports[workers.index]
+            if workers is not None and workers.spec.internal_http_ports
+            else 0
+        )
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -229,7 +248,7 @@ class HTTPServer:
         if self._runner is None:
             # An unread body (a request refused early) is drained for at most
             # LINGER_SECONDS so the client can read the answer; a 413 then closes.
-            server = web.Server(self._handle, access_log=None, lingering_time=LINGER_SECONDS)
+            server = web.Server(self._handler(), access_log=None, lingering_time=LINGER_SECONDS)
             self._runner = web.ServerRunner(server, shutdown_timeout=1.0)
             await self._runner.setup()
         scheme = "HTTPS" if ssl_context is not None else "HTTP"
@@ -256,7 +275,7 @@ class HTTPServer:
     ) -> tuple[str, int]:
         """Serve on a bound socket (a worker's, inherited from its supervisor)."""
         if self._runner is None:
-            server = web.Server(self._handle, access_log=None, lingering_time=LINGER_SECONDS)
+            server = web.Server(self._handler(), access_log=None, lingering_time=LINGER_SECONDS)
             self._runner = web.ServerRunner(server, shutdown_timeout=1.0)
             await self._runner.setup()
         scheme = "HTTPS" if ssl_context is not None else "HTTP"
@@ -269,6 +288,8 @@ class HTTPServer:
 
     async def close(self) -> None:
         """Stop listening and close connections (in-flight requests get a second)."""
+        if self._router is not None:
+            await self._router.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -282,6 +303,24 @@ class HTTPServer:
 
     # -- dispatch ---------------------------------------------------------------------
 
+    def _handler(self) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+        # a worker says which worker answered; a single process pays nothing for it
+        return self._handle if self._router is None else self._handle_in_worker
+
+    async def _handle_in_worker(self, request: web.BaseRequest) -> web.StreamResponse:
+        resp = await self._handle(request)
+        if not resp.prepared and self._router is not None:
+            resp.headers[wr.WORKER] = str(self._router.index)
+        return resp
+
+    def _from_worker(self, request: web.BaseRequest) -> bool:
+        """A request another worker forwarded (it arrived on this worker's own loopback
+        port, where that worker checked TLS and the client's address)."""
+        if not self._internal_port or wr.FORWARDED not in request.headers:
+            return False
+        name = request.transport.get_extra_info("sockname") if request.transport else None
+        return isinstance(name, tuple) and name[1] == self._internal_port
+
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         path = request.path
         methods = ROUTES.get(path)
@@ -291,7 +330,11 @@ class HTTPServer:
                 methods = _CONFIG_ROUTE
         if methods is None:
             return error_response(404, "NOT_FOUND")
-        if self.nsqd.options.tls_required == "true" and not request.secure:
+        if (
+            self.nsqd.options.tls_required == "true"
+            and not request.secure
+            and not self._from_worker(request)
+        ):
             # --tls-required=true covers HTTP too (tcp-https leaves it open), as in NSQ
             https = self.nsqd.https_address
             body = {"message": "TLS_REQUIRED", "https_port": https[1] if https else -1}
@@ -319,7 +362,13 @@ class HTTPServer:
             return resp
         try:
             params = parse_query(request.query_string)
+            if self._router is not None and wr.FORWARDED not in request.headers:
+                routed = await self._routed(self._router, request, params)
+                if routed is not None:
+                    return routed
             return await handler(self, request, params)
+        except wr.WorkerUnavailable:
+            return error_response(503, "WORKER_UNAVAILABLE")
         except HTTPError as err:
             if err.status == 413:
                 return _too_big(err.message)
@@ -342,6 +391,11 @@ class HTTPServer:
         ):
             return False
         peer = request.transport.get_extra_info("peername") if request.transport else None
+        if self._from_worker(request):
+            # the client's address, as the worker it connected to saw it (none: a unix
+            # socket's client)
+            sent = request.headers.get(wr.PEER)
+            peer = (sent, 0) if sent else None
         if not isinstance(peer, tuple):
             return False
         try:
@@ -354,6 +408,97 @@ class HTTPServer:
             return False
         log.warning("HTTP: %s %s from %s refused (--http-admin-allow)", request.method, path, ip)
         return True
+
+    # -- a node of several workers ----------------------------------------------------
+
+    async def _routed(
+        self, router: wr.HttpRouter, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.StreamResponse | None:
+        """The answer to a request that another worker answers, or all of them do; None
+        when this worker answers it alone (its own partition, or a request that names
+        none: then the handler's own error is a single nsqd's)."""
+        r = wr.route(router.workers, request.path, request.method, params)
+        kind = r.kind
+        if kind == wr.LOCAL or (kind == wr.OWNER and r.worker == router.index):
+            return None
+        if kind == wr.STATS:
+            return await self._node_stats(router, request, params)
+        if kind == wr.METRICS:
+            answers = await self._every(router, request, b"")
+            texts = [a.body.decode() for a in answers]
+            return _respond(200, merge_exposition(texts), answers[0].headers.get("Content-Type"))
+        if kind == wr.PING:
+            answers = await self._every(router, request, b"")
+            bad = next((a for a in answers if not a.ok), None)
+            return ok_text() if bad is None else _as_response(bad)
+        if kind == wr.INFO:
+            answers = await self._every(router, request, b"")
+            bad = next((a for a in answers if not a.ok), None)
+            if bad is not None:
+                return _as_response(bad)
+            infos = [json.loads(a.body) for a in answers]
+            info = infos[router.index]
+            info["start_time"] = min(i["start_time"] for i in infos)
+            return ok_json(info)
+        body = await self._body_to_forward(request)
+        if kind == wr.OWNER:
+            return await router.forward(r.worker, request, body)
+        answers = await self._every(router, request, body)
+        if request.path == "/message/trace" and any(a.ok for a in answers):
+            events = [e for a in answers if a.ok for e in json.loads(a.body)["events"]]
+            events.sort(key=lambda e: e.get("ts", 0))
+            return ok_json({"events": events})
+        return _as_response(wr.combine(answers))
+
+    @staticmethod
+    async def _every(
+        router: wr.HttpRouter, request: web.BaseRequest, body: bytes, path_qs: str = ""
+    ) -> list[wr.Answer]:
+        headers = wr.forwarded_headers(request)
+        return await router.every(request.method, path_qs or request.raw_path, headers, body)
+
+    async def _body_to_forward(self, request: web.BaseRequest) -> bytes:
+        """The body of a request to forward, refused as its handler refuses one too big
+        (read here: it goes to each worker whole)."""
+        o = self.nsqd.options
+        path = request.path
+        if path == "/pub":
+            limit, code = o.max_msg_size, "MSG_TOO_BIG"
+        elif path == "/mpub":
+            limit, code = o.max_body_size, "BODY_TOO_BIG"
+        elif path.startswith("/config/"):
+            limit, code = o.max_msg_size, "INVALID_VALUE"
+        else:
+            limit, code = 1 << 20, "BODY_TOO_BIG"
+        if (request.content_length or 0) > limit:
+            raise HTTPError(413, code)
+        body = await read_limited(request, limit)
+        if body is None:
+            raise HTTPError(413, code)
+        return body
+
+    async def _node_stats(
+        self, router: wr.HttpRouter, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """/stats of the node: every worker's own, in JSON, merged (nsqx.nsqd.stats)."""
+        query = {k: v[0] for k, v in params.items()}
+        text = query.get("format") != "json"
+        query["format"] = "json"
+        answers = await self._every(router, request, b"", "/stats?" + urlencode(query))
+        bad = next((a for a in answers if not a.ok), None)
+        if bad is not None:
+            return _as_response(bad)
+        merged = st.merge_stats_json([json.loads(a.body) for a in answers])
+        if not text:
+            return ok_json(merged)
+        return ok_text(
+            st.format_text(
+                st.stats_from_json(merged),
+                merged.get("memory"),
+                merged["health"],
+                float(merged["start_time"]),
+            )
+        )
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -838,6 +983,18 @@ class HTTPServer:
             await ws.send_bytes(rp.encode_refused(rp.Refused("E_BAD_HELLO", "no HELLO")))
             await ws.close()
             return ws
+        router = self._router
+        if router is not None and wr.FORWARDED not in request.headers:
+            owner = router.workers.owner(hello.topic, hello.partition)
+            if owner != router.index:
+                # the partition's owner serves the stream; this worker carries it
+                try:
+                    await router.proxy_websocket(owner, request, ws, first.data)
+                except wr.WorkerUnavailable:
+                    refused = rp.Refused(E_FAILED_ON_NOT_LEADER, "worker unavailable")
+                    await ws.send_bytes(rp.encode_refused(refused))
+                await ws.close()
+                return ws
         part = self.nsqd.find_partition(hello.topic, hello.partition)
         replica = part.replica if part is not None else None
         leader = replica.leader if replica is not None else None

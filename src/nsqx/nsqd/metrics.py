@@ -3,11 +3,17 @@
 Nothing is updated per message: a custom Collector reads the counters topics, channels
 and clients keep anyway, so an unscraped nsqd pays nothing. Names are listed in
 docs/metrics.md.
+
+A node of several workers (``--workers``) answers as one node: every worker's series
+merged by :func:`merge_exposition`, the values of a series (same name, same labels)
+summed across workers, except where a sum means nothing: start times take the
+earliest, and maxima, flags, infos, epochs, ISR sizes and latency quantiles the
+largest. No ``worker`` label: a dashboard of a node does not change with its workers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -24,6 +30,7 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
+from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from nsqx import NSQ_VERSION
@@ -246,3 +253,66 @@ class Metrics:
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def _combiner(name: str, labels: dict[str, str]) -> Callable[[Iterable[float]], float]:
+    """How the workers' values of one series make the node's (see the module's doc)."""
+    if name.endswith("start_time_seconds"):
+        return min
+    if (
+        "quantile" in labels
+        or name.endswith(("_max_seconds", "_max_fds", "_info", "_paused", "_epoch"))
+        or name in ("nsq_partition_is_leader", "nsq_partition_isr_size")
+    ):
+        return max
+    return sum
+
+
+def _count_distinct(
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], list[float]]],
+) -> None:
+    """The counts of topics and of a topic's channels, counted again over the node: a
+    partitioned topic hosted by two workers is one topic, its channel one channel."""
+    topics = values.get("nsq_topic_messages")
+    if "nsq_topics" in values and topics is not None:
+        values["nsq_topics"] = {("nsq_topics", ()): [float(len(topics))]}
+    chans = values.get("nsq_channel_depth")
+    if "nsq_topic_channels" in values and chans is not None:
+        per_topic: dict[str, int] = {}
+        for _, labels in chans:
+            topic = dict(labels)["topic"]
+            per_topic[topic] = per_topic.get(topic, 0) + 1
+        counts = values["nsq_topic_channels"]
+        for key in counts:
+            counts[key] = [float(per_topic.get(dict(key[1])["topic"], 0))]
+
+
+class _Merged(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def merge_exposition(texts: list[str]) -> bytes:
+    """One node's /metrics from its workers' (Prometheus text, each a whole nsqd's)."""
+    families: dict[str, Metric] = {}
+    values: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], list[float]]] = {}
+    for text in texts:
+        for fam in text_string_to_metric_families(text):
+            if fam.name not in families:
+                families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+                values[fam.name] = {}
+            series = values[fam.name]
+            for sample in fam.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                series.setdefault(key, []).append(sample.value)
+    _count_distinct(values)
+    for name, fam in families.items():
+        for (sample_name, labels), vs in values[name].items():
+            label_dict = dict(labels)
+            fam.add_sample(sample_name, label_dict, _combiner(sample_name, label_dict)(vs))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged(list(families.values())))
+    return generate_latest(registry)

@@ -567,3 +567,138 @@ def stats_json(
     if event_loop is not None:
         d["event_loop"] = event_loop
     return d
+
+
+# -- one node of several workers (nsqx.nsqd.workers) ----------------------------------
+
+#: memory figures that are a worst case over the workers; the others are summed
+_MEM_MAX = frozenset({"gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95"})
+
+
+def _topic_key(t: dict[str, Any]) -> tuple[str, int]:
+    return (t["topic_name"], int(t.get("topic_partition", 0)))
+
+
+def merge_stats_json(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One node's JSON /stats from its workers' own (each :func:`stats_json` of the
+    partitions it hosts, in worker order): the shape of a single nsqd's. Topics (one
+    entry per partition, as a single nsqd hosting them lists them) are sorted by name
+    and partition, producers are every worker's, memory is summed (pauses: the
+    longest), health is the first worker's that is not OK, start_time the earliest.
+    ``event_loop`` is the first worker's, with every worker's under ``workers``."""
+    health = next((p["health"] for p in parts if p["health"] != "OK"), "OK")
+    topic_lists = [p["topics"] for p in parts if p["topics"] is not None]
+    topics = (
+        None if not topic_lists else sorted((t for ts in topic_lists for t in ts), key=_topic_key)
+    )
+    out: dict[str, Any] = {
+        "version": parts[0]["version"],
+        "health": health,
+        "start_time": min(p["start_time"] for p in parts),
+        "topics": topics,
+    }
+    mems = [p["memory"] for p in parts if "memory" in p]
+    if mems:
+        out["memory"] = {
+            k: (max if k in _MEM_MAX else sum)(m.get(k, 0) for m in mems) for k in mems[0]
+        }
+    producers = [c for p in parts for c in p["producers"] or ()]
+    out["producers"] = producers or None
+    loops = [p["event_loop"] for p in parts if "event_loop" in p]
+    if loops:
+        out["event_loop"] = {**loops[0], "workers": loops}
+    return out
+
+
+def _e2e_from_json(d: dict[str, Any]) -> E2eResult:
+    ps = d.get("percentiles")
+    return E2eResult(
+        d.get("count", 0), None if ps is None else [(p["quantile"], p["value"]) for p in ps]
+    )
+
+
+def _client_from_json(d: dict[str, Any]) -> ClientStats:
+    return ClientStats(
+        client_id=d["client_id"],
+        hostname=d["hostname"],
+        version=d["version"],
+        remote_address=d["remote_address"],
+        state=d["state"],
+        ready_count=d["ready_count"],
+        in_flight_count=d["in_flight_count"],
+        message_count=d["message_count"],
+        finish_count=d["finish_count"],
+        requeue_count=d["requeue_count"],
+        connect_ts=d["connect_ts"],
+        sample_rate=d["sample_rate"],
+        deflate=d["deflate"],
+        snappy=d["snappy"],
+        user_agent=d["user_agent"],
+        tls=d["tls"],
+        tls_cipher_suite=d["tls_cipher_suite"],
+        tls_version=d["tls_version"],
+        tls_negotiated_protocol=d["tls_negotiated_protocol"],
+        tls_negotiated_protocol_is_mutual=d["tls_negotiated_protocol_is_mutual"],
+        pub_counts=[(p["topic"], p["count"]) for p in d.get("pub_counts", ())],
+        authed=d.get("authed", False),
+        auth_identity=d.get("auth_identity", ""),
+        auth_identity_url=d.get("auth_identity_url", ""),
+    )
+
+
+def _channel_from_json(d: dict[str, Any]) -> ChannelStats:
+    clients = d["clients"]
+    return ChannelStats(
+        channel_name=d["channel_name"],
+        depth=d["depth"],
+        backend_depth=d["backend_depth"],
+        in_flight_count=d["in_flight_count"],
+        deferred_count=d["deferred_count"],
+        message_count=d["message_count"],
+        requeue_count=d["requeue_count"],
+        timeout_count=d["timeout_count"],
+        client_count=d["client_count"],
+        clients=None if clients is None else [_client_from_json(c) for c in clients],
+        paused=d["paused"],
+        ephemeral=False,  # (not in the JSON; the text format does not show it)
+        e2e=_e2e_from_json(d["e2e_processing_latency"]),
+    )
+
+
+def _topic_from_json(d: dict[str, Any]) -> TopicStats:
+    info = None
+    if "topic_partition" in d:
+        info = PartitionInfo(
+            partition=int(d["topic_partition"]),
+            is_leader=d["is_leader"],
+            ordered=d["is_multi_ordered"],
+            multipart=d["is_multi_part"],
+            ext=d["is_ext"],
+            channel_auto_create_disabled=d["is_channel_auto_create_disabled"],
+            partition_num=d["partition_num"],
+            backend_start=d["backend_start"],
+            end_offset=d["end_offset"],
+            replication=d.get("replication"),
+        )
+    return TopicStats(
+        topic_name=d["topic_name"],
+        channels=[_channel_from_json(c) for c in d["channels"]],
+        depth=d["depth"],
+        backend_depth=d["backend_depth"],
+        message_count=d["message_count"],
+        message_bytes=d["message_bytes"],
+        paused=d["paused"],
+        ephemeral=False,
+        e2e=_e2e_from_json(d["e2e_processing_latency"]),
+        partition=info,
+    )
+
+
+def stats_from_json(d: dict[str, Any]) -> Stats:
+    """The snapshot a JSON /stats describes (for the text format of merged stats)."""
+    topics = d["topics"]
+    producers = d["producers"]
+    return Stats(
+        None if topics is None else [_topic_from_json(t) for t in topics],
+        None if producers is None else [_client_from_json(c) for c in producers],
+    )

@@ -187,4 +187,12 @@ class Topic:
             part.delete()
             self.nsqd.partition_removed(part)
         if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            if getattr(self.nsqd, "workers", None) is None:
+                shutil.rmtree(self.directory, ignore_errors=True)
+            else:
+                # other workers' partitions of the topic live here too (--workers): the
+                # directory goes with the last of them
+                try:
+                    os.rmdir(self.directory)
+                except OSError:
+                    pass
