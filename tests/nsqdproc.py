@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 _LISTEN_RE = re.compile(r"(TCP|HTTP): listening on ([\d.]+):(\d+)")
+#: a worker's line in a node of workers (its supervisor's lines name the node's ports)
+_WORKER_LINE_RE = re.compile(r"\] w\d+: ")
 
 
 @dataclass
@@ -109,7 +111,7 @@ def start_process(
         for line in proc.stderr:
             nsqd.log.append(line)
             m = _LISTEN_RE.search(line)
-            if m:
+            if m and not _WORKER_LINE_RE.search(line):
                 if m.group(1) == "TCP":
                     nsqd.tcp_port = int(m.group(3))
                 else:

@@ -28,6 +28,7 @@ import pytest
 from nsqx.client import Producer
 from nsqx.nsqd.workers.http_routes import FORWARDED, WORKER
 from nsqx.nsqd.workers.ownership import owner_of
+from nsqx.nsqd.workers.spec import SPEC_ENV, WorkerSpec
 from nsqx.wire import replication as rp
 from tlsnsq import make_certs
 
@@ -40,6 +41,37 @@ HTTP = "--http-address=127.0.0.1:0"
 
 _NODE_HTTP_RE = re.compile(r"HTTP: listening on [\d.]+:(\d+) \(\d+ workers\)")
 _WORKER_HTTP_RE = re.compile(r"\bw(\d+): .*HTTP: listening on 127\.0\.0\.1:(\d+)")
+
+
+_WORKER_PID_RE = re.compile(r"WORKERS: worker \d+ started \(pid (\d+)\)")
+
+
+def node_token(node: NsqdProcess) -> str:
+    """The node's secret between its workers (what a forwarded request carries), read
+    from a worker's environment as its supervisor gave it."""
+    for line in list(node.log):
+        if m := _WORKER_PID_RE.search(line):
+            raw = Path(f"/proc/{m.group(1)}/environ").read_bytes()
+            for var in raw.split(b"\0"):
+                if var.startswith(SPEC_ENV.encode() + b"="):
+                    return WorkerSpec.from_json(var.split(b"=", 1)[1].decode()).token
+    raise AssertionError("no worker's spec found")
+
+
+def test_a_client_cannot_pass_for_a_worker(node: NsqdProcess) -> None:
+    """A request that claims to come from another worker, without the node's token, is
+    routed as any other: it is answered as the node, never by the wrong worker."""
+    topics = topics_spread(10)
+    for topic in topics:
+        status, body, _ = http(node, "POST", f"/pub?topic={topic}", b"x", {FORWARDED: "1"})
+        assert (status, body) == (200, b"OK")
+    doc = stats(node)
+    assert sorted(t["topic_name"] for t in doc["topics"]) == sorted(topics)
+    for index, port in internal_ports(node).items():
+        url = f"http://127.0.0.1:{port}/stats?format=json"
+        status, body, _ = http(node, "GET", "", None, {FORWARDED: node_token(node)}, url)
+        own = sorted(t["topic_name"] for t in json.loads(body)["topics"])
+        assert own == sorted(t for t in topics if owner_of(t, 0, 2) == index)
 
 
 def internal_ports(node: NsqdProcess, workers: int = 2) -> dict[int, int]:
@@ -98,7 +130,7 @@ def each_worker(
     seen: dict[int, tuple[int, bytes]] = {}
     for index, port in internal_ports(node).items():
         url = f"http://127.0.0.1:{port}{path}"
-        status, data, headers = http(node, method, path, body, {FORWARDED: "1"}, url)
+        status, data, headers = http(node, method, path, body, {FORWARDED: node_token(node)}, url)
         assert headers[WORKER] == str(index)
         seen[index] = (status, data)
     return seen
@@ -457,7 +489,7 @@ def test_a_range_read_streams_from_the_owner(node: NsqdProcess) -> None:
         owner = owner_of(topic, 0, 2)
         path = f"/range?topic={topic}&partition=0&max_messages=150"
         url = f"http://127.0.0.1:{ports[owner]}{path}"
-        want = http(node, "GET", path, None, {FORWARDED: "1"}, url)
+        want = http(node, "GET", path, None, {FORWARDED: node_token(node)}, url)
         assert want[0] == 200 and len(want[1]) > 150_000
         for _ in range(3):
             status, body, headers = http(node, "GET", path)

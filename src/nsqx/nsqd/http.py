@@ -15,6 +15,7 @@ gathered from every worker and merged here into one node's /stats, /metrics or /
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import json
 import logging
@@ -316,7 +317,10 @@ class HTTPServer:
     def _from_worker(self, request: web.BaseRequest) -> bool:
         """A request another worker forwarded (it arrived on this worker's own loopback
         port, where that worker checked TLS and the client's address)."""
-        if not self._internal_port or wr.FORWARDED not in request.headers:
+        if not self._internal_port or self._router is None:
+            return False
+        sent = request.headers.get(wr.FORWARDED, "")
+        if not hmac.compare_digest(sent.encode(), self._router.workers.spec.token.encode()):
             return False
         name = request.transport.get_extra_info("sockname") if request.transport else None
         return isinstance(name, tuple) and name[1] == self._internal_port
@@ -362,7 +366,7 @@ class HTTPServer:
             return resp
         try:
             params = parse_query(request.query_string)
-            if self._router is not None and wr.FORWARDED not in request.headers:
+            if self._router is not None and not self._from_worker(request):
                 routed = await self._routed(self._router, request, params)
                 if routed is not None:
                     return routed
@@ -454,7 +458,7 @@ class HTTPServer:
     async def _every(
         router: wr.HttpRouter, request: web.BaseRequest, body: bytes, path_qs: str = ""
     ) -> list[wr.Answer]:
-        headers = wr.forwarded_headers(request)
+        headers = wr.forwarded_headers(request, router.workers.spec.token)
         return await router.every(request.method, path_qs or request.raw_path, headers, body)
 
     async def _body_to_forward(self, request: web.BaseRequest) -> bytes:
@@ -984,7 +988,7 @@ class HTTPServer:
             await ws.close()
             return ws
         router = self._router
-        if router is not None and wr.FORWARDED not in request.headers:
+        if router is not None and not self._from_worker(request):
             owner = router.workers.owner(hello.topic, hello.partition)
             if owner != router.index:
                 # the partition's owner serves the stream; this worker carries it

@@ -101,6 +101,8 @@ class Supervisor:
         self._delay: dict[int, float] = {}
         self._stopping = False
         self.prefix = f"nsqx-{os.getpid()}-{secrets.token_hex(4)}"
+        #: what a request forwarded between workers carries (see workers.http_routes)
+        self.token = secrets.token_hex(16)
         self.tcp_address: tuple[str, int] | None = None
         self.http_address: tuple[str, int] | None = None
         self.internal_http_ports: list[int] = []
@@ -164,6 +166,7 @@ class Supervisor:
             fds.get("https", -1),
             fds["internal_http"],
             self.internal_http_ports,
+            self.token,
         )
         # the workers hold the directory's lock too (a shared open file): it is free
         # only once every process of the node is gone

@@ -202,7 +202,7 @@ def combine(answers: list[Answer]) -> Answer:
     return answers[0]
 
 
-def forwarded_headers(request: web.BaseRequest) -> CIMultiDict[str]:
+def forwarded_headers(request: web.BaseRequest, token: str) -> CIMultiDict[str]:
     """The request's headers as they go to another worker (Authorization, the
     cluster's secret, Content-Type, Accept, X-Forwarded-For ...), marked forwarded and
     with the client's address."""
@@ -210,7 +210,8 @@ def forwarded_headers(request: web.BaseRequest) -> CIMultiDict[str]:
     for k, v in request.headers.items():
         if k.lower() not in _HOP_BY_HOP:
             out.add(k, v)
-    out[FORWARDED] = "1"
+    # the node's secret token: a client cannot pass its request off as a worker's
+    out[FORWARDED] = token
     if PEER not in out:
         peer = request.transport.get_extra_info("peername") if request.transport else None
         if isinstance(peer, tuple):
@@ -298,7 +299,7 @@ class HttpRouter:
     ) -> web.StreamResponse:
         """The request answered by worker ``index``, its answer returned as it is
         (status, headers, body; a long body streamed through)."""
-        headers = forwarded_headers(request)
+        headers = forwarded_headers(request, self.workers.spec.token)
         try:
             async with self._client().request(
                 request.method,
@@ -332,7 +333,7 @@ class HttpRouter:
     ) -> None:
         """Join the client's WebSocket ``ws`` (whose ``first`` message was read here)
         to the same request on worker ``index``, both ways, until either side closes."""
-        headers = forwarded_headers(request)
+        headers = forwarded_headers(request, self.workers.spec.token)
         for k in ("Sec-WebSocket-Key", "Sec-WebSocket-Version", "Sec-WebSocket-Extensions"):
             headers.popall(k, None)
         try:

@@ -24,6 +24,9 @@ class WorkerSpec:
     #: requests it must answer (its partitions), and every worker's port there
     internal_http_fd: int = -1
     internal_http_ports: list[int] = field(default_factory=list)
+    #: the node's secret between its workers: a request forwarded by a worker carries it
+    #: (nothing else may pass for one)
+    token: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
