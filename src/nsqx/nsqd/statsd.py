@@ -129,7 +129,10 @@ async def push(nsqd: NSQD, report: StatsdReport, spread: float) -> int:
     host, _, port_text = o.statsd_address.rpartition(":")
     loop = asyncio.get_running_loop()
     stats = get_stats(nsqd, include_clients=False)
-    lines = report.lines(stats, mem_stats() if o.statsd_mem_stats else None)
+    # with --workers each worker pushes its own partitions' figures (statsd sums the
+    # counters); the memory gauges are the lead worker's alone, not overwritten in turn
+    mem = o.statsd_mem_stats and (nsqd.workers is None or nsqd.workers.lead)
+    lines = report.lines(stats, mem_stats() if mem else None)
     datagrams = packets(lines, o.statsd_udp_packet_size)
     transport, _ = await loop.create_datagram_endpoint(
         asyncio.DatagramProtocol, remote_addr=(host.strip("[]"), int(port_text))
