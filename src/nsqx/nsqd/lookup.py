@@ -11,6 +11,14 @@ registration sent on reconnect already includes their effect.
 :class:`LookupManager` owns the peers, follows ``nsqd.watchers`` and, like NSQ, asks the
 lookupds for the channels of each new topic (``GET /channels``) so that those channels
 exist, and receive messages, before any consumer subscribes.
+
+A node of several worker processes (``--workers``) is one node to nsqlookupd: only the
+lead worker connects, and registers the union of every worker's partitions and channels,
+which the others send it over their links (nsqx.nsqd.workers.topology). A worker that
+dies keeps its registrations (as a topic a Go nsqd holds stays registered while it is
+busy): the worker restarted sends what it hosts again, and only what it no longer has is
+unregistered. The lead passes on to the other workers what they need of nsqlookupd: its
+HTTP addresses, node timeout and the lease (their LookupManager answers from that).
 """
 
 from __future__ import annotations
@@ -24,6 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 from nsqx import NSQ_VERSION
 from nsqx.nsqd.events import TopologyEvent
+from nsqx.nsqd.workers.topology import (
+    LEASE,
+    NODE_STATE,
+    TOPO,
+    TOPO_SYNC,
+    LeadLink,
+    NodeState,
+    item_event,
+)
 from nsqx.wire.errors import ProtocolError
 from nsqx.wire.lookupd import (
     MAGIC_V1,
@@ -43,6 +60,7 @@ from nsqx.wire.names import is_ephemeral
 if TYPE_CHECKING:
     from nsqx.nsqd.nsqd import NSQD
     from nsqx.nsqd.partition import Partition
+    from nsqx.nsqd.workers.links import Link
 
 log = logging.getLogger("nsqx.nsqd")
 
@@ -143,6 +161,7 @@ class LookupPeer:
                 self._identified = False
                 self.info = None
                 self._inbox = asyncio.Queue()
+                self.manager.state_changed()
                 if writer is not None:
                     writer.close()
             if was_identified:
@@ -164,6 +183,7 @@ class LookupPeer:
                 raise ConnectionError(f"IDENTIFY refused: {reply.decode(errors='replace')}")
             self.info = parse_identify_reply(reply)
             log.info("LOOKUPD(%s): peer info %s", self, self.info)
+            self.manager.state_changed()
             if not self.info.broadcast_address:
                 log.error("LOOKUPD(%s): no broadcast address", self)
             # from here on topology events reach the inbox; the snapshot taken in the
@@ -211,6 +231,7 @@ class LookupPeer:
         if lease > 0:
             # from now on a leader acknowledges only within a lease
             self.manager.nsqd.replication.lease.required = True
+            self.manager.state_changed()
         # commands awaiting their reply, oldest first, with when each was written
         sent: deque[tuple[bytes, float]] = deque()
         # a lease-granting lookupd is PINGed at once: the lease starts with registration
@@ -285,6 +306,24 @@ class LookupManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._http: Any = None  # aiohttp.ClientSession, created on first use
         self._started = False
+        # -- a node of several workers (nsqx.nsqd.workers.topology) --
+        #: the lead's: each other worker's partitions and their channels, by worker
+        self._remote: dict[int, dict[str, dict[int, dict[str, None]]]] = {}
+        #: the lead's: the link each other worker opened to it (where its state goes)
+        self._followers: dict[int, Link] = {}
+        self._last_grant: tuple[float, float] | None = None
+        #: another worker's: its link to the lead, whose word it answers from
+        self._lead_link: LeadLink | None = None
+        self._precreate_pending: list[tuple[str, int]] = []
+        workers = nsqd.workers
+        if workers is not None:
+            if workers.lead:
+                workers.handlers[TOPO_SYNC] = self._worker_sync
+                workers.handlers[TOPO] = self._worker_event
+            else:
+                self._lead_link = LeadLink(
+                    nsqd, workers, self._lead_state, self._lead_lease, self._lead_lost
+                )
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -293,10 +332,21 @@ class LookupManager:
         if self._started:
             return
         self._started = True
+        if self._lead_link is not None:
+            # not the lead: it registers this worker's topology; channels are still
+            # pre-created here, where the topic is
+            self.nsqd.watchers.append(self._precreate_on_create)
+            self._lead_link.start()
+            return
         self._registered = {
             name: {pid: dict.fromkeys(p.channels) for pid, p in topic.partitions.items()}
             for name, topic in self.nsqd.topics.items()
         }
+        for remote in self._remote.values():
+            for name, parts in remote.items():
+                mine = self._registered.setdefault(name, {})
+                for pid, channels in parts.items():
+                    mine.setdefault(pid, {}).update(channels)
         self.nsqd.watchers.append(self._on_topology)
         # PUT /config/nsqlookupd_tcp_addresses announces new lists through this hook
         # list when the HTTP API provides it; calling set_lookupd_addresses works too
@@ -309,6 +359,10 @@ class LookupManager:
         """Disconnect from every lookupd (which then drops this node's registrations)."""
         if self._on_topology in self.nsqd.watchers:
             self.nsqd.watchers.remove(self._on_topology)
+        if self._lead_link is not None:
+            self._lead_link.close()
+            if self._precreate_on_create in self.nsqd.watchers:
+                self.nsqd.watchers.remove(self._precreate_on_create)
         hooks = getattr(self.nsqd, "on_lookupd_addresses_changed", None)
         if isinstance(hooks, list) and self.set_lookupd_addresses in hooks:
             hooks.remove(self.set_lookupd_addresses)
@@ -328,8 +382,8 @@ class LookupManager:
         this node's registrations). For ``PUT /config/nsqlookupd_tcp_addresses``.
         """
         self.nsqd.options.nsqlookupd_tcp_addresses = list(addresses)
-        if not self._started:
-            return
+        if not self._started or self._lead_link is not None:
+            return  # (another worker than the lead connects to no lookupd)
         for address in list(self.peers):
             if address not in addresses:
                 log.info("LOOKUP(%s): removing peer", address)
@@ -343,9 +397,17 @@ class LookupManager:
     def lease_granted(self, sent: float, duration: float) -> None:
         """A lookupd answered a PING sent at ``sent`` (time.monotonic) with a lease."""
         self.nsqd.replication.lease_granted(sent, duration)
+        if self.nsqd.workers is not None:
+            # every worker's leaders acknowledge within the node's lease
+            self._last_grant = (sent, duration)
+            for link in self._followers.values():
+                link.send((LEASE, sent, duration))
 
     def node_timeout(self) -> float:
         """The longest node timeout the connected lookupds announced (2 s if none)."""
+        if self._lead_link is not None:
+            state = self._lead_link.state
+            return state.node_timeout if state is not None else 2.0
         timeouts = [
             p.info.node_timeout_ms / 1000
             for p in self.peers.values()
@@ -355,6 +417,9 @@ class LookupManager:
 
     def lookupd_http_addresses(self) -> list[str]:
         """``host:port`` of the connected lookupds' HTTP APIs (from their IDENTIFY)."""
+        if self._lead_link is not None:
+            state = self._lead_link.state
+            return list(state.http_addresses) if state is not None else []
         out = []
         for peer in self.peers.values():
             info = peer.info
@@ -413,6 +478,21 @@ class LookupManager:
                 commands.extend(encode_register(name, ch) for ch in channels)
             else:
                 commands.append(encode_register(name))
+        # the other workers' (a node of several; their partitions are not the lead's,
+        # a topic of NSQ 1.3 lives in one worker: nothing is registered twice but a
+        # partitioned topic's name to an NSQ 1.3 lookupd, which takes repeats)
+        for remote in self._remote.values():
+            for name, parts in remote.items():
+                if partitioned:
+                    for pid, chans in parts.items():
+                        commands.append(encode_register(name, None, pid))
+                        commands.extend(encode_register(name, ch, pid) for ch in chans)
+                    continue
+                names = list(dict.fromkeys(ch for chans in parts.values() for ch in chans))
+                if names:
+                    commands.extend(encode_register(name, ch) for ch in names)
+                elif parts:
+                    commands.append(encode_register(name))
         return commands
 
     def _send(self, partitioned: list[bytes], vanilla: list[bytes]) -> None:
@@ -471,6 +551,91 @@ class LookupManager:
                 if not any(ch in c for c in parts.values())
             ]
         self._send(partitioned, vanilla)
+
+    # -- a node of several workers: the lead's side ------------------------------------
+
+    def _worker_sync(self, link: Link, item: tuple[Any, ...]) -> None:
+        """Another worker (re)connected and sent everything it hosts: register what is
+        new, unregister what it no longer has (it restarted without it)."""
+        _, index, snap = item
+        self._followers[index] = link
+        link.on_close.append(self._follower_lost)
+        old = self._remote.get(index, {})
+        new = {
+            name: {pid: dict.fromkeys(chans) for pid, chans in parts.items()}
+            for name, parts in snap.items()
+        }
+        self._remote[index] = new
+        if self._started:
+            for event in _differences(old, new):
+                self._on_topology(event)
+        link.send((NODE_STATE, *self.node_state()))
+        if self._last_grant is not None:
+            link.send((LEASE, *self._last_grant))
+
+    def _worker_event(self, link: Link, item: tuple[Any, ...]) -> None:
+        event = item_event(item)
+        parts = self._remote.setdefault(item[1], {}).setdefault(event.topic, {})
+        if event.kind == "create":
+            channels = parts.setdefault(event.partition, {})
+            if event.channel is not None:
+                channels[event.channel] = None
+        elif event.channel is not None:
+            parts.get(event.partition, {}).pop(event.channel, None)
+        else:
+            parts.pop(event.partition, None)
+            if not parts:
+                del self._remote[item[1]][event.topic]
+        if self._started:
+            self._on_topology(event)
+
+    def _follower_lost(self, link: Link) -> None:
+        # its registrations stay: it is restarted, and its sync says what it still has
+        for index, known in list(self._followers.items()):
+            if known is link:
+                del self._followers[index]
+
+    def node_state(self) -> NodeState:
+        """What the other workers need of this node's lookupds."""
+        return NodeState(
+            self.lookupd_http_addresses(),
+            self.node_timeout(),
+            self.nsqd.replication.lease.required,
+        )
+
+    def state_changed(self) -> None:
+        """A lookupd (dis)connected or announced leases: tell the other workers."""
+        if not self._followers:
+            return
+        state = self.node_state()
+        for link in self._followers.values():
+            link.send((NODE_STATE, *state))
+
+    # -- a node of several workers: the others' side ----------------------------------
+
+    def _lead_state(self, state: NodeState) -> None:
+        if state.lease_required:
+            self.nsqd.replication.lease.required = True
+        if state.http_addresses and self._precreate_pending:
+            pending, self._precreate_pending = self._precreate_pending, []
+            for name, pid in pending:
+                self._precreate_channels(name, pid)
+
+    def _lead_lease(self, sent: float, duration: float) -> None:
+        self.nsqd.replication.lease_granted(sent, duration)
+
+    def _lead_lost(self) -> None:
+        self.nsqd.replication.lease_lapsed()
+
+    def _precreate_on_create(self, event: TopologyEvent) -> None:
+        if event.kind != "create" or event.channel is not None:
+            return
+        state = self._lead_link.state if self._lead_link is not None else None
+        if state is None and self.nsqd.options.nsqlookupd_tcp_addresses:
+            # the lead has not said where the lookupds are yet (both are starting)
+            self._precreate_pending.append((event.topic, event.partition))
+            return
+        self._precreate_channels(event.topic, event.partition)
 
     # -- pre-creating channels ----------------------------------------------------------
 
@@ -551,3 +716,30 @@ class LookupManager:
                 continue
             found.update(dict.fromkeys(result))
         return list(found)
+
+
+def _differences(
+    old: dict[str, dict[int, dict[str, None]]], new: dict[str, dict[int, dict[str, None]]]
+) -> list[TopologyEvent]:
+    """The topology events that turn a worker's ``old`` partitions and channels into
+    its ``new`` ones."""
+    events: list[TopologyEvent] = []
+    for name, parts in old.items():
+        for pid, channels in parts.items():
+            now = new.get(name, {}).get(pid)
+            if now is None:
+                events.append(TopologyEvent("delete", name, None, pid))
+                continue
+            events.extend(
+                TopologyEvent("delete", name, ch, pid) for ch in channels if ch not in now
+            )
+    for name, parts in new.items():
+        for pid, channels in parts.items():
+            before = old.get(name, {}).get(pid)
+            if before is None:
+                events.append(TopologyEvent("create", name, None, pid))
+                before = {}
+            events.extend(
+                TopologyEvent("create", name, ch, pid) for ch in channels if ch not in before
+            )
+    return events

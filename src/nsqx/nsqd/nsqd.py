@@ -388,9 +388,9 @@ class NSQD:
             self._statsd_task = asyncio.create_task(statsd_loop(self))
         self.node_id = self._node_id()
         self.replication.start()
-        # last, once every listener is bound: IDENTIFY announces the real ports
-        if self.workers is None or self.workers.lead:
-            self.lookup.start()
+        # last, once every listener is bound: IDENTIFY announces the real ports (only
+        # the lead worker connects; the others send it their topology)
+        self.lookup.start()
         # the start's long-lived objects out of the collector's way (the tail: see there)
         if freeze_startup_heap():
             log.debug("GC: froze %d start-up objects", gc.get_freeze_count())

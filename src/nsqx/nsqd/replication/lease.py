@@ -40,6 +40,11 @@ class NodeLease:
             self.until = end
         return new
 
+    def lapse(self) -> None:
+        """Hold no lease from now on: the next grant starts a new generation (a worker
+        that cannot hear its node's lead worker, which holds the lease for it)."""
+        self.until = 0.0
+
     def valid(self, now: float) -> bool:
         """Whether a leader may acknowledge at ``now``."""
         return now < self.until

@@ -146,6 +146,14 @@ class ReplicationManager:
                     self.blocked.discard(replica)
                     replica.leader.recompute()
 
+    def lease_lapsed(self) -> None:
+        """The lease can no longer be known (a worker whose link to its node's lead
+        worker broke): held as lapsed, so nothing is acknowledged until the next grant,
+        which starts a new generation and so asks for confirmations again."""
+        if self.lease.until > 0.0:
+            log.warning("REPL: lease lapsed (the lead worker is unreachable)")
+        self.lease.lapse()
+
     async def wait_confirmed(self, replica: PartitionReplica, timeout: float) -> None:
         """Return once ``replica`` (if it leads) is confirmed in the current lease (which
         it waits for if none is held yet, as right after start), or after

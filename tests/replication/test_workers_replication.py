@@ -1,0 +1,101 @@
+"""Replication on nodes of several workers (``--workers``): the node's one lease.
+
+Only the lead worker PINGs nsqlookupd and is granted the node's lease; it passes every
+grant (and the lookupds' addresses and node timeout) to the other workers over their
+links (nsqx.nsqd.workers.topology), whose replication managers take them as their own.
+A worker that cannot hear the lead holds no lease.
+
+The first tests run two workers of one node in this process (NSQD objects with their
+WorkerSpec, linked as the supervisor's workers are) against a real nsqlookupd, to see
+each worker's lease. The last runs three real nodes of two workers each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nsqx.nsqd.nsqd import NSQD
+from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.workers.spec import WorkerSpec
+
+from lookupdproc import LookupdProcess
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fork/exec")
+
+
+def worker(tmp_path: Path, lookupd: LookupdProcess, index: int, prefix: str) -> NSQD:
+    options = NsqdOptions(
+        # (nothing listens: the port is what IDENTIFY announces)
+        tcp_address="127.0.0.1:4150",
+        http_address="",
+        https_address="",
+        data_path=str(tmp_path),
+        broadcast_address="127.0.0.1",
+        nsqlookupd_tcp_addresses=[lookupd.tcp_address],
+    )
+    return NSQD(options, WorkerSpec(index, 2, prefix))
+
+
+async def until(cond: Callable[[], Any], timeout: float = 10, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def holds_lease(nsqd: NSQD) -> bool:
+    lease = nsqd.replication.lease
+    return lease.required and lease.valid(time.monotonic())
+
+
+def test_every_worker_holds_the_leads_lease_and_loses_it_with_the_lead(
+    tmp_path: Path, lookupd_factory: Any
+) -> None:
+    lookupd: LookupdProcess = lookupd_factory()
+    prefix = f"nsqx-test-{uuid.uuid4().hex[:12]}"
+
+    async def go() -> None:
+        lead = worker(tmp_path, lookupd, 0, prefix)
+        other = worker(tmp_path, lookupd, 1, prefix)
+        await lead.start()
+        await other.start()
+        try:
+            await until(lambda: holds_lease(lead), what="the lead's lease")
+            await until(lambda: holds_lease(other), what="the other worker's lease")
+            # what else only the lead learns of nsqlookupd
+            assert other.lookup.lookupd_http_addresses() == [lookupd.http_address]
+            assert other.lookup.node_timeout() == lead.lookup.node_timeout()
+            assert not other.lookup.peers  # one voice for the node
+            # the lease is renewed, in the other worker too, without a new generation
+            gen = other.replication.lease.generation
+            first = other.replication.lease.until
+            await until(lambda: other.replication.lease.until > first + 0.3, what="renewals")
+            assert other.replication.lease.generation == gen
+
+            # the lead gone: no lease at once (it may have lost it; nobody would say)
+            await lead.close()
+            await until(
+                lambda: other.replication.lease.until == 0.0, timeout=2, what="lease lapsed"
+            )
+            assert not holds_lease(other)
+
+            # a new lead: its grants reach the other worker again, as a new generation
+            # (its leaderships are confirmed again before they acknowledge)
+            lead = worker(tmp_path, lookupd, 0, prefix)
+            await lead.start()
+            await until(lambda: holds_lease(other), timeout=20, what="the new lead's lease")
+            assert other.replication.lease.generation > gen
+        finally:
+            await other.close()
+            await lead.close()
+
+    asyncio.run(go())
