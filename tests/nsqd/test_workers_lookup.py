@@ -129,6 +129,11 @@ def producers_of(lookupd: Lookupd, topic: str) -> list[tuple[str, int, int]] | N
     return [(p["broadcast_address"], p["tcp_port"], p["http_port"]) for p in doc["producers"]]
 
 
+def channels_of(lookupd: Lookupd, topic: str) -> list[str]:
+    doc = lookupd.json(f"/channels?topic={topic}")
+    return list(doc["channels"]) if doc else []
+
+
 def all_registered(lookupd: Lookupd, node: NsqdProcess, topics: list[str]) -> bool:
     listed = lookupd.json("/topics")
     if not listed or not set(topics) <= set(listed["topics"]):
@@ -213,10 +218,21 @@ def test_killed_workers_keep_or_regain_the_nodes_registrations(
             create_channel(node, topic, f"ch-{topic}")
         wait_until(lambda: all_registered(lookupd, node, topics), timeout=20, what="registered")
 
-        # worker 1 killed: the lead keeps its registrations; restarted, it syncs again
+        # an ephemeral channel of worker 1's: it dies with the worker
+        eph = next(t for t in topics if owner_of(t, 0, 2) == 1)
+        create_channel(node, eph, "e#ephemeral")
+        wait_until(lambda: "e#ephemeral" in channels_of(lookupd, eph), what="ephemeral channel")
+
+        # worker 1 killed: the lead keeps its registrations; restarted, it syncs again,
+        # and what it no longer has (the ephemeral channel) is unregistered
         before = worker_pids(node)
         os.kill(before[1], signal.SIGKILL)
         wait_until(lambda: worker_pids(node).get(1) != before[1], timeout=20, what="restart 1")
+        wait_until(
+            lambda: "e#ephemeral" not in channels_of(lookupd, eph),
+            timeout=20,
+            what="the ephemeral channel unregistered after the restart",
+        )
         assert all_registered(lookupd, node, topics)
 
         # the lead killed: nsqlookupd drops the node with its connection; the restarted

@@ -315,6 +315,7 @@ class LookupManager:
         #: another worker's: its link to the lead, whose word it answers from
         self._lead_link: LeadLink | None = None
         self._precreate_pending: list[tuple[str, int]] = []
+        self._leases_seen = False
         workers = nsqd.workers
         if workers is not None:
             if workers.lead:
@@ -614,8 +615,14 @@ class LookupManager:
     # -- a node of several workers: the others' side ----------------------------------
 
     def _lead_state(self, state: NodeState) -> None:
+        lease = self.nsqd.replication.lease
         if state.lease_required:
-            self.nsqd.replication.lease.required = True
+            self._leases_seen = True
+            lease.required = True
+        elif state.http_addresses and not self._leases_seen:
+            # the lead is connected to lookupds that grant no leases (older ones): as
+            # in the lead, the coordinator's word is enough (held required until now)
+            lease.required = False
         if state.http_addresses and self._precreate_pending:
             pending, self._precreate_pending = self._precreate_pending, []
             for name, pid in pending:

@@ -74,6 +74,11 @@ class ReplicationManager:
         self._tasks: set[asyncio.Task[None]] = set()
         #: the answered PINGs of nsqlookupd: how long leaders may acknowledge
         self.lease = NodeLease()
+        workers = nsqd.workers
+        if workers is not None and not workers.lead and nsqd.options.nsqlookupd_tcp_addresses:
+            # a worker hears of leases from its lead worker: none until the lead says
+            # its lookupds grant none (nsqx.nsqd.lookup: LookupManager._lead_state)
+            self.lease.required = True
         self._confirming: asyncio.Task[None] | None = None
         # set by each new generation of the lease and each confirmation answered
         self._lease_news = asyncio.Event()
