@@ -8,6 +8,7 @@ registrations and a restarted lead registers everyone's again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -57,12 +58,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture(params=["nsqx", "go"])
-def lookupd(request: pytest.FixtureRequest, lookupd_factory: Any) -> Iterator[Lookupd]:
-    if request.param == "nsqx":
-        proc = lookupd_factory()
-        yield Lookupd(proc.tcp_address, proc.http_address, lambda: None)
-        return
+@contextlib.contextmanager
+def go_lookupd() -> Iterator[Lookupd]:
+    """Go's nsqlookupd 1.3 on free ports (the test is skipped where it is absent)."""
     if not GO_NSQLOOKUPD.exists():
         pytest.skip("Go's nsqlookupd 1.3 is not at hand")
     tcp, http = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
@@ -82,6 +80,16 @@ def lookupd(request: pytest.FixtureRequest, lookupd_factory: Any) -> Iterator[Lo
     finally:
         go.kill()
         go.wait()
+
+
+@pytest.fixture(params=["nsqx", "go"])
+def lookupd(request: pytest.FixtureRequest, lookupd_factory: Any) -> Iterator[Lookupd]:
+    if request.param == "nsqx":
+        proc = lookupd_factory()
+        yield Lookupd(proc.tcp_address, proc.http_address, lambda: None)
+        return
+    with go_lookupd() as go:
+        yield go
 
 
 def _answers(http: str) -> bool:

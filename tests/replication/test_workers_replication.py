@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from cluster import Consumer, Publisher, leader_port, start_cluster
 from cluster import until as wait
+from tests.nsqd.test_workers_lookup import Lookupd, go_lookupd
 
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
@@ -34,7 +35,7 @@ from lookupdproc import LookupdProcess
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fork/exec")
 
 
-def worker(tmp_path: Path, lookupd: LookupdProcess, index: int, prefix: str) -> NSQD:
+def worker(tmp_path: Path, lookupd: LookupdProcess | Lookupd, index: int, prefix: str) -> NSQD:
     options = NsqdOptions(
         # (nothing listens: the port is what IDENTIFY announces)
         tcp_address="127.0.0.1:4150",
@@ -105,6 +106,32 @@ def test_every_worker_holds_the_leads_lease_and_loses_it_with_the_lead(
             await lead.close()
 
     asyncio.run(go())
+
+
+def test_a_worker_needs_no_lease_where_the_lookupds_grant_none(tmp_path: Path) -> None:
+    prefix = f"nsqx-test-{uuid.uuid4().hex[:12]}"
+
+    async def go(lookupd: Lookupd) -> None:
+        lead = worker(tmp_path, lookupd, 0, prefix)
+        other = worker(tmp_path, lookupd, 1, prefix)
+        assert other.replication.lease.required
+        await lead.start()
+        await other.start()
+        try:
+            # NSQ 1.3's nsqlookupd grants no lease: as in the lead, the coordinator's
+            # word is enough, once the lead says where the lookupds are
+            await until(
+                lambda: other.lookup.lookupd_http_addresses() == [lookupd.http_address],
+                what="the lead's word",
+            )
+            assert not other.replication.lease.required
+            assert not lead.replication.lease.required
+        finally:
+            await other.close()
+            await lead.close()
+
+    with go_lookupd() as lookupd:
+        asyncio.run(go(lookupd))
 
 
 # -- three nodes of two workers each ---------------------------------------------------
