@@ -8,7 +8,9 @@ registrations and a restarted lead registers everyone's again.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 from tests.nsqd.test_workers import topics_spread, worker_pids
 
-from nsqx.client import Producer
+from nsqx.client import Consumer, Producer
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.nsqd.workers.spec import SPEC_ENV, WorkerSpec
 
@@ -110,8 +112,10 @@ def internal_http(node: NsqdProcess) -> list[str]:
 
 
 def create_channel(node: NsqdProcess, topic: str, channel: str) -> None:
-    """Create a channel in the worker that owns the topic."""
+    """Create a channel (and its topic) in the worker that owns the topic."""
     address = internal_http(node)[owner_of(topic, 0, 2)]
+    status, _, body = http_request(f"http://{address}/topic/create?topic={topic}", method="POST")
+    assert status == 200, body
     query = urllib.parse.urlencode({"topic": topic, "channel": channel})
     status, _, body = http_request(f"http://{address}/channel/create?{query}", method="POST")
     assert status == 200, body
@@ -259,5 +263,40 @@ def test_killed_workers_keep_or_regain_the_nodes_registrations(
         for topic in more:
             create_channel(node, topic, f"ch-{topic}")
         wait_until(lambda: all_registered(lookupd, node, more), timeout=20, what="later topics")
+    finally:
+        node.stop()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("nsqx.nsqd.workers.proxy") is None,
+    reason="needs a SUB on any worker served by the partition's owner (the subproxy work)",
+)
+def test_a_consumer_by_lookupd_finds_every_workers_topics(tmp_path: Path, lookupd: Lookupd) -> None:
+    node = start_node(tmp_path, lookupd)
+    topics = topics_spread(10, 2)
+    try:
+        for topic in topics:
+            create_channel(node, topic, "c")
+        publish_on_fresh_connections(node, topics)
+
+        async def consume(topic: str) -> set[bytes]:
+            got: set[bytes] = set()
+            consumer = Consumer(
+                topic, "c", lookupd_http_addresses=[lookupd.http_address], max_in_flight=10
+            )
+            await consumer.start()
+            try:
+                async with asyncio.timeout(20):
+                    async for msg in consumer:
+                        msg.finish()
+                        got.add(msg.body)
+                        if len(got) == 3:
+                            break
+            finally:
+                await consumer.close()
+            return got
+
+        for topic in topics:
+            assert run(consume(topic)) == {f"{topic}-{r}".encode() for r in range(3)}
     finally:
         node.stop()
