@@ -13,7 +13,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -150,7 +149,7 @@ def all_registered(lookupd: Lookupd, node: NsqdProcess, topics: list[str]) -> bo
     listed = lookupd.json("/topics")
     if not listed or not set(topics) <= set(listed["topics"]):
         return False
-    one = [("127.0.0.1", node.tcp_port, node_http_port(node))]
+    one = [("127.0.0.1", node.tcp_port, node.http_port)]
     for topic in topics:
         if producers_of(lookupd, topic) != one:
             return False
@@ -176,18 +175,6 @@ def wait_for_workers(node: NsqdProcess) -> None:
     wait_until(lambda: len(worker_pids(node)) == 2, timeout=20, what="two workers")
 
 
-_NODE_HTTP_RE = re.compile(r"HTTP: listening on [\d.]+:(\d+) \(\d+ workers\)")
-
-
-def node_http_port(node: NsqdProcess) -> int:
-    """The node's HTTP port (the supervisor's line; each worker also logs its own)."""
-    for line in list(node.log):
-        m = _NODE_HTTP_RE.search(line)
-        if m:
-            return int(m.group(1))
-    raise AssertionError("the node logged no HTTP address")
-
-
 def test_every_workers_topics_register_as_one_producer(tmp_path: Path, lookupd: Lookupd) -> None:
     node = start_node(tmp_path, lookupd)
     topics = topics_spread(10, 2)
@@ -201,9 +188,7 @@ def test_every_workers_topics_register_as_one_producer(tmp_path: Path, lookupd: 
             what="every topic and channel registered under the node's one address",
         )
         nodes = lookupd.json("/nodes")["producers"]
-        assert [(n["tcp_port"], n["http_port"]) for n in nodes] == [
-            (node.tcp_port, node_http_port(node))
-        ]
+        assert [(n["tcp_port"], n["http_port"]) for n in nodes] == [(node.tcp_port, node.http_port)]
         assert set(topics) <= set(nodes[0]["topics"])
 
         # a topic deleted in its worker (not the lead) no longer has the node as producer
