@@ -25,13 +25,16 @@ from typing import Any
 import pytest
 from cluster import Consumer, Publisher, leader_port, start_cluster
 from cluster import until as wait
+from tests.nsqd.test_workers import worker_pids
 from tests.nsqd.test_workers_lookup import Lookupd, go_lookupd
 
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
+from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.nsqd.workers.spec import WorkerSpec
 
 from lookupdproc import LookupdProcess
+from nsqdproc import NsqdProcess
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fork/exec")
 
@@ -138,43 +141,79 @@ def test_a_worker_needs_no_lease_where_the_lookupds_grant_none(tmp_path: Path) -
 # -- three nodes of two workers each ---------------------------------------------------
 
 
-@pytest.mark.skipif(
+NEEDS_SUB_PROXY = pytest.mark.skipif(
     importlib.util.find_spec("nsqx.nsqd.workers.proxy") is None,
     reason="the consumers need a SUB on any worker served by the partition's owner "
     "(the subproxy work of issue 30)",
 )
-@pytest.mark.parametrize("replicator", [2, 3])
-def test_leader_node_killed_nothing_acknowledged_is_lost(
+TOPIC = "wrep"
+PARTITIONS = 4
+
+
+def replicated_cluster(
     lookupd_factory: Any, tmp_path: Path, replicator: int
-) -> None:
+) -> tuple[LookupdProcess, list[NsqdProcess], list[Publisher], list[Consumer]]:
     """Three nodes of two workers, a topic of four partitions (half of them owned by
     worker 1 of the nodes that hold them, whose leaders acknowledge only within the
-    lease their lead worker passes on); the node leading partition 0 is SIGKILLed (its
-    supervisor: the workers die with it)."""
+    lease their lead worker passes on), 50 messages acknowledged in each; a publisher
+    and a consumer of each partition."""
     lookupd, nodes, _ = start_cluster(lookupd_factory, tmp_path, "--workers=2")
-    topic = "wrep"
-    partitions = 4
-    query = f"topic={topic}&partition_num={partitions}&replicator={replicator}&multipart=true"
+    query = f"topic={TOPIC}&partition_num={PARTITIONS}&replicator={replicator}&multipart=true"
     status, _, body = lookupd.post(f"/topic/create?{query}")
     assert status == 200, body
-    for pid in range(partitions):
-        wait(lambda pid=pid: leader_port(lookupd, topic, pid), what=f"a leader of {pid}")
-    pubs = [Publisher(lookupd, topic, pid) for pid in range(partitions)]
-    cons = [Consumer(lookupd, topic, "c", pid) for pid in range(partitions)]
+    for pid in range(PARTITIONS):
+        wait(lambda pid=pid: leader_port(lookupd, TOPIC, pid), what=f"a leader of {pid}")
+    pubs = [Publisher(lookupd, TOPIC, pid) for pid in range(PARTITIONS)]
+    cons = [Consumer(lookupd, TOPIC, "c", pid) for pid in range(PARTITIONS)]
     for pub in pubs:
         pub.publish(50)
+    return lookupd, nodes, pubs, cons
 
-    # the node leading partition 0 killed, its workers with it
-    port = leader_port(lookupd, topic, 0)
-    victim = next(n for n in nodes if n.tcp_port == port)
-    victim.stop(signal.SIGKILL)
-    wait(
-        lambda: leader_port(lookupd, topic, 0) not in (None, port),
-        what="a new leader of partition 0",
-    )
-    # writes resume on the new leaders; every acknowledged message is there
+
+def nothing_lost(pubs: list[Publisher], cons: list[Consumer]) -> None:
+    """Writes resume on every partition; every acknowledged message is read."""
     for pub in pubs:
         pub.publish(50)
     for pid, (pub, con) in enumerate(zip(pubs, cons, strict=True)):
         con.read_until(lambda pub=pub, con=con: set(pub.acked) <= set(con.received))
+        assert len(pub.acked) == 100
         assert set(pub.acked) <= set(con.received), pid
+
+
+@NEEDS_SUB_PROXY
+@pytest.mark.parametrize("replicator", [2, 3])
+def test_leader_node_killed_nothing_acknowledged_is_lost(
+    lookupd_factory: Any, tmp_path: Path, replicator: int
+) -> None:
+    """The node leading partition 0 is SIGKILLed (its supervisor: the workers die
+    with it): its partitions' leadership moves, writes resume, nothing is lost."""
+    lookupd, nodes, pubs, cons = replicated_cluster(lookupd_factory, tmp_path, replicator)
+    port = leader_port(lookupd, TOPIC, 0)
+    victim = next(n for n in nodes if n.tcp_port == port)
+    victim.stop(signal.SIGKILL)
+    wait(
+        lambda: leader_port(lookupd, TOPIC, 0) not in (None, port),
+        what="a new leader of partition 0",
+    )
+    nothing_lost(pubs, cons)
+
+
+@NEEDS_SUB_PROXY
+def test_lead_worker_killed_the_other_workers_leaders_resume(
+    lookupd_factory: Any, tmp_path: Path
+) -> None:
+    """The lead worker of a node that leads a partition owned by its worker 1 is
+    SIGKILLed: worker 1 holds no lease until the restarted lead is granted one (then
+    its leaderships are confirmed again); writes resume, nothing is lost."""
+    lookupd, nodes, pubs, cons = replicated_cluster(lookupd_factory, tmp_path, 2)
+    pid = next(p for p in range(PARTITIONS) if owner_of(TOPIC, p, 2) == 1)
+    port = leader_port(lookupd, TOPIC, pid)
+    node = next(n for n in nodes if n.tcp_port == port)
+    before = worker_pids(node)
+    os.kill(before[0], signal.SIGKILL)
+    wait(lambda: worker_pids(node).get(0) != before[0], what="the lead worker restarted")
+    wait(
+        lambda: any("lease lapsed" in line for line in list(node.log)),
+        what="worker 1 holding the lease as lapsed",
+    )
+    nothing_lost(pubs, cons)
