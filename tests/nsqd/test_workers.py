@@ -13,6 +13,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -274,3 +276,27 @@ def test_a_hundred_topics_with_their_own_publishers_and_consumers(tmp_path: Path
         node.stop()
     for topic, got in zip(topics, results, strict=True):
         assert sorted(got) == sorted(f"{topic}/{i}".encode() for i in range(per_topic)), topic
+
+
+def test_a_worker_that_cannot_start_stops_the_node(tmp_path: Path) -> None:
+    """A bad certificate stops a node of workers as it stops a single nsqd: exit 1
+    with the reason, nothing left running, the directory free."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "nsqx",
+        "nsqd",
+        "--workers=2",
+        "--tcp-address=127.0.0.1:0",
+        "--http-address=127.0.0.1:0",
+        "--https-address=",
+        f"--data-path={tmp_path}",
+        f"--tls-cert={tmp_path / 'missing.pem'}",
+        f"--tls-key={tmp_path / 'missing.key'}",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "could not start" in proc.stderr
+    assert "w0: " in proc.stderr and "No such file" in proc.stderr  # the worker says why
+    node = start_nsqd(tmp_path)  # the directory is free again
+    node.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -25,6 +26,9 @@ async def serve(options: NsqdOptions, worker: WorkerSpec | None = None) -> int:
     except (OSError, RuntimeError, ValueError) as err:
         logging.getLogger("nsqx.nsqd").critical("failed to start: %s", err)
         return 1
+    if worker is not None and worker.ready_fd >= 0:
+        os.write(worker.ready_fd, b"1")  # (its supervisor waits for it)
+        os.close(worker.ready_fd)
     await wait_for_termination()
     logging.getLogger("nsqx.nsqd").info("NSQ: shutting down")
     await nsqd.close()

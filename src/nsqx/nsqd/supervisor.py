@@ -172,17 +172,45 @@ class Supervisor:
         # only once every process of the node is gone
         return spec, sorted({*fds.values(), self._lock.fileno()})
 
-    async def _spawn(self, index: int) -> None:
+    async def _spawn(self, index: int) -> bool:
+        """Start worker ``index``; True once it says it started (its listeners served,
+        its partitions open), False if it exited first."""
         spec, fds = self._spec(index)
+        ready_r, ready_w = os.pipe()
+        spec.ready_fd = ready_w
         env = dict(os.environ)
         env[SPEC_ENV] = spec.to_json()
         env["NSQX_SUPERVISOR_PID"] = str(os.getpid())
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "nsqx", "nsqd", *self.argv, env=env, pass_fds=fds
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "nsqx",
+                "nsqd",
+                *self.argv,
+                env=env,
+                pass_fds=[*fds, ready_w],
+            )
+        finally:
+            os.close(ready_w)
         self._procs[index] = proc
         self._started_at[index] = time.monotonic()
         log.info("WORKERS: worker %d started (pid %d)", index, proc.pid)
+        loop = asyncio.get_running_loop()
+        said = loop.create_future()
+
+        def readable() -> None:
+            loop.remove_reader(ready_r)
+            if not said.done():
+                said.set_result(os.read(ready_r, 1) == b"1")
+
+        loop.add_reader(ready_r, readable)
+        try:
+            # (the pipe's end closes with the worker: an exit before it started reads b"")
+            return bool(await said)
+        finally:
+            loop.remove_reader(ready_r)
+            os.close(ready_r)
 
     async def _watch(self, index: int) -> None:
         """Restart worker ``index`` whenever it exits, until the node stops."""
@@ -213,15 +241,24 @@ class Supervisor:
             await self._spawn(index)
 
     async def run(self, stop: asyncio.Event) -> int:
-        """Run the workers until ``stop`` is set, then stop them; 0 when all closed."""
-        for i in range(self.count):
-            await self._spawn(i)
-        watchers = [asyncio.create_task(self._watch(i)) for i in range(self.count)]
-        await stop.wait()
+        """Run the workers until ``stop`` is set, then stop them; 0 when all closed.
+        A worker that cannot start the first time (a bad certificate, a damaged
+        directory) stops the node with 1, as a single nsqd that cannot start."""
+        started = await asyncio.gather(*(self._spawn(i) for i in range(self.count)))
+        failed = [i for i, ok in enumerate(started) if not ok]
+        watchers = []
+        if failed:
+            log.critical("failed to start: worker %d could not start (its log says why)", failed[0])
+        else:
+            log.info("WORKERS: %d workers started", self.count)
+            watchers = [asyncio.create_task(self._watch(i)) for i in range(self.count)]
+            await stop.wait()
         self._stopping = True
         for task in watchers:
             task.cancel()
         code = await self._stop_workers()
+        if failed:
+            code = 1
         self._close_sockets()
         self._lock.release()
         if self.options.tcp_address and "/" in self.options.tcp_address:

@@ -27,6 +27,8 @@ class WorkerSpec:
     #: the node's secret between its workers: a request forwarded by a worker carries it
     #: (nothing else may pass for one)
     token: str = ""
+    #: where the worker writes one byte once it started (-1: nobody asks)
+    ready_fd: int = -1
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
