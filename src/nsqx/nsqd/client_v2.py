@@ -62,12 +62,13 @@ from nsqx.wire.frames import (
 from nsqx.wire.identify import ClientSettings, negotiate
 
 if TYPE_CHECKING:
-    from nsqx.nsqd.channel import Channel
+    from nsqx.nsqd.channel import Channel, Consumer
     from nsqx.nsqd.loopturn import LoopTurn
     from nsqx.nsqd.nsqd import NSQD
     from nsqx.nsqd.partition import Partition, Published
     from nsqx.nsqd.topic import Topic
     from nsqx.nsqd.workers.forwarding import Ticket, WorkerSet
+    from nsqx.nsqd.workers.proxy import RemoteSub
 
 log = logging.getLogger("nsqx.nsqd")
 
@@ -124,6 +125,9 @@ class ClientV2(asyncio.Protocol):
         self.settings = ClientSettings.defaults(nsqd.server_limits)
         self.state = STATE_INIT
         self.channel: Channel | None = None
+        #: subscribed to a partition another worker owns (nsqx.nsqd.workers.proxy); a
+        #: separate attribute, so that ``channel`` stays typed for the local path
+        self._remote: RemoteSub | None = None
         self.rdy = 0
         self.remote_address = ""
         self.connect_ts = int(time.time())
@@ -379,6 +383,9 @@ class ClientV2(asyncio.Protocol):
         self.nsqd.clients.discard(self)
         if self.channel is not None:
             self.channel.remove_client(self)
+        elif self._remote is not None:
+            self._remote.unsubscribe()
+            self._remote = None
         log.debug("PROTOCOL(V2): [%s] exiting ioloop", self.remote_address)
 
     def pause_writing(self) -> None:
@@ -425,13 +432,17 @@ class ClientV2(asyncio.Protocol):
         every client at every delivery."""
         if self.channel is not None:
             self.channel.ready_changed(self, self.ready())
+        elif self._remote is not None:
+            self._remote.ready(self.ready())
 
     def send(self, frames: list[bytes], ids: list[bytes], flush: bool) -> float:
         """Buffer messages' frames (output_buffer_size/timeout); ``flush`` writes them
         at once. Returns how long they may wait in the buffer (seconds): the channel
         starts their timeout when the client can see them, not while buffered."""
         if self.yz_ids:
-            frames = self._youzan_frames(frames, ids)
+            channel = self.channel
+            assert channel is not None
+            frames = _youzan_frames(channel, frames, ids, self.yz_ext, self.yz_detail)
         elif self.channel is not None and self.channel.partition.extended:
             frames = _vanilla_frames(frames)
         self._out.extend(frames)
@@ -449,6 +460,39 @@ class ClientV2(asyncio.Protocol):
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(self.output_buffer_timeout, self.flush)
         return self.output_buffer_timeout
+
+    def remote_messages(self, data: bytes, count: int, flush: bool) -> None:
+        """Messages from the worker that owns the subscribed partition, formatted
+        there (nsqx.nsqd.workers.proxy): buffered and written as :meth:`send`'s."""
+        if self.closed:
+            return  # (the owner requeues them once it hears the connection closed)
+        self._out.append(data)
+        self._out_size += len(data)
+        self.message_count += count
+        if flush or self._out_size >= self.output_buffer_size or self.output_buffer_timeout <= 0:
+            self.flush()
+        elif self._flush_handle is None:
+            loop = asyncio.get_running_loop()
+            self._flush_handle = loop.call_later(self.output_buffer_timeout, self.flush)
+
+    def remote_error(self, frame: bytes, fatal: bool) -> None:
+        """An error frame from the subscription's owner (a failed FIN, REQ or TOUCH, or
+        a fatal error of the channel): sent now; a fatal one closes."""
+        if self.closed:
+            return
+        self._out.append(frame)
+        if fatal:
+            log.error("[%s] - %s", self.remote_address, frame[8:].decode(errors="replace"))
+            self._remote = None
+            self.close()
+        else:
+            self.flush()
+
+    def remote_refused(self) -> None:
+        """The owner refused the SUB (its answer, an error, is on its way)."""
+        self._remote = None
+        if self.state == STATE_SUBSCRIBED:
+            self.state = STATE_INIT
 
     @property
     def in_flight_count(self) -> int:
@@ -470,36 +514,6 @@ class ClientV2(asyncio.Protocol):
     def timeout_count(self) -> int:
         held = self.channel.held_by(self) if self.channel is not None else None
         return held.timeout_count if held is not None else 0
-
-    def _youzan_frames(self, frames: list[bytes], ids: list[bytes]) -> list[bytes]:
-        channel = self.channel
-        assert channel is not None
-        with_ext = self.yz_ext
-        if not with_ext and not self.yz_detail:
-            # the usual case (go-nsq's plain SUB): vanilla chunks keep their size, only
-            # their ids change; whole runs of equal frames are rewritten at once
-            out: list[bytes] = []
-            k = 0
-            for chunk in frames:
-                size = 0 if is_extended(chunk) else equal_frame_size(chunk)
-                if size:
-                    n = len(chunk) // size
-                    out.append(youzan_ids(chunk, ids[k : k + n], size))
-                    k += n
-                    continue
-                for f in split_chunks([chunk]):
-                    out.append(youzan_frame(f, False, None))
-                    k += 1
-            return out
-        frames = split_chunks(frames)
-        if not self.yz_detail:
-            return [youzan_frame(f, with_ext, None) for f in frames]
-        offset_of = channel.log.offset_of
-        id_base = channel.partition.id_base
-        return [
-            youzan_frame(f, with_ext, (offset_of(seq_of(mid, id_base)) or 0, len(f)))
-            for f, mid in zip(frames, ids, strict=True)
-        ]
 
     def _respond(self, frame: bytes) -> None:
         self._out.append(frame)
@@ -580,8 +594,12 @@ class ClientV2(asyncio.Protocol):
             return
         if rule.auth and self._auth and not self._check_auth(ev, rule.auth):
             return
-        if rule.auth and self._workers is not None and kind is not _SUB and self._forward(ev):
-            return
+        if rule.auth and self._workers is not None:
+            if kind is _SUB:
+                if self._sub_remote(cast(cmd.Sub, ev)):
+                    return
+            elif self._forward(ev):
+                return
         _HANDLERS[kind](self, ev)
 
     def _on_error(self, err: ProtocolError) -> None:
@@ -746,124 +764,62 @@ class ClientV2(asyncio.Protocol):
 
     def _on_sub(self, ev: cmd.Sub) -> None:
         try:
-            part = self._sub_partition(ev)
+            part, self.settings = sub_partition(self.nsqd, ev, self.settings, self.sample_rate)
+            channel, late = sub_channel(self.nsqd, ev, part, self)
+        except ProtocolError as err:
+            self._error(err)
+            return
         except OSError as err:  # a topic's files cannot be made (a full or read-only disk)
             self._error(ProtocolError("E_SUB_FAILED", f"SUB failed {err}"))
             return
-        if part is None:
-            return
-        channel = part.channels.get(ev.channel)
-        if channel is None:
-            if part.topic.meta.disable_channel_auto_create:
-                self._error(
-                    ProtocolError(
-                        E_SUB_CHANNEL_NOT_REGISTERED, "channel is not registered under topic."
-                    )
-                )
-                return
-            channel = part.get_channel(ev.channel)
-        limit = self.nsqd.options.max_channel_consumers
-        if limit and len(channel.clients) >= limit:
-            self._error(
-                ProtocolError(
-                    "E_TOO_MANY_CHANNEL_CONSUMERS",
-                    f"channel consumers for {ev.topic}:{ev.channel} exceeds limit of {limit}",
-                )
-            )
-            return
-        first = not channel.clients
-        channel.add_client(self)
+        self.yz_ids, self.yz_ext, self.yz_detail = sub_layout(ev, self.settings, part)
         self.channel = channel
         self.state = _RULES[cmd.Sub].then
-        if ev.mode == cmd.SUB_ORDERED:
-            channel.set_ordered(True)
-        if ev.start is not None:
-            if first:  # only the channel's first client moves it, as in Youzan's nsqd
-                try:
-                    channel.reset_to(part.position(ev.start))
-                except ValueError as err:
-                    self._error(ProtocolError(E_INVALID, str(err)))
-                    return
-            else:
-                log.debug("[%s] %s ignored: not the channel's first client", self, ev.start)
+        if late is not None:
+            self._error(late)
+            return
         if self.yz_ids:
             self.parser.binary_ids = True
         self._respond(_OK_FRAME)
 
-    def _sub_partition(self, ev: cmd.Sub) -> Partition | None:
-        """The partition a SUB names, checked against its topic's settings as Youzan's
-        nsqd checks them (an error frame and None if refused)."""
-        nsqd = self.nsqd
-        if ev.partition < 0 and ev.topic not in nsqd.topics:
-            part: Partition | None = nsqd.get_topic(ev.topic).default_partition  # NSQ 1.3
-        else:
-            part = nsqd.find_partition(ev.topic, ev.partition)
-            if part is None and ev.partition < 0:
-                part = nsqd.get_topic(ev.topic).default_partition
-        if part is None:
-            self._error(ProtocolError(E_TOPIC_NOT_EXIST, ""))
-            return None
-        if part.replica is not None and part.replica.leader is None:
-            # consumers read from the leader only (Youzan): fatal, they look up again
-            self._error(ProtocolError(E_FAILED_ON_NOT_LEADER, ""))
-            return None
-        meta = part.topic.meta
-        ordered = ev.mode == cmd.SUB_ORDERED
-        if meta.ordered and not ordered:
-            self._error(
-                ProtocolError(
-                    E_SUB_ORDER_IS_MUST, "this topic is configured only allow ordered sub"
-                )
-            )
-            return None
-        s = self.settings
-        if meta.ext:
-            if not s.extend_support and not self.nsqd.options.allow_sub_ext_compatible:
-                self._error(
-                    ProtocolError(
-                        E_SUB_EXTEND_NEED,
-                        "this topic is extended and should identify as extend support.",
-                    )
-                )
-                return None
-        elif s.extend_support:
-            self._error(
-                ProtocolError(
-                    E_SUB_EXTEND_FORBIDDON,
-                    "this topic is not extended and should not identify as extend support.",
-                )
-            )
-            return None
-        if ordered and self.sample_rate:
-            self._error(
-                ProtocolError(E_INVALID, "order consume is not allowed while sample rate is not 0")
-            )
-            return None
-        if not meta.ext and s.desired_tag:
-            self.settings = replace(s, desired_tag="")  # as Youzan: no tags on such a topic
-        self.yz_ids = s.youzan or ev.partition >= 0 or ev.mode != cmd.SUB_PLAIN
-        self.yz_ext = meta.ext and s.extend_support
-        self.yz_detail = ev.mode != cmd.SUB_PLAIN
-        return part
+    def _sub_remote(self, ev: cmd.Sub) -> bool:
+        """Subscribe through the worker that owns the SUB's partition (False: this one
+        owns it). As a forwarded publish, its answer is reserved and held, with all that
+        follows, until the owner answers; meanwhile the connection counts as subscribed
+        (a RDY may follow in the same read)."""
+        workers = self._workers
+        assert workers is not None
+        owner = workers.owner(ev.topic, ev.partition)
+        if owner == workers.index:
+            return False
+        slot = self._out_base + len(self._out)
+        self._out.append(_OK_FRAME)  # (a placeholder: the owner's answer replaces it)
+        remote, ticket = workers.subs.subscribe(owner, self, ev, slot, self._forward_answered)
+        self._forwarded.append(ticket)
+        self._remote = remote
+        self.state = _RULES[cmd.Sub].then
+        # the layout of ids does not depend on the partition: FIN, REQ and TOUCH behind
+        # the SUB in this read are parsed as they will be sent
+        self.yz_ids = sub_ids(ev, self.settings)
+        if self.yz_ids:
+            self.parser.binary_ids = True
+        return True
 
     def _on_rdy(self, ev: cmd.Rdy) -> None:
         self.rdy = ev.value
         self._tell_ready()
 
-    def _subscribed_channel(self) -> Channel:
-        # (the rules accept FIN, REQ and TOUCH only once SUB has set it)
-        channel = self.channel
-        assert channel is not None
-        return channel
-
     def _on_fin(self, ev: cmd.Fin) -> None:
-        channel = self._subscribed_channel()
         ids = [hex_id(i) for i in ev.ids] if self.yz_ids else ev.ids
+        channel = self.channel
+        if channel is None:
+            if self._remote is not None:
+                self._remote.fin(ids)
+            return
         for mid, reason in channel.finish(self, ids):
             self._error(ProtocolError(E_FIN_FAILED, f"FIN {mid.decode('latin-1')} failed {reason}"))
 
     def _on_req(self, ev: cmd.Req) -> None:
-        channel = self._subscribed_channel()
         if ev.requested_ns is not None:
             # NSQ 1.3's line: durations as integer nanoseconds
             log.info(
@@ -873,15 +829,25 @@ class ClientV2(asyncio.Protocol):
                 int(self.nsqd.options.max_req_timeout * 1000) * 1_000_000,
                 ev.timeout_ms * 1_000_000,
             )
-        reason = channel.requeue(self, hex_id(ev.id) if self.yz_ids else ev.id, ev.timeout_ms)
+        mid = hex_id(ev.id) if self.yz_ids else ev.id
+        channel = self.channel
+        if channel is None:
+            if self._remote is not None:
+                self._remote.req(mid, ev.timeout_ms, ev.id)
+            return
+        reason = channel.requeue(self, mid, ev.timeout_ms)
         if reason:
             self._error(
                 ProtocolError(E_REQ_FAILED, f"REQ {ev.id.decode('latin-1')} failed {reason}")
             )
 
     def _on_touch(self, ev: cmd.Touch) -> None:
-        channel = self._subscribed_channel()
         mid = hex_id(ev.id) if self.yz_ids else ev.id
+        channel = self.channel
+        if channel is None:
+            if self._remote is not None:
+                self._remote.touch(mid, ev.id)
+            return
         reason = channel.touch(self, mid, self.nsqd.options.max_msg_timeout)
         if reason:
             self._error(
@@ -1110,6 +1076,146 @@ def _vanilla_frames(chunks: list[bytes]) -> list[bytes]:
         else:
             out.append(chunk)
     return out
+
+
+# -- what SUB checks and does, wherever the client is (nsqx.nsqd.workers.proxy runs these
+# for a client connected to another worker of the node)
+
+
+def sub_partition(
+    nsqd: NSQD, ev: cmd.Sub, settings: ClientSettings, sample_rate: int
+) -> tuple[Partition, ClientSettings]:
+    """The partition a SUB names, checked against its topic's settings as Youzan's nsqd
+    checks them, and the client's settings as they apply to it (no dispatch tag on a
+    topic that is not ext). Raises the ProtocolError to answer (OSError: the topic's
+    files cannot be made)."""
+    if ev.partition < 0 and ev.topic not in nsqd.topics:
+        part: Partition | None = nsqd.get_topic(ev.topic).default_partition  # NSQ 1.3
+    else:
+        part = nsqd.find_partition(ev.topic, ev.partition)
+        if part is None and ev.partition < 0:
+            part = nsqd.get_topic(ev.topic).default_partition
+    if part is None:
+        raise ProtocolError(E_TOPIC_NOT_EXIST, "")
+    if part.replica is not None and part.replica.leader is None:
+        # consumers read from the leader only (Youzan): fatal, they look up again
+        raise ProtocolError(E_FAILED_ON_NOT_LEADER, "")
+    meta = part.topic.meta
+    ordered = ev.mode == cmd.SUB_ORDERED
+    if meta.ordered and not ordered:
+        raise ProtocolError(E_SUB_ORDER_IS_MUST, "this topic is configured only allow ordered sub")
+    if meta.ext:
+        if not settings.extend_support and not nsqd.options.allow_sub_ext_compatible:
+            raise ProtocolError(
+                E_SUB_EXTEND_NEED, "this topic is extended and should identify as extend support."
+            )
+    elif settings.extend_support:
+        raise ProtocolError(
+            E_SUB_EXTEND_FORBIDDON,
+            "this topic is not extended and should not identify as extend support.",
+        )
+    if ordered and sample_rate:
+        raise ProtocolError(E_INVALID, "order consume is not allowed while sample rate is not 0")
+    if not meta.ext and settings.desired_tag:
+        settings = replace(settings, desired_tag="")  # as Youzan: no tags on such a topic
+    return part, settings
+
+
+def sub_ids(ev: cmd.Sub, settings: ClientSettings) -> bool:
+    """Whether the subscribed client sees binary ids (Youzan's layout; the parser then
+    reads FIN, REQ and TOUCH ids as 16 bytes)."""
+    return settings.youzan or ev.partition >= 0 or ev.mode != cmd.SUB_PLAIN
+
+
+def sub_layout(ev: cmd.Sub, settings: ClientSettings, part: Partition) -> tuple[bool, bool, bool]:
+    """The message layout of a subscribed client (see nsqx.wire.frames): binary ids, the
+    ext part, (offset, size) before the body."""
+    return (
+        sub_ids(ev, settings),
+        part.topic.meta.ext and settings.extend_support,
+        ev.mode != cmd.SUB_PLAIN,
+    )
+
+
+def sub_channel(
+    nsqd: NSQD, ev: cmd.Sub, part: Partition, consumer: Consumer
+) -> tuple[Channel, ProtocolError | None]:
+    """Subscribe ``consumer`` to the SUB's channel (made if need be). Raises the
+    ProtocolError to answer if refused; a start position that cannot be read is
+    returned, as an error to answer once subscribed (as Youzan's nsqd)."""
+    channel = part.channels.get(ev.channel)
+    if channel is None:
+        if part.topic.meta.disable_channel_auto_create:
+            raise ProtocolError(
+                E_SUB_CHANNEL_NOT_REGISTERED, "channel is not registered under topic."
+            )
+        channel = part.get_channel(ev.channel)
+    limit = nsqd.options.max_channel_consumers
+    if limit and len(channel.clients) >= limit:
+        raise ProtocolError(
+            "E_TOO_MANY_CHANNEL_CONSUMERS",
+            f"channel consumers for {ev.topic}:{ev.channel} exceeds limit of {limit}",
+        )
+    first = not channel.clients
+    channel.add_client(consumer)
+    if ev.mode == cmd.SUB_ORDERED:
+        channel.set_ordered(True)
+    if ev.start is not None:
+        if first:  # only the channel's first client moves it, as in Youzan's nsqd
+            try:
+                channel.reset_to(part.position(ev.start))
+            except ValueError as err:
+                return channel, ProtocolError(E_INVALID, str(err))
+        else:
+            log.debug("[%s] %s ignored: not the channel's first client", consumer, ev.start)
+    return channel, None
+
+
+def client_frames(
+    channel: Channel,
+    frames: list[bytes],
+    ids: list[bytes],
+    yz_ids: bool,
+    yz_ext: bool,
+    yz_detail: bool,
+) -> list[bytes]:
+    """A channel's frames as its client gets them: Youzan's layout (binary ids, ext,
+    offsets) or NSQ 1.3's (extended records cut down)."""
+    if yz_ids:
+        return _youzan_frames(channel, frames, ids, yz_ext, yz_detail)
+    if channel.partition.extended:
+        return _vanilla_frames(frames)
+    return frames
+
+
+def _youzan_frames(
+    channel: Channel, frames: list[bytes], ids: list[bytes], with_ext: bool, detail: bool
+) -> list[bytes]:
+    if not with_ext and not detail:
+        # the usual case (go-nsq's plain SUB): vanilla chunks keep their size, only
+        # their ids change; whole runs of equal frames are rewritten at once
+        out: list[bytes] = []
+        k = 0
+        for chunk in frames:
+            size = 0 if is_extended(chunk) else equal_frame_size(chunk)
+            if size:
+                n = len(chunk) // size
+                out.append(youzan_ids(chunk, ids[k : k + n], size))
+                k += n
+                continue
+            for f in split_chunks([chunk]):
+                out.append(youzan_frame(f, False, None))
+                k += 1
+        return out
+    frames = split_chunks(frames)
+    if not detail:
+        return [youzan_frame(f, with_ext, None) for f in frames]
+    offset_of = channel.log.offset_of
+    id_base = channel.partition.id_base
+    return [
+        youzan_frame(f, with_ext, (offset_of(seq_of(mid, id_base)) or 0, len(f)))
+        for f, mid in zip(frames, ids, strict=True)
+    ]
 
 
 def _go_json(obj: object) -> bytes:

@@ -115,6 +115,11 @@ class WorkerSet:
             PUB_GROUP: self._on_pub_group,
             PUB_GROUP_OK: self._on_pub_group_ok,
         }
+        # (imported here: proxy.py imports this module)
+        from nsqx.nsqd.workers.proxy import SubProxies
+
+        #: subscriptions to partitions of other workers, both ways (its kinds in handlers)
+        self.subs = SubProxies(self)
 
     @property
     def lead(self) -> bool:

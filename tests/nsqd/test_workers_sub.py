@@ -1,0 +1,370 @@
+"""``nsqx nsqd --workers=N``: a consumer gets every message of its channel whichever
+worker its connection landed on (nsqx.nsqd.workers.proxy).
+
+Real processes on free loopback ports. Which worker took a connection is read from
+/proc (the worker process that holds the accepted socket), so that each test runs its
+consumer through a proxy (a worker that does not own the partition) for certain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nsqx.client import Consumer, Message, Producer
+from nsqx.nsqd.workers.ownership import owner_of
+from nsqx.wire import commands as c
+from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE
+
+from nsqdproc import NsqdProcess, start_nsqd
+from rawnsq import Raw, run
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="workers need Linux (and /proc here)"
+)
+
+_WORKER_RE = re.compile(r"WORKERS: worker (\d+) started \(pid (\d+)\)")
+
+
+def worker_pids(node: NsqdProcess) -> dict[int, int]:
+    """The latest pid of each worker, from the supervisor's log."""
+    pids: dict[int, int] = {}
+    for line in list(node.log):
+        m = _WORKER_RE.search(line)
+        if m:
+            pids[int(m.group(1))] = int(m.group(2))
+    return pids
+
+
+def wait_for(cond: object, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def topics_spread(n: int, workers: int) -> list[str]:
+    """n topic names, at least one owned by each worker."""
+    names = [f"st{i}" for i in range(n)]
+    assert {owner_of(t, 0, workers) for t in names} == set(range(workers))
+    return names
+
+
+def _socket_inode(server_port: int, client_port: int) -> int | None:
+    """The inode of the accepted socket of the connection from ``client_port``."""
+    want_local = f"0100007F:{server_port:04X}"
+    want_remote = f"0100007F:{client_port:04X}"
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == want_local and fields[2] == want_remote:
+                return int(fields[9])
+    return None
+
+
+def worker_of(node: NsqdProcess, client_port: int) -> int:
+    """The index of the worker that took the connection from ``client_port``."""
+    found: list[int] = []
+
+    def look() -> bool:
+        inode = _socket_inode(node.tcp_port, client_port)
+        if inode is None:
+            return False
+        target = f"socket:[{inode}]"
+        for index, pid in worker_pids(node).items():
+            try:
+                fds = os.listdir(f"/proc/{pid}/fd")
+            except FileNotFoundError:
+                continue
+            for fd in fds:
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                        found.append(index)
+                        return True
+                except OSError:
+                    continue
+        return False
+
+    wait_for(look, 10, "the worker that took a connection")
+    return found[0]
+
+
+async def raw_on(node: NsqdProcess, worker: int) -> Raw:
+    """A raw connection that landed on ``worker`` (others are opened and closed)."""
+    for _ in range(200):
+        raw = await Raw.connect(node.tcp_address)
+        port = raw.writer.get_extra_info("sockname")[1]
+        landed = await asyncio.to_thread(worker_of, node, port)
+        if landed == worker:
+            return raw
+        await raw.close()
+    raise AssertionError(f"no connection landed on worker {worker}")
+
+
+def other(topic: str, workers: int = 2) -> int:
+    """A worker that does not own ``topic``'s partition 0."""
+    return (owner_of(topic, 0, workers) + 1) % workers
+
+
+@pytest.fixture
+def node(tmp_path: Path):  # type: ignore[no-untyped-def]
+    n = start_nsqd(tmp_path, "--workers=2")
+    wait_for(lambda: len(worker_pids(n)) == 2, what="two workers")
+    try:
+        yield n
+    finally:
+        n.stop(signal.SIGKILL)
+
+
+async def publish(node: NsqdProcess, topic: str, bodies: list[bytes], conns: int = 2) -> None:
+    producers = [Producer(f"127.0.0.1:{node.tcp_port}") for _ in range(conns)]
+    for p in producers:
+        await p.connect()
+    for i, body in enumerate(bodies):
+        await producers[i % conns].publish(topic, body)
+    for p in producers:
+        await p.close()
+
+
+def test_every_message_reaches_consumers_on_both_workers_once(node: NsqdProcess) -> None:
+    topics = topics_spread(10, 2)
+    n = 40
+
+    async def go() -> dict[str, list[bytes]]:
+        got: dict[str, list[bytes]] = {t: [] for t in topics}
+        done = asyncio.Event()
+        total = n * len(topics)
+        count = 0
+
+        def handler(topic: str):  # type: ignore[no-untyped-def]
+            def on_message(msg) -> None:  # type: ignore[no-untyped-def]
+                nonlocal count
+                got[topic].append(msg.body)
+                count += 1
+                if count >= total:
+                    done.set()
+
+            return on_message
+
+        consumers = [
+            Consumer(t, "c", handler(t), nsqd_tcp_addresses=[f"127.0.0.1:{node.tcp_port}"])
+            for t in topics
+            for _ in range(4)  # several connections per channel: local and proxied
+        ]
+        for cons in consumers:
+            await cons.start()
+        # published through connections on any worker
+        await asyncio.gather(
+            *(publish(node, t, [f"{t}-{i}".encode() for i in range(n)], 3) for t in topics)
+        )
+        await asyncio.wait_for(done.wait(), 30)
+        # the connections of each channel landed on both workers: some were proxied
+        ports = [
+            link.transport.get_extra_info("sockname")[1]
+            for cons in consumers
+            for link in cons._conns.values()
+            if link.transport is not None
+        ]
+        landed = {await asyncio.to_thread(worker_of, node, p) for p in ports}
+        assert landed == {0, 1}
+        for cons in consumers:
+            await cons.close()
+        return got
+
+    got = run(go())
+    for t in topics:
+        assert sorted(got[t]) == sorted(f"{t}-{i}".encode() for i in range(n)), t
+
+
+def test_req_timeout_touch_and_fin_through_a_proxy(node: NsqdProcess) -> None:
+    topic = "proxied"
+
+    async def go() -> None:
+        await publish(node, topic, [b"a", b"b", b"c"])
+        sub = await raw_on(node, other(topic))
+        await sub.identify(msg_timeout=1000)
+        sub.send(c.sub(topic, "ch") + c.rdy(3))
+        assert await sub.response() == b"OK"
+        msgs = {m.body: m for m in await sub.messages(3)}
+        assert set(msgs) == {b"a", b"b", b"c"} and all(m.attempts == 1 for m in msgs.values())
+        # REQ 0: back at once; TOUCH keeps "c" in flight; "b" times out (1 s)
+        sub.send(c.req(msgs[b"a"].id, 0) + c.touch(msgs[b"c"].id))
+        again = await sub.message()
+        assert (again.body, again.attempts) == (b"a", 2)
+        sub.send(c.fin(again.id) + c.fin(msgs[b"c"].id))
+        late = await sub.message(timeout=10)
+        assert (late.body, late.attempts) == (b"b", 2)
+        sub.send(c.fin(late.id))
+        # failures come back as error frames; the connection stays open
+        sub.send(c.fin(b"0" * 16))
+        err = await sub.error()
+        assert err.startswith(b"E_FIN_FAILED"), err
+        sub.send(c.req(b"1" * 16, 0))
+        assert (await sub.error()).startswith(b"E_REQ_FAILED")
+        sub.send(c.touch(b"2" * 16))
+        assert (await sub.error()).startswith(b"E_TOUCH_FAILED")
+        await publish(node, topic, [b"d"])
+        m = await sub.message()
+        assert m.body == b"d"
+        sub.send(c.fin(m.id) + c.nop())
+        assert await sub.nothing_for(0.3)
+        await sub.close()
+
+    run(go())
+
+
+def test_a_refused_sub_is_answered_by_the_owner(node: NsqdProcess) -> None:
+    topic = "refused"
+
+    async def go() -> None:
+        await publish(node, topic, [b"x"])
+        raw = await raw_on(node, other(topic))
+        # an extend_support client on a topic that is not ext: the owner refuses, fatally
+        await raw.identify(extend_support=True)
+        raw.send(c.sub(topic, "ch"))
+        ftype, data = await raw.frame()
+        assert ftype == FRAME_ERROR and data.startswith(b"E_SUB_EXTEND_FORBIDDON"), data
+        assert await raw.closed()
+
+    run(go())
+
+
+def test_a_disconnected_proxied_consumer_s_messages_go_to_another(node: NsqdProcess) -> None:
+    topic = "leaver"
+
+    async def go() -> None:
+        bodies = [b"m%d" % i for i in range(5)]
+        await publish(node, topic, bodies)
+        first = await raw_on(node, other(topic))
+        await first.subscribe(topic, "ch", rdy=5)
+        got = await first.messages(5)
+        assert sorted(m.body for m in got) == bodies
+        await first.close()  # nothing finished
+        for worker in (other(topic), owner_of(topic, 0, 2)):
+            second = await raw_on(node, worker)
+            await second.subscribe(topic, "ch", rdy=5)
+            again = await second.messages(5)
+            assert sorted(m.body for m in again) == bodies
+            assert all(m.attempts >= 2 for m in again)
+            await second.close()
+
+    run(go())
+
+
+def test_an_ordered_channel_keeps_its_order_through_a_proxy(node: NsqdProcess) -> None:
+    topic = "ordered"
+
+    async def go() -> None:
+        bodies = [b"o%02d" % i for i in range(20)]
+        await publish(node, topic, bodies, conns=1)
+        sub = await raw_on(node, other(topic))
+        sub.send(c.sub_ordered(topic, "ch", 0) + c.rdy(5))
+        assert await sub.response() == b"OK"
+        got = []
+        for _ in bodies:
+            m = await sub.yz_message(detail=True)
+            got.append(m.body)
+            # one message in flight for the channel: nothing else until this FIN
+            assert await sub.nothing_for(0.02)
+            sub.send(c.fin(m.id))
+        assert got == bodies
+        await sub.close()
+
+    run(go())
+
+
+@pytest.mark.parametrize("codec", ["snappy", "deflate"])
+def test_a_compressed_consumer_through_a_proxy(node: NsqdProcess, codec: str) -> None:
+    topic = f"packed{codec}"
+
+    async def go() -> None:
+        bodies = [b"z%d" % i * 50 for i in range(30)]
+        await publish(node, topic, [b"first"])  # the topic exists on its owner
+        want = other(topic)
+        for _ in range(100):
+            got: list[Message] = []
+            cons = Consumer(
+                topic,
+                f"ch{codec}",
+                got.append,
+                nsqd_tcp_addresses=[f"127.0.0.1:{node.tcp_port}"],
+                max_in_flight=7,
+                **{codec: True},
+            )
+            await cons.start()
+            await asyncio.to_thread(
+                wait_for,
+                lambda links=cons._conns: any(k.transport for k in links.values()),
+                10,
+                "connected",
+            )
+            link = next(iter(cons._conns.values()))
+            port = link.transport.get_extra_info("sockname")[1]
+            if await asyncio.to_thread(worker_of, node, port) != want:
+                await cons.close()
+                continue
+            # (a new channel starts at the end of the topic: these are the ones it gets)
+            await publish(node, topic, bodies)
+            deadline = time.monotonic() + 20
+            while len(got) < len(bodies) and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            await cons.close()
+            assert sorted(m.body for m in got if m.body != b"first") == sorted(bodies)
+            return
+        raise AssertionError("no consumer landed on the worker without the topic")
+
+    run(go())
+
+
+def test_a_killed_owner_closes_its_proxied_consumers_who_get_the_messages_again(
+    node: NsqdProcess,
+) -> None:
+    topic = next(t for t in (f"k{i}" for i in range(50)) if owner_of(t, 0, 2) == 1)
+
+    async def go() -> None:
+        bodies = [b"k%d" % i for i in range(20)]
+        await publish(node, topic, bodies)
+        sub = await raw_on(node, 0)
+        await sub.subscribe(topic, "ch", rdy=20)
+        got = await sub.messages(20)
+        sub.send(b"".join(c.fin(m.id) for m in got[:10]))
+        sub.send(c.nop())
+        assert await sub.nothing_for(0.2)
+        unfinished = {m.body for m in got[10:]}
+        before = worker_pids(node)
+        os.kill(before[1], signal.SIGKILL)
+        assert await sub.closed(10), "the proxied consumer was not closed"
+        await asyncio.to_thread(
+            wait_for,
+            lambda: worker_pids(node).get(1, before[1]) != before[1],
+            20,
+            "worker 1 restarted",
+        )
+        # subscribed again through worker 0 once worker 1 is back: the unfinished come
+        # again (finished ones may too: at least once)
+        deadline = time.monotonic() + 20
+        while True:
+            again = await raw_on(node, 0)
+            again.send(c.sub(topic, "ch") + c.rdy(20))
+            ftype, data = await again.frame()
+            if ftype == FRAME_RESPONSE and data == b"OK":
+                break
+            await again.close()
+            assert time.monotonic() < deadline, data
+            await asyncio.sleep(0.1)
+        seen: set[bytes] = set()
+        while not unfinished <= seen:
+            m = await again.message()
+            seen.add(m.body)
+            again.send(c.fin(m.id))
+        await again.close()
+
+    run(go(), timeout=90)
