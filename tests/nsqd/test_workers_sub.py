@@ -281,6 +281,72 @@ def test_an_ordered_channel_keeps_its_order_through_a_proxy(node: NsqdProcess) -
     run(go())
 
 
+def test_youzan_positions_and_layout_through_a_proxy(node: NsqdProcess) -> None:
+    topic = "positions"
+
+    async def advanced(worker: int, channel: str, start: str, n: int) -> list[tuple]:  # type: ignore[type-arg]
+        sub = await raw_on(node, worker)
+        await sub.identify(desired_tag="")
+        sub.send(f"SUB_ADVANCED {topic} {channel} 0 {start}\n".encode() + c.rdy(10))
+        assert await sub.response() == b"OK"
+        got = [await sub.yz_message(detail=True) for _ in range(n)]
+        sub.send(b"".join(c.fin(m.id) for m in got) + c.nop())
+        assert await sub.nothing_for(0.2)  # FIN of binary ids: no error
+        await sub.close()
+        return [(m.body, m.id, m.offset, m.raw_size) for m in got]
+
+    async def go() -> None:
+        await publish(node, topic, [b"p%d" % i for i in range(5)], conns=1)
+        owner = owner_of(topic, 0, 2)
+        # as the owner's own connections see them, and as a proxied one does
+        local = await advanced(owner, "a", "msgcount:1", 5)
+        assert [m[0] for m in local] == [b"p%d" % i for i in range(5)]
+        proxied = await advanced(other(topic), "b", "msgcount:3", 3)
+        assert proxied == local[2:]
+        offset = local[3][2]
+        assert await advanced(other(topic), "c", f"virtual_queue:{offset}", 2) == local[3:]
+
+    run(go())
+
+
+def test_max_channel_consumers_counts_local_and_proxied_consumers(tmp_path: Path) -> None:
+    node = start_nsqd(tmp_path, "--workers=2", "--max-channel-consumers=1")
+    topic = "crowded"
+    try:
+        wait_for(lambda: len(worker_pids(node)) == 2, what="two workers")
+
+        async def subscribed(worker: int) -> Raw:
+            # a consumer that just left frees its place once its worker (and the
+            # owner, for a proxied one) saw it go: until then a new one is refused
+            deadline = time.monotonic() + 10
+            while True:
+                raw = await raw_on(node, worker)
+                raw.send(c.sub(topic, "ch"))
+                ftype, data = await raw.frame()
+                if (ftype, data) == (FRAME_RESPONSE, b"OK"):
+                    return raw
+                await raw.close()
+                assert time.monotonic() < deadline, data
+                await asyncio.sleep(0.05)
+
+        async def go() -> None:
+            await publish(node, topic, [b"x"])
+            owner = owner_of(topic, 0, 2)
+            for first, second in ((owner, other(topic)), (other(topic), owner)):
+                one = await subscribed(first)
+                two = await raw_on(node, second)
+                two.send(c.sub(topic, "ch"))
+                err = await two.error()
+                assert err.startswith(b"E_TOO_MANY_CHANNEL_CONSUMERS"), err
+                assert await two.closed()
+                await one.close()
+                await (await subscribed(second)).close()
+
+        run(go())
+    finally:
+        node.stop(signal.SIGKILL)
+
+
 @pytest.mark.parametrize("codec", ["snappy", "deflate"])
 def test_a_compressed_consumer_through_a_proxy(node: NsqdProcess, codec: str) -> None:
     topic = f"packed{codec}"
@@ -331,9 +397,20 @@ def test_a_killed_owner_closes_its_proxied_consumers_who_get_the_messages_again(
 
     async def go() -> None:
         bodies = [b"k%d" % i for i in range(20)]
-        await publish(node, topic, bodies)
+        # (both channels exist before the publishes: a later channel starts at the end)
         sub = await raw_on(node, 0)
         await sub.subscribe(topic, "ch", rdy=20)
+        # an nsqx consumer on its own channel, wherever it landed, connects again
+        seen_by_client: list[bytes] = []
+        client = Consumer(
+            topic,
+            "cc",
+            lambda m: seen_by_client.append(m.body),
+            nsqd_tcp_addresses=[f"127.0.0.1:{node.tcp_port}"],
+            reconnect_delay=0.1,
+        )
+        await client.start()
+        await publish(node, topic, bodies)
         got = await sub.messages(20)
         sub.send(b"".join(c.fin(m.id) for m in got[:10]))
         sub.send(c.nop())
@@ -354,7 +431,10 @@ def test_a_killed_owner_closes_its_proxied_consumers_who_get_the_messages_again(
         while True:
             again = await raw_on(node, 0)
             again.send(c.sub(topic, "ch") + c.rdy(20))
-            ftype, data = await again.frame()
+            try:
+                ftype, data = await again.frame()
+            except ConnectionError as err:  # the link to worker 1 broke again
+                ftype, data = 0, str(err).encode()
             if ftype == FRAME_RESPONSE and data == b"OK":
                 break
             await again.close()
@@ -366,5 +446,11 @@ def test_a_killed_owner_closes_its_proxied_consumers_who_get_the_messages_again(
             seen.add(m.body)
             again.send(c.fin(m.id))
         await again.close()
+        # the nsqx consumer is back too: it gets what is published now
+        await publish(node, topic, [b"after"])
+        while b"after" not in seen_by_client:
+            assert time.monotonic() < deadline + 20, "the nsqx consumer did not come back"
+            await asyncio.sleep(0.05)
+        await client.close()
 
     run(go(), timeout=90)
