@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -25,23 +24,12 @@ from nsqx.nsqd.metadata import ChannelMetadata, TopicMetadata, merge_metadata
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE
+from workernode import topics_spread, worker_pids
 
-from nsqdproc import NsqdProcess, start_nsqd
+from nsqdproc import start_nsqd
 from rawnsq import Raw, run
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fork/exec")
-
-_WORKER_RE = re.compile(r"WORKERS: worker (\d+) started \(pid (\d+)\)")
-
-
-def worker_pids(node: NsqdProcess) -> dict[int, int]:
-    """The latest pid of each worker, from the supervisor's log."""
-    pids: dict[int, int] = {}
-    for line in list(node.log):
-        m = _WORKER_RE.search(line)
-        if m:
-            pids[int(m.group(1))] = int(m.group(2))
-    return pids
 
 
 def wait_for(cond: object, timeout: float = 20.0, what: str = "condition") -> None:
@@ -50,13 +38,6 @@ def wait_for(cond: object, timeout: float = 20.0, what: str = "condition") -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def topics_spread(n: int, workers: int) -> list[str]:
-    """n topic names, at least one owned by each worker."""
-    names = [f"wt{i}" for i in range(n)]
-    assert {owner_of(t, 0, workers) for t in names} == set(range(workers))
-    return names
 
 
 async def drain(port: int, topic: str, want: int, timeout: float = 10.0) -> list[bytes]:

@@ -9,78 +9,26 @@ registrations and a restarted lead registers everyone's again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
-import json
 import os
 import signal
-import socket
-import subprocess
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.nsqd.test_workers import topics_spread, worker_pids
 
 from nsqx.client import Consumer, Producer
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.nsqd.workers.spec import SPEC_ENV, WorkerSpec
+from workernode import Lookupd, go_lookupd, topics_spread, worker_pids
 
 from lookupdproc import http_request, wait_until
-from nsqdproc import GO_NSQD, NsqdProcess, start_nsqd
+from nsqdproc import NsqdProcess, start_nsqd
 from rawnsq import run
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fork/exec")
-
-GO_NSQLOOKUPD = GO_NSQD.parent / "nsqlookupd"
-V1 = {"Accept": "application/vnd.nsq; version=1.0"}
-
-
-class Lookupd:
-    """An nsqlookupd's HTTP API, whichever implementation runs it."""
-
-    def __init__(self, tcp: str, http: str, stop: Callable[[], None]) -> None:
-        self.tcp_address = tcp
-        self.http_address = http
-        self.stop = stop
-
-    def json(self, path: str) -> Any:
-        status, _, body = http_request(f"http://{self.http_address}{path}", headers=V1)
-        if status != 200:
-            return None
-        return json.loads(body)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextlib.contextmanager
-def go_lookupd() -> Iterator[Lookupd]:
-    """Go's nsqlookupd 1.3 on free ports (the test is skipped where it is absent)."""
-    if not GO_NSQLOOKUPD.exists():
-        pytest.skip("Go's nsqlookupd 1.3 is not at hand")
-    tcp, http = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
-    go = subprocess.Popen(
-        [
-            str(GO_NSQLOOKUPD),
-            f"-tcp-address={tcp}",
-            f"-http-address={http}",
-            "-broadcast-address=127.0.0.1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_until(lambda: _answers(http), what="Go's nsqlookupd")
-        yield Lookupd(tcp, http, go.kill)
-    finally:
-        go.kill()
-        go.wait()
 
 
 @pytest.fixture(params=["nsqx", "go"])
@@ -91,13 +39,6 @@ def lookupd(request: pytest.FixtureRequest, lookupd_factory: Any) -> Iterator[Lo
         return
     with go_lookupd() as go:
         yield go
-
-
-def _answers(http: str) -> bool:
-    try:
-        return http_request(f"http://{http}/ping")[0] == 200
-    except OSError:
-        return False
 
 
 def internal_http(node: NsqdProcess) -> list[str]:

@@ -25,13 +25,12 @@ from typing import Any
 import pytest
 from cluster import Consumer, Publisher, leader_port, start_cluster
 from cluster import until as wait
-from tests.nsqd.test_workers import worker_pids
-from tests.nsqd.test_workers_lookup import Lookupd, go_lookupd
 
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.nsqd.workers.spec import WorkerSpec
+from workernode import Lookupd, go_lookupd, worker_pids
 
 from lookupdproc import LookupdProcess
 from nsqdproc import NsqdProcess

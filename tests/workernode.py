@@ -1,0 +1,93 @@
+"""A node of several workers in tests: its workers' pids, topics spread over them, and
+an nsqlookupd of either implementation (Go's 1.3 where its binary is at hand)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from nsqx.nsqd.workers.ownership import owner_of
+
+from lookupdproc import http_request, wait_until
+from nsqdproc import GO_NSQD, NsqdProcess
+
+GO_NSQLOOKUPD = GO_NSQD.parent / "nsqlookupd"
+V1 = {"Accept": "application/vnd.nsq; version=1.0"}
+
+_WORKER_RE = re.compile(r"WORKERS: worker (\d+) started \(pid (\d+)\)")
+
+
+def worker_pids(node: NsqdProcess) -> dict[int, int]:
+    """The latest pid of each worker, from the supervisor's log."""
+    pids: dict[int, int] = {}
+    for line in list(node.log):
+        m = _WORKER_RE.search(line)
+        if m:
+            pids[int(m.group(1))] = int(m.group(2))
+    return pids
+
+
+def topics_spread(n: int, workers: int) -> list[str]:
+    """n topic names, at least one owned by each worker."""
+    names = [f"wt{i}" for i in range(n)]
+    assert {owner_of(t, 0, workers) for t in names} == set(range(workers))
+    return names
+
+
+def _answers(http: str) -> bool:
+    try:
+        return http_request(f"http://{http}/ping")[0] == 200
+    except OSError:
+        return False
+
+
+class Lookupd:
+    """An nsqlookupd's HTTP API, whichever implementation runs it."""
+
+    def __init__(self, tcp: str, http: str, stop: Callable[[], None]) -> None:
+        self.tcp_address = tcp
+        self.http_address = http
+        self.stop = stop
+
+    def json(self, path: str) -> Any:
+        status, _, body = http_request(f"http://{self.http_address}{path}", headers=V1)
+        if status != 200:
+            return None
+        return json.loads(body)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def go_lookupd() -> Iterator[Lookupd]:
+    """Go's nsqlookupd 1.3 on free ports (the test is skipped where it is absent)."""
+    if not GO_NSQLOOKUPD.exists():
+        pytest.skip("Go's nsqlookupd 1.3 is not at hand")
+    tcp, http = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
+    go = subprocess.Popen(
+        [
+            str(GO_NSQLOOKUPD),
+            f"-tcp-address={tcp}",
+            f"-http-address={http}",
+            "-broadcast-address=127.0.0.1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: _answers(http), what="Go's nsqlookupd")
+        yield Lookupd(tcp, http, go.kill)
+    finally:
+        go.kill()
+        go.wait()
