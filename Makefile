@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: up test install lint typecheck unit compiled bench bench-client clean example-spark java screenshots chaos
+.PHONY: up test install lint typecheck unit compat-workers compiled bench bench-client clean example-spark java screenshots chaos
 
 # Editable, so always pure Python (NSQX_COMPILE=0 says so): a compiled module in src/
 # would shadow the .py being edited. `make compiled` tests the compiled build.
@@ -32,7 +32,11 @@ unit: $(STAMP) java
 	$(BIN)/pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-test: lint typecheck unit compiled
+# the peer clients' suites once more against a node of two workers (nsqd --workers=2)
+compat-workers: $(STAMP)
+	NSQX_TEST_WORKERS=2 $(BIN)/pytest -q tests/compat
+
+test: lint typecheck unit compat-workers compiled
 
 # The wheel `pip install .` builds, its hot path compiled with mypyc (setup.py), in a venv
 # of its own (.venv-compiled) running the tests of the compiled layers; one line says it

@@ -108,6 +108,7 @@ class WorkerSet:
         #: this turn's groups, by (owner, topic, partition)
         self._groups: dict[tuple[int, str, int], _Group] = {}
         self._groups_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: more item kinds (subscriptions, calls), by their first field
         self.handlers: dict[str, Callable[[Link, tuple[Any, ...]], None]] = {
             PUB: self._on_pub,
@@ -137,6 +138,8 @@ class WorkerSet:
         return owner_of(topic, partition, self.count) == self.index
 
     async def start(self) -> None:
+        # (kept: asyncio.get_running_loop() makes a getpid system call each time)
+        self._loop = asyncio.get_running_loop()
         await self.links.start()
 
     async def close(self) -> None:
@@ -186,7 +189,8 @@ class WorkerSet:
                 group = self._groups[key] = _Group()
                 if not self._groups_scheduled:
                     self._groups_scheduled = True
-                    asyncio.get_running_loop().call_soon(self._send_groups)
+                    loop = self._loop or asyncio.get_running_loop()
+                    loop.call_soon(self._send_groups)
             group.seqs.append(seq)
             group.mpubs.append(verb == V_MPUB)
             group.bodies.extend(bodies)

@@ -51,6 +51,8 @@ class Link(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._outbox: list[tuple[Any, ...]] = []
         self._scheduled = False
+        # (kept: asyncio.get_running_loop() makes a getpid system call each time)
+        self._loop = asyncio.get_running_loop()
         self._buf = bytearray()
         self.closed = False
         #: called once when the link is gone (after connection_lost)
@@ -77,7 +79,7 @@ class Link(asyncio.Protocol):
         self._outbox.append(item)
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
