@@ -15,7 +15,9 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +28,7 @@ from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE
 from workernode import topics_spread, worker_pids
 
-from nsqdproc import start_nsqd
+from nsqdproc import NsqdProcess, start_nsqd
 from rawnsq import Raw, run
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fork/exec")
@@ -281,3 +283,44 @@ def test_a_worker_that_cannot_start_stops_the_node(tmp_path: Path) -> None:
     assert "w0: " in proc.stderr and "No such file" in proc.stderr  # the worker says why
     node = start_nsqd(tmp_path)  # the directory is free again
     node.stop()
+
+
+def test_stats_list_every_consumer_of_a_channel_once(tmp_path: Path) -> None:
+    """A consumer subscribed through another worker is listed in its channel's /stats
+    as a local one (with its RDY and the messages it got), and counted once."""
+    node = start_nsqd(tmp_path, "--workers=2", "--http-address=127.0.0.1:0")
+    try:
+
+        async def go() -> dict[str, Any]:
+            raws = []
+            for k in range(6):
+                raw = await Raw.connect(node.tcp_address)
+                await raw.subscribe("listed", "c", rdy=10 + k, client_id=f"consumer{k}")
+                raws.append(raw)
+            pub = await Raw.connect(node.tcp_address)
+            await pub.publish("listed", *[b"m%d" % i for i in range(12)])
+            deadline = asyncio.get_running_loop().time() + 10
+            while True:
+                doc = await asyncio.to_thread(http_stats, node)
+                ch = doc["topics"][0]["channels"][0]
+                if sum(cl["message_count"] for cl in ch["clients"]) == 12:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, ch
+                await asyncio.sleep(0.05)
+            for raw in [*raws, pub]:
+                raw.writer.close()
+            return ch
+
+        ch = run(go())
+    finally:
+        node.stop()
+    assert ch["client_count"] == 6
+    assert sorted(cl["client_id"] for cl in ch["clients"]) == [f"consumer{k}" for k in range(6)]
+    assert sorted(cl["ready_count"] for cl in ch["clients"]) == list(range(10, 16))
+    assert len({cl["remote_address"] for cl in ch["clients"]}) == 6
+
+
+def http_stats(node: NsqdProcess) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{node.http_url}/stats?format=json&topic=listed") as resp:
+        doc: dict[str, Any] = json.load(resp)
+    return doc

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -231,6 +232,15 @@ class Stats:
     producers: list[ClientStats] | None
 
 
+def _consumer_stats(consumer: object, topic: str) -> ClientStats | None:
+    """A channel's consumer's line: a connection's, or what stands for one (a
+    connection of another worker subscribed here: its proxy says; None if it cannot)."""
+    if isinstance(consumer, ClientV2):
+        return client_stats(consumer, topic)
+    own: Callable[[], ClientStats] | None = getattr(consumer, "client_stats", None)
+    return own() if own is not None else None
+
+
 def client_stats(client: ClientV2, topic: str = "") -> ClientStats:
     """A client's stats; ``pub_counts`` limited to ``topic`` when one is given."""
     s = client.settings
@@ -301,7 +311,9 @@ def channel_stats(ch: Channel, include_clients: bool = True) -> ChannelStats:
         requeue_count=ch.requeue_count,
         timeout_count=ch.timeout_count,
         client_count=len(ch.clients),
-        clients=[client_stats(c, ch.topic.name) for c in ch.clients if isinstance(c, ClientV2)]
+        clients=[
+            line for c in ch.clients if (line := _consumer_stats(c, ch.topic.name)) is not None
+        ]
         if include_clients
         else None,
         paused=ch.paused,

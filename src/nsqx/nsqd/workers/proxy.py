@@ -29,6 +29,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqx.nsqd.client_v2 import client_frames, sub_channel, sub_layout, sub_partition
+from nsqx.nsqd.stats import ClientStats, client_stats
 from nsqx.nsqd.workers.forwarding import LinkLost, Ticket
 from nsqx.wire.errors import (
     E_FIN_FAILED,
@@ -135,6 +136,41 @@ class ProxyConsumer:
         self.yz_detail = False
         self.rdy = 0
         self.closed = False
+        #: messages sent to the client through it
+        self.message_count = 0
+        #: what /stats shows of the connection (its worker's word: TLS, AUTH, ...)
+        self.info: dict[str, Any] = {}
+
+    def client_stats(self) -> ClientStats:
+        """The connection's line in its channel's /stats, as a local client's."""
+        s = self.settings
+        info = self.info
+        held = self.channel.held_by(self) if self.channel is not None else None
+        return ClientStats(
+            client_id=s.client_id,
+            hostname=s.hostname,
+            version="V2",
+            remote_address=self.remote_address,
+            state=4 if self.closed else 3,  # (Go's stateClosing, stateSubscribed)
+            ready_count=self.rdy,
+            in_flight_count=len(held) if held is not None else 0,
+            message_count=self.message_count,
+            finish_count=held.finish_count if held is not None else 0,
+            requeue_count=held.requeue_count if held is not None else 0,
+            connect_ts=int(info.get("connect_ts", 0)),
+            sample_rate=s.sample_rate,
+            deflate=s.deflate,
+            snappy=s.snappy,
+            user_agent=s.user_agent,
+            tls=bool(info.get("tls", False)),
+            tls_cipher_suite=str(info.get("tls_cipher_suite", "")),
+            tls_version=str(info.get("tls_version", "")),
+            tls_negotiated_protocol="",
+            tls_negotiated_protocol_is_mutual=False,
+            authed=bool(info.get("authed", False)),
+            auth_identity=str(info.get("auth_identity", "")),
+            auth_identity_url=str(info.get("auth_identity_url", "")),
+        )
 
     def __repr__(self) -> str:
         return f"<client {self.remote_address} {self.settings.client_id!r} via worker {self.link.peer}>"
@@ -148,6 +184,7 @@ class ProxyConsumer:
         channel = self.channel
         assert channel is not None
         frames = client_frames(channel, frames, ids, self.yz_ids, self.yz_ext, self.yz_detail)
+        self.message_count += len(ids)
         self.link.send((SUB_MSGS, self.sid, b"".join(frames), len(ids), flush))
         # the connection buffers them as its own (output_buffer_timeout)
         return 0.0 if flush or self.output_buffer_timeout <= 0 else self.output_buffer_timeout
@@ -228,6 +265,7 @@ class SubProxies:
                 client.msg_timeout,
                 client.remote_address,
                 client.output_buffer_timeout,
+                _connection_info(client),
             )
         )
         return remote, remote.ticket
@@ -291,7 +329,7 @@ class SubProxies:
     # -- the owner's side -------------------------------------------------------------
 
     def _on_sub(self, link: Link, item: tuple[Any, ...]) -> None:
-        _, sid, ev, settings, sample_rate, msg_timeout, remote_address, obt = item
+        _, sid, ev, settings, sample_rate, msg_timeout, remote_address, obt, info = item
         nsqd = self.workers.nsqd
         proxy: ProxyConsumer | None = None
         try:
@@ -301,6 +339,7 @@ class SubProxies:
             proxy = ProxyConsumer(
                 self, link, sid, remote_address, settings, msg_timeout, sample_rate, obt
             )
+            proxy.info = info
             proxy.yz_ids, proxy.yz_ext, proxy.yz_detail = sub_layout(ev, settings, part)
             channel, late = sub_channel(nsqd, ev, part, proxy)
         except ProtocolError as err:
@@ -379,3 +418,18 @@ class SubProxies:
         proxies = self._proxies.pop(link, None)
         for proxy in list((proxies or {}).values()):
             proxy._leave()
+
+
+def _connection_info(client: ClientV2) -> dict[str, Any]:
+    """What the owner's /stats shows of a proxied connection that only its own worker
+    knows (its TLS session, its AUTH, when it connected)."""
+    stats = client_stats(client)
+    return {
+        "connect_ts": stats.connect_ts,
+        "tls": stats.tls,
+        "tls_cipher_suite": stats.tls_cipher_suite,
+        "tls_version": stats.tls_version,
+        "authed": stats.authed,
+        "auth_identity": stats.auth_identity,
+        "auth_identity_url": stats.auth_identity_url,
+    }
