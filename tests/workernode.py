@@ -8,6 +8,7 @@ import json
 import re
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,9 +35,18 @@ def worker_pids(node: NsqdProcess) -> dict[int, int]:
     return pids
 
 
-def topics_spread(n: int, workers: int) -> list[str]:
+def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
+    """Wait (polling) until ``cond()`` is true."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def topics_spread(n: int, workers: int, prefix: str = "wt") -> list[str]:
     """n topic names, at least one owned by each worker."""
-    names = [f"wt{i}" for i in range(n)]
+    names = [f"{prefix}{i}" for i in range(n)]
     assert {owner_of(t, 0, workers) for t in names} == set(range(workers))
     return names
 

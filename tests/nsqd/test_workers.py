@@ -26,20 +26,12 @@ from nsqx.nsqd.metadata import ChannelMetadata, TopicMetadata, merge_metadata
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE
-from workernode import topics_spread, worker_pids
+from workernode import topics_spread, wait_for, worker_pids
 
 from nsqdproc import NsqdProcess, start_nsqd
 from rawnsq import Raw, run
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fork/exec")
-
-
-def wait_for(cond: object, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 async def drain(port: int, topic: str, want: int, timeout: float = 10.0) -> list[bytes]:

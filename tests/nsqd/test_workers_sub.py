@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import sys
 import time
@@ -22,6 +21,7 @@ from nsqx.client import Consumer, Message, Producer
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE
+from workernode import topics_spread, wait_for, worker_pids
 
 from nsqdproc import NsqdProcess, start_nsqd
 from rawnsq import Raw, run
@@ -29,33 +29,6 @@ from rawnsq import Raw, run
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="workers need Linux (and /proc here)"
 )
-
-_WORKER_RE = re.compile(r"WORKERS: worker (\d+) started \(pid (\d+)\)")
-
-
-def worker_pids(node: NsqdProcess) -> dict[int, int]:
-    """The latest pid of each worker, from the supervisor's log."""
-    pids: dict[int, int] = {}
-    for line in list(node.log):
-        m = _WORKER_RE.search(line)
-        if m:
-            pids[int(m.group(1))] = int(m.group(2))
-    return pids
-
-
-def wait_for(cond: object, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def topics_spread(n: int, workers: int) -> list[str]:
-    """n topic names, at least one owned by each worker."""
-    names = [f"st{i}" for i in range(n)]
-    assert {owner_of(t, 0, workers) for t in names} == set(range(workers))
-    return names
 
 
 def _socket_inode(server_port: int, client_port: int) -> int | None:
@@ -135,7 +108,7 @@ async def publish(node: NsqdProcess, topic: str, bodies: list[bytes], conns: int
 
 
 def test_every_message_reaches_consumers_on_both_workers_once(node: NsqdProcess) -> None:
-    topics = topics_spread(10, 2)
+    topics = topics_spread(10, 2, "st")
     n = 40
 
     async def go() -> dict[str, list[bytes]]:

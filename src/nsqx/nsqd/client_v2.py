@@ -942,9 +942,8 @@ class ClientV2(asyncio.Protocol):
         elif err is None and answer:
             i = ticket.slot - self._out_base
             if 0 <= i < len(self._out):
-                n = len(self._out[i]) // len(_OK_FRAME)
-                if n > 1 and not ticket.fatal:
-                    answer *= n  # pipelined PUBs (one event): one refusal each, as here
+                if ticket.answers > 1 and not ticket.fatal:
+                    answer *= ticket.answers  # pipelined PUBs: one refusal each, as here
                 self._out[i] = answer
             if ticket.fatal and not self.closed:
                 # as a fatal error here: nothing after it is answered, then the close

@@ -246,15 +246,10 @@ class HTTPServer:
 
         Returns the bound (host, port), or None for a unix socket.
         """
-        if self._runner is None:
-            # An unread body (a request refused early) is drained for at most
-            # LINGER_SECONDS so the client can read the answer; a 413 then closes.
-            server = web.Server(self._handler(), access_log=None, lingering_time=LINGER_SECONDS)
-            self._runner = web.ServerRunner(server, shutdown_timeout=1.0)
-            await self._runner.setup()
         scheme = "HTTPS" if ssl_context is not None else "HTTP"
         if "/" in address:
-            site: web.BaseSite = web.UnixSite(self._runner, address, ssl_context=ssl_context)
+            runner = await self._started_runner()
+            site: web.BaseSite = web.UnixSite(runner, address, ssl_context=ssl_context)
             await site.start()
             self._sites.append(site)
             self._unix_paths.append(address)
@@ -275,17 +270,24 @@ class HTTPServer:
         self, sock: socket.socket, ssl_context: ssl.SSLContext | None = None
     ) -> tuple[str, int]:
         """Serve on a bound socket (a worker's, inherited from its supervisor)."""
-        if self._runner is None:
-            server = web.Server(self._handler(), access_log=None, lingering_time=LINGER_SECONDS)
-            self._runner = web.ServerRunner(server, shutdown_timeout=1.0)
-            await self._runner.setup()
+        runner = await self._started_runner()
         scheme = "HTTPS" if ssl_context is not None else "HTTP"
         bound = sock.getsockname()
-        site = web.SockSite(self._runner, sock, ssl_context=ssl_context, backlog=1024)
+        site = web.SockSite(runner, sock, ssl_context=ssl_context, backlog=1024)
         await site.start()
         self._sites.append(site)
         log.info("%s: listening on %s:%d", scheme, bound[0], bound[1])
         return (bound[0], bound[1])
+
+    async def _started_runner(self) -> web.ServerRunner:
+        """The one runner every listener of this API shares (made on first use)."""
+        if self._runner is None:
+            # An unread body (a request refused early) is drained for at most
+            # LINGER_SECONDS so the client can read the answer; a 413 then closes.
+            server = web.Server(self._handler(), access_log=None, lingering_time=LINGER_SECONDS)
+            self._runner = web.ServerRunner(server, shutdown_timeout=1.0)
+            await self._runner.setup()
+        return self._runner
 
     async def close(self) -> None:
         """Stop listening and close connections (in-flight requests get a second)."""

@@ -66,11 +66,18 @@ class LinkLost(Exception):
 class Ticket:
     """One forwarded publish, waiting for its owner's answer."""
 
-    __slots__ = ("answer", "fatal", "group", "on_answer", "slot")
+    __slots__ = ("answer", "answers", "fatal", "group", "on_answer", "slot")
 
-    def __init__(self, slot: int, on_answer: Callable[[Ticket, BaseException | None], None]):
+    def __init__(
+        self,
+        slot: int,
+        on_answer: Callable[[Ticket, BaseException | None], None],
+        answers: int = 1,
+    ) -> None:
         #: where its answer sits in the connection's output (counted from its start)
         self.slot = slot
+        #: the answers it stands for (pipelined PUBs read as one event: one each)
+        self.answers = answers
         self.on_answer = on_answer
         #: the connection's AckGroup, once the read that published ended
         self.group: Any = None
@@ -176,7 +183,7 @@ class WorkerSet:
             link.on_close.append(self._link_lost)
         self._seq += 1
         seq = self._seq
-        ticket = Ticket(slot, on_answer)
+        ticket = Ticket(slot, on_answer, len(bodies) if verb == V_PUBS else 1)
         tickets[seq] = ticket
         if verb in _GROUPED:
             # the plain publishes of a turn to one partition go as one batch: one
@@ -290,9 +297,7 @@ class WorkerSet:
             return
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", topic, err)
-            base = "MPUB" if verb.startswith("MPUB") else ("DPUB" if verb == V_DPUB else "PUB")
-            err2 = ProtocolError(f"E_{base}_FAILED", f"{base} failed {err}")
-            link.send((PUB_ANSWER, seq, encode_error(err2), True))
+            link.send((PUB_ANSWER, seq, _write_failed(verb, err), True))
             return
         if verb == V_MPUB_TRACE:
             answer = traced_answer(published, 0, published.raw_size)
@@ -304,6 +309,13 @@ class WorkerSet:
             link.send((PUB_ANSWER, seq, answer, False))
             return
         part.when_acknowledged(_Answer(link, seq, answer, verb, part))
+
+
+def _write_failed(verb: str, err: OSError) -> bytes:
+    """The answer to a publish whose write or fsync failed, as a single nsqd gives it:
+    E_PUB_FAILED, E_MPUB_FAILED or E_DPUB_FAILED (fatal)."""
+    base = "MPUB" if verb.startswith("MPUB") else ("DPUB" if verb == V_DPUB else "PUB")
+    return encode_error(ProtocolError(f"E_{base}_FAILED", f"{base} failed {err}"))
 
 
 class _Answer:
@@ -322,9 +334,7 @@ class _Answer:
         if err is None:
             self.link.send((PUB_ANSWER, self.seq, self.answer, False))
         elif isinstance(err, OSError):
-            base = "MPUB" if self.verb.startswith("MPUB") else "PUB"
-            frame = encode_error(ProtocolError(f"E_{base}_FAILED", f"{base} failed {err}"))
-            self.link.send((PUB_ANSWER, self.seq, frame, True))
+            self.link.send((PUB_ANSWER, self.seq, _write_failed(self.verb, err), True))
         else:
             # not held by the ISR: the origin closes without answering
             log.error("TOPIC(%s): %s", self.part.topic.name, err)
@@ -348,8 +358,6 @@ class _GroupAnswer:
             return
         for seq, mpub in zip(self.seqs, self.mpubs, strict=True):
             if isinstance(err, OSError):
-                verb = "MPUB" if mpub else "PUB"
-                frame = encode_error(ProtocolError(f"E_{verb}_FAILED", f"{verb} failed {err}"))
-                link.send((PUB_ANSWER, seq, frame, True))
+                link.send((PUB_ANSWER, seq, _write_failed(V_MPUB if mpub else V_PUB, err), True))
             else:
                 link.send((PUB_ANSWER, seq, None, True))

@@ -350,25 +350,10 @@ class HttpRouter:
         try:
             await upstream.send_bytes(first)
 
-            async def down() -> None:
-                async for msg in upstream:
-                    if msg.type == aiohttp.WSMsgType.BINARY:
-                        await ws.send_bytes(msg.data)
-                    elif msg.type == aiohttp.WSMsgType.TEXT:
-                        await ws.send_str(msg.data)
-                    else:
-                        break
-
-            async def up() -> None:
-                async for msg in ws:
-                    if msg.type == aiohttp.WSMsgType.BINARY:
-                        await upstream.send_bytes(msg.data)
-                    elif msg.type == aiohttp.WSMsgType.TEXT:
-                        await upstream.send_str(msg.data)
-                    else:
-                        break
-
-            tasks = [asyncio.create_task(down()), asyncio.create_task(up())]
+            tasks = [
+                asyncio.create_task(_relay(upstream, ws)),
+                asyncio.create_task(_relay(ws, upstream)),
+            ]
             try:
                 await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -377,3 +362,17 @@ class HttpRouter:
                 await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             await upstream.close()
+
+
+_WebSocket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse
+
+
+async def _relay(source: _WebSocket, sink: _WebSocket) -> None:
+    """Pass a WebSocket's messages on to another until it closes."""
+    async for msg in source:
+        if msg.type == aiohttp.WSMsgType.BINARY:
+            await sink.send_bytes(msg.data)
+        elif msg.type == aiohttp.WSMsgType.TEXT:
+            await sink.send_str(msg.data)
+        else:
+            break

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from nsqx.nsqd.client_v2 import client_frames, sub_channel, sub_layout, sub_partition
 from nsqx.nsqd.stats import ClientStats, client_stats
-from nsqx.nsqd.workers.forwarding import LinkLost, Ticket
+from nsqx.nsqd.workers.forwarding import OK_FRAME, LinkLost, Ticket
 from nsqx.wire.errors import (
     E_FIN_FAILED,
     E_REQ_FAILED,
@@ -38,7 +38,7 @@ from nsqx.wire.errors import (
     E_TOUCH_FAILED,
     ProtocolError,
 )
-from nsqx.wire.frames import OK, encode_error, encode_response
+from nsqx.wire.frames import encode_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -51,8 +51,6 @@ if TYPE_CHECKING:
     from nsqx.wire.identify import ClientSettings
 
 log = logging.getLogger("nsqx.nsqd")
-
-_OK_FRAME: Final = encode_response(OK)
 
 # items from the origin to the owner
 SUB: Final = "sub"
@@ -358,7 +356,7 @@ class SubProxies:
         if late is not None:
             link.send((SUB_ANSWER, sid, encode_error(late), late.fatal, True))
         else:
-            link.send((SUB_ANSWER, sid, _OK_FRAME, False, True))
+            link.send((SUB_ANSWER, sid, OK_FRAME, False, True))
 
     def _proxy(self, link: Link, sid: int) -> ProxyConsumer | None:
         proxies = self._proxies.get(link)
