@@ -32,6 +32,12 @@ fresh server:
            round trip) over 16 connections for ``--seconds``
 ``pub64``  the same over 64 connections
 
+With ``--topics K`` (1) each phase spreads its load over K topics: K generators, the
+phase's connections shared out among them (at least one each), their rates summed; the
+names are chosen so that nsqx's workers own equally many (K a multiple of N). One topic
+is the hardest case for workers (its one owner takes every publish); K topics are a node
+carrying many topics.
+
 Each round (``--rounds``, 1) runs every phase on every target, the targets one after
 the other per phase, their order rotated from round to round, so that the figures
 compared were measured close together on the same machine.
@@ -81,6 +87,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -386,9 +393,9 @@ class Generator:
     starts at a known instant, after the connections are made.
     """
 
-    def __init__(self, argv: list[str], conns: int, tmp: str, lead: float) -> None:
-        self.start_wall = time.time() + lead
-        self.start = time.monotonic() + lead
+    def __init__(self, argv: list[str], conns: int, tmp: str, start_wall: float) -> None:
+        self.start_wall = start_wall
+        self.start = time.monotonic() + (start_wall - time.time())
         stamp = datetime.datetime.fromtimestamp(self.start_wall, datetime.UTC)
         self.argv = [*argv, f"--deadline={stamp:%Y-%m-%d %H:%M:%S.%f}"]
         self.out_path = os.path.join(tmp, f"gen-{secrets.token_hex(3)}.log")
@@ -478,6 +485,7 @@ class Config:
     rdy: int = 2500
     startup_timeout: float = 30.0
     json_path: str | None = None
+    topics: int = 1
     results: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -493,60 +501,119 @@ def executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
+def spread_topics(prefix: str, k: int) -> list[str]:
+    """``k`` topic names whose crc32 leave every remainder mod ``k`` once.
+
+    nsqx's workers own a topic by crc32 of its name mod N (nsqx.nsqd.workers.ownership),
+    so for any N dividing ``k`` each worker owns ``k / N`` of them; Go's nsqd ignores it.
+    """
+    names: dict[int, str] = {}
+    i = 0
+    while len(names) < k:
+        name = f"{prefix}-{i}"
+        names.setdefault(zlib.crc32(name.encode()) % k, name)
+        i += 1
+    return [names[r] for r in range(k)]
+
+
 class Bench:
     def __init__(self, cfg: Config, log: Callable[[str], None]) -> None:
         self.cfg = cfg
         self.log = log
         self.server: Server | None = None
-        self.gen: Generator | None = None
+        self.gens: list[Generator] = []
 
-    def writer(self, server: Server, topic: str, phase: str, seconds: float) -> Generator:
+    def topics(self, phase: str) -> list[str]:
+        prefix = f"scale-{phase}-{secrets.token_hex(3)}"
+        return [prefix] if self.cfg.topics == 1 else spread_topics(prefix, self.cfg.topics)
+
+    def start(self, argvs: list[list[str]], conns: int, server: Server) -> list[Generator]:
+        """One generator per argv, ``conns`` connections shared out, one start instant."""
+        each = max(1, conns // len(argvs))
+        start = time.time() + 0.5 + 0.01 * max(conns, len(argvs))
+        gens = [Generator(argv, each, server.tmp, start) for argv in argvs]
+        self.gens.extend(gens)
+        return gens
+
+    def writers(
+        self, server: Server, topics: list[str], phase: str, seconds: float
+    ) -> list[Generator]:
         conns, batch = PHASE_LOAD[phase]
-        argv = [
-            str(self.cfg.bench_writer),
-            f"--nsqd-tcp-address={server.tcp}",
-            f"--topic={topic}",
-            f"--size={self.cfg.size}",
-            f"--batch-size={batch or self.cfg.batch}",
-            f"--runfor={seconds}s",
+        argvs = [
+            [
+                str(self.cfg.bench_writer),
+                f"--nsqd-tcp-address={server.tcp}",
+                f"--topic={topic}",
+                f"--size={self.cfg.size}",
+                f"--batch-size={batch or self.cfg.batch}",
+                f"--runfor={seconds}s",
+            ]
+            for topic in topics
         ]
-        self.gen = Generator(argv, conns, server.tmp, 0.5 + 0.01 * conns)
-        return self.gen
+        return self.start(argvs, conns, server)
+
+    @staticmethod
+    def wait_all(gens: list[Generator], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for gen in gens:
+            gen.wait(max(0.0, deadline - time.monotonic()))
+
+    @staticmethod
+    def results(gens: list[Generator]) -> tuple[float, int]:
+        """Summed (msgs/s, messages) of generators that ran over the same window."""
+        figures = [gen.result() for gen in gens]
+        return sum(r for r, _ in figures), sum(m for _, m in figures)
+
+    @staticmethod
+    def late(gens: list[Generator]) -> str | None:
+        return next((x for x in (gen.late() for gen in gens) if x), None)
 
     def measure_pub(self, server: Server, phase: str) -> dict[str, Any]:
-        """mpub, pub16, pub64: bench_writer for --seconds, its own rate."""
+        """mpub, pub16, pub64: bench_writer(s) for --seconds, their own rates summed."""
         cfg = self.cfg
-        gen = self.writer(server, f"scale-{phase}-{secrets.token_hex(3)}", phase, cfg.seconds)
-        gen.wait_start()
+        gens = self.writers(server, self.topics(phase), phase, cfg.seconds)
+        gens[0].wait_start()
         s0, _ = tree_cpu(server.pid)
-        gen.wait(cfg.seconds + 60)
+        self.wait_all(gens, cfg.seconds + 60)
         s1, procs = tree_cpu(server.pid)
-        rate, msgs = gen.result()
-        wall = gen.end - gen.start
+        rate, msgs = self.results(gens)
+        wall = max(gen.end for gen in gens) - gens[0].start
         return {
             "msgs_per_s": rate,
             "msgs": msgs,
             "seconds": round(wall, 3),
             "server_cores": (s1 - s0) / wall,
-            "generator_cores": gen.cpu_s / wall,
+            "generator_cores": sum(gen.cpu_s for gen in gens) / wall,
             "server_processes": procs,
-            "generator_late": gen.late(),
+            "generator_late": self.late(gens),
         }
+
+    def sub_stats(self, server: Server, topics: list[str]) -> dict[str, int] | None:
+        """The topics' /stats figures summed (None while one of them is not listed)."""
+        total: dict[str, int] = {}
+        for topic in topics:
+            st = server.stats(topic, CHANNEL)
+            if st is None:
+                return None
+            for key, value in st.items():
+                total[key] = total.get(key, 0) + value
+        return total
 
     def measure_sub(self, server: Server) -> dict[str, Any]:
         """Fill a channel (untimed), then time bench_reader consuming it."""
         cfg = self.cfg
-        topic = f"scale-sub-{secrets.token_hex(3)}"
-        for path in (
-            f"/topic/create?topic={topic}",
-            f"/channel/create?topic={topic}&channel={CHANNEL}",
-        ):
-            http_get(server.http + path, "POST")
-        fill = self.writer(server, topic, "sub", cfg.fill_seconds)
-        fill.wait(cfg.fill_seconds + 60)
-        _, published = fill.result()
+        topics = self.topics("sub")
+        for topic in topics:
+            for path in (
+                f"/topic/create?topic={topic}",
+                f"/channel/create?topic={topic}&channel={CHANNEL}",
+            ):
+                http_get(server.http + path, "POST")
+        fill = self.writers(server, topics, "sub", cfg.fill_seconds)
+        self.wait_all(fill, cfg.fill_seconds + 60)
+        _, published = self.results(fill)
         # every message in the channel (the topic hands its queue over to it) before timing
-        st = server.stats(topic, CHANNEL)
+        st = self.sub_stats(server, topics)
         deadline = time.monotonic() + 60
         while st is not None and (st["topic_depth"] or st["depth"] < st["topic_messages"]):
             if time.monotonic() > deadline:
@@ -555,56 +622,60 @@ class Bench:
                 )
                 break
             time.sleep(POLL)
-            st = server.stats(topic, CHANNEL)
+            st = self.sub_stats(server, topics)
         # a worker's partial view (fewer messages than were published) cannot tell a drain
         complete = st is not None and st["topic_messages"] >= 0.99 * published
         backlog = st["depth"] if st is not None and complete else published
-        conns = PHASE_LOAD["sub"][0]
-        argv = [
-            str(cfg.bench_reader),
-            f"--nsqd-tcp-address={server.tcp}",
-            f"--topic={topic}",
-            f"--channel={CHANNEL}",
-            f"--size={cfg.size}",
-            f"--rdy={cfg.rdy}",
-            f"--runfor={cfg.seconds}s",
+        argvs = [
+            [
+                str(cfg.bench_reader),
+                f"--nsqd-tcp-address={server.tcp}",
+                f"--topic={topic}",
+                f"--channel={CHANNEL}",
+                f"--size={cfg.size}",
+                f"--rdy={cfg.rdy}",
+                f"--runfor={cfg.seconds}s",
+            ]
+            for topic in topics
         ]
-        gen = self.gen = Generator(argv, conns, server.tmp, 0.5 + 0.01 * conns)
-        gen.wait_start()
+        gens = self.start(argvs, PHASE_LOAD["sub"][0], server)
+        gens[0].wait_start()
         s0, _ = tree_cpu(server.pid)
         drained_at: float | None = None
         limit = time.monotonic() + cfg.seconds + 60
-        while not gen.poll():
+        while not all([gen.poll() for gen in gens]):
             if complete:
-                st = server.stats(topic, CHANNEL)
+                st = self.sub_stats(server, topics)
                 # every message sent: bench_reader keeps its last FINs in its write buffer
                 # (up to --runfor), so in_flight_count does not go to 0 before it ends
                 if st is not None and not (st["depth"] or st["deferred"]):
                     drained_at = time.monotonic()
                     break
             if time.monotonic() > limit:
-                gen.kill()
+                for gen in gens:
+                    gen.kill()
                 raise BenchError(f"bench_reader still running after {cfg.seconds + 60:g} s")
             time.sleep(POLL)
-        end = drained_at if drained_at is not None else gen.end
+        end = drained_at if drained_at is not None else max(gen.end for gen in gens)
         s1, procs = tree_cpu(server.pid)
-        wall = end - gen.start
+        wall = end - gens[0].start
         if drained_at is not None:
-            gen.kill()  # it would wait out --runfor on an empty channel
+            for gen in gens:
+                gen.kill()  # it would wait out --runfor on an empty channel
             rate, msgs = backlog / wall, backlog
         else:
-            rate, msgs = gen.result()
+            rate, msgs = self.results(gens)
         return {
             "msgs_per_s": rate,
             "msgs": msgs,
             "seconds": round(wall, 3),
             "server_cores": (s1 - s0) / wall,
-            "generator_cores": gen.cpu_s / wall,
+            "generator_cores": sum(gen.cpu_s for gen in gens) / wall,
             "server_processes": procs,
             "backlog": backlog,
             "drained": drained_at is not None,
             "drain_visible": complete,
-            "generator_late": gen.late(),
+            "generator_late": self.late(gens),
         }
 
     def run_one(self, target: Target, phase: str, rnd: int) -> dict[str, Any] | None:
@@ -620,9 +691,9 @@ class Bench:
             r = self.measure_sub(server) if phase == "sub" else self.measure_pub(server, phase)
             server.check_alive()
         finally:
-            if self.gen is not None:
-                self.gen.kill()
-                self.gen = None
+            for gen in self.gens:
+                gen.kill()
+            self.gens = []
             server.stop()
             self.server = None
         r.update(round=rnd + 1, phase=phase, target=target.name, loadavg_1m=round(load, 2))
@@ -644,8 +715,8 @@ class Bench:
                     self.log(format_line(r, cfg.rounds))
 
     def close(self) -> None:
-        if self.gen is not None:
-            self.gen.kill()
+        for gen in self.gens:
+            gen.kill()
         if self.server is not None:
             self.server.stop()
 
@@ -825,6 +896,13 @@ def parse_args(argv: Sequence[str] | None, log: Callable[[str], None]) -> Config
     p.add_argument("--size", type=int, default=200, help="message size in bytes")
     p.add_argument("--batch", type=int, default=200, help="messages per MPUB (mpub, sub's fill)")
     p.add_argument("--rdy", type=int, default=2500, help="bench_reader's RDY per connection")
+    p.add_argument(
+        "--topics",
+        type=int,
+        default=1,
+        help="spread each phase over this many topics, one generator each, the phase's "
+        "connections shared out (nsqx: topics chosen to spread evenly over the workers)",
+    )
     p.add_argument("--startup-timeout", type=float, default=30.0)
     p.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
     args = p.parse_args(argv)
@@ -834,8 +912,8 @@ def parse_args(argv: Sequence[str] | None, log: Callable[[str], None]) -> Config
     kinds = [x.strip() for x in args.targets.split(",") if x.strip()]
     if not kinds or set(kinds) - set(TARGET_KINDS):
         p.error(f"--targets: some of {','.join(TARGET_KINDS)}, got {args.targets!r}")
-    if args.seconds <= 0 or args.rounds < 1 or args.size < 1 or args.batch < 1 or args.rdy < 1:
-        p.error("--seconds, --rounds, --size, --batch and --rdy must be positive")
+    if min(args.rounds, args.size, args.batch, args.rdy, args.topics) < 1 or args.seconds <= 0:
+        p.error("--seconds, --rounds, --size, --batch, --rdy and --topics must be positive")
     go_dir = args.go_dir or default_go_dir()
     workers = args.workers or default_workers()
     return Config(
@@ -857,6 +935,7 @@ def parse_args(argv: Sequence[str] | None, log: Callable[[str], None]) -> Config
         rdy=args.rdy,
         startup_timeout=args.startup_timeout,
         json_path=args.json,
+        topics=args.topics,
     )
 
 
@@ -879,7 +958,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load0 = os.getloadavg()[0]
     log(
         f"{os.cpu_count()} CPUs, {platform.machine()}, load average {load0:.2f}; phases "
-        f"{','.join(cfg.phases)}, {cfg.seconds:g} s each, {cfg.rounds} round(s); "
+        f"{','.join(cfg.phases)}, {cfg.seconds:g} s each, {cfg.rounds} round(s), "
+        f"{cfg.topics} topic(s) per phase; "
         f"generators from {cfg.go_dir}"
     )
     for t in cfg.targets:

@@ -3,8 +3,10 @@ an nsqlookupd of either implementation (Go's 1.3 where its binary is at hand).""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -18,6 +20,7 @@ from nsqx.nsqd.workers.ownership import owner_of
 
 from lookupdproc import http_request, wait_until
 from nsqdproc import GO_NSQD, NsqdProcess
+from rawnsq import Raw
 
 GO_NSQLOOKUPD = GO_NSQD.parent / "nsqlookupd"
 V1 = {"Accept": "application/vnd.nsq; version=1.0"}
@@ -101,3 +104,56 @@ def go_lookupd() -> Iterator[Lookupd]:
     finally:
         go.kill()
         go.wait()
+
+
+def socket_holder(pids: dict[int, int], server_port: int, client_port: int) -> int | None:
+    """The worker whose process alone holds the node's end of the TCP connection from
+    ``client_port`` (None: not found, or held by more than one, while it moves)."""
+    inode = None
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as f:
+            next(f)
+            for line in f:
+                parts = line.split()
+                local, remote = parts[1].split(":")[-1], parts[2].split(":")[-1]
+                if int(local, 16) == server_port and int(remote, 16) == client_port:
+                    inode = parts[9]
+    if inode is None:
+        return None
+    target = f"socket:[{inode}]"
+    holders = []
+    for index, pid in pids.items():
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                        holders.append(index)
+                        break
+    return holders[0] if len(holders) == 1 else None
+
+
+def worker_of(node: NsqdProcess, client_port: int) -> int:
+    """The index of the worker that holds the connection from ``client_port`` (waits
+    until one alone does)."""
+    found: list[int] = []
+
+    def look() -> bool:
+        w = socket_holder(worker_pids(node), node.tcp_port, client_port)
+        if w is not None:
+            found.append(w)
+        return w is not None
+
+    wait_for(look, 10, "the worker that holds a connection")
+    return found[0]
+
+
+async def raw_on(node: NsqdProcess, worker: int) -> Raw:
+    """A raw connection that landed on ``worker`` (others are opened and closed)."""
+    for _ in range(200):  # each lands on some worker: (1 - 1/N)**200 to miss
+        raw = await Raw.connect(node.tcp_address)
+        port = raw.writer.get_extra_info("sockname")[1]
+        landed = await asyncio.to_thread(worker_of, node, port)
+        if landed == worker:
+            return raw
+        await raw.close()
+    raise AssertionError(f"no connection landed on worker {worker}")

@@ -142,6 +142,7 @@ NSQX_EXTRA_FLAGS = {
     "replication-address",
     "busy-poll",
     "workers",
+    "worker-handoff",
     "cluster-secret",
     "cluster-secret-file",
     # Youzan's nsqd options
@@ -680,3 +681,8 @@ def test_workers_out_of_range_is_refused(value: str) -> None:
 def test_workers_default_is_one_process() -> None:
     assert parse_nsqd_args([]).workers == 1
     assert parse_nsqd_args(["--workers=4"]).workers == 4
+
+
+def test_worker_handoff_is_on_unless_turned_off() -> None:
+    assert parse_nsqd_args(["--workers=4"]).worker_handoff is True
+    assert parse_nsqd_args(["--workers=4", "--worker-handoff=false"]).worker_handoff is False

@@ -214,29 +214,49 @@ def test_publishes_land_once_and_stats_show_one_node(node: NsqdProcess) -> None:
 
 
 def test_producers_of_every_worker_are_listed(node: NsqdProcess) -> None:
-    topic = topics_spread(10)[0]
+    """Publishers of two topics owned by different workers: each connection moves to its
+    topic's owner (nsqx.nsqd.workers.handoff), and /stats lists all of them, once."""
+    names = topics_spread(10)
+    topics = [next(t for t in names if owner_of(t, 0, 2) == w) for w in (0, 1)]
+
+    def settled() -> tuple[dict[str, Any], dict[int, tuple[int, bytes]]] | None:
+        doc = stats(node)
+        local = each_worker(node, "GET", "/stats?format=json")
+        held = {w: json.loads(body)["producers"] or [] for w, (_, body) in local.items()}
+        if len(doc["producers"] or ()) != 16 or sorted(map(len, held.values())) != [8, 8]:
+            return None
+        return doc, local
 
     async def go() -> tuple[dict[str, Any], dict[int, tuple[int, bytes]]]:
         producers = [Producer(f"127.0.0.1:{node.tcp_port}") for _ in range(16)]
-        for p in producers:
+        for i, p in enumerate(producers):
             await p.connect()
-            await p.publish(topic, b"x")
+            await p.publish(topics[i % 2], b"x")
         try:
             loop = asyncio.get_running_loop()
-            doc = await loop.run_in_executor(None, stats, node)
-            local = await loop.run_in_executor(None, each_worker, node, "GET", "/stats?format=json")
-            return doc, local
+            deadline = loop.time() + 20
+            while (got := await loop.run_in_executor(None, settled)) is None:
+                assert loop.time() < deadline, "producers not settled on their owners"
+                await asyncio.sleep(0.05)
+            for p in producers:  # a moved connection goes on publishing
+                await p.publish(topics[producers.index(p) % 2], b"y")
+            return got
         finally:
             for p in producers:
                 await p.close()
 
     doc, local = run(go())
-    assert len(doc["producers"]) == 16
-    assert all(p["pub_counts"] == [{"topic": topic, "count": 1}] for p in doc["producers"])
-    per_worker = [len(json.loads(body)["producers"] or ()) for _, body in local.values()]
-    assert sum(per_worker) == 16 and min(per_worker) > 0  # (16 connections: both workers)
-    [t] = doc["topics"]
-    assert t["message_count"] == 16
+    counts = sorted(tuple(sorted(c.items())) for p in doc["producers"] for c in p["pub_counts"])
+    assert counts == sorted([(("count", 1), ("topic", t)) for t in topics] * 8)
+    for w, (_, body) in local.items():
+        # each worker holds the publishers of the topic it owns
+        for prod in json.loads(body)["producers"]:
+            assert [c["topic"] for c in prod["pub_counts"]] == [topics[w]]
+    final = stats(node)
+    assert sorted(t["message_count"] for t in final["topics"] if t["topic_name"] in topics) == [
+        16,
+        16,
+    ]
 
 
 def test_a_partitioned_topic_is_one_topic_of_the_node(node: NsqdProcess) -> None:

@@ -21,7 +21,7 @@ from nsqx.client import Consumer, Message, Producer
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE
-from workernode import topics_spread, wait_for, worker_pids
+from workernode import raw_on, topics_spread, wait_for, worker_of, worker_pids
 
 from nsqdproc import NsqdProcess, start_nsqd
 from rawnsq import Raw, run
@@ -31,65 +31,17 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _socket_inode(server_port: int, client_port: int) -> int | None:
-    """The inode of the accepted socket of the connection from ``client_port``."""
-    want_local = f"0100007F:{server_port:04X}"
-    want_remote = f"0100007F:{client_port:04X}"
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            fields = line.split()
-            if fields[1] == want_local and fields[2] == want_remote:
-                return int(fields[9])
-    return None
-
-
-def worker_of(node: NsqdProcess, client_port: int) -> int:
-    """The index of the worker that took the connection from ``client_port``."""
-    found: list[int] = []
-
-    def look() -> bool:
-        inode = _socket_inode(node.tcp_port, client_port)
-        if inode is None:
-            return False
-        target = f"socket:[{inode}]"
-        for index, pid in worker_pids(node).items():
-            try:
-                fds = os.listdir(f"/proc/{pid}/fd")
-            except FileNotFoundError:
-                continue
-            for fd in fds:
-                try:
-                    if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
-                        found.append(index)
-                        return True
-                except OSError:
-                    continue
-        return False
-
-    wait_for(look, 10, "the worker that took a connection")
-    return found[0]
-
-
-async def raw_on(node: NsqdProcess, worker: int) -> Raw:
-    """A raw connection that landed on ``worker`` (others are opened and closed)."""
-    for _ in range(200):
-        raw = await Raw.connect(node.tcp_address)
-        port = raw.writer.get_extra_info("sockname")[1]
-        landed = await asyncio.to_thread(worker_of, node, port)
-        if landed == worker:
-            return raw
-        await raw.close()
-    raise AssertionError(f"no connection landed on worker {worker}")
-
-
 def other(topic: str, workers: int = 2) -> int:
     """A worker that does not own ``topic``'s partition 0."""
     return (owner_of(topic, 0, workers) + 1) % workers
 
 
-@pytest.fixture
-def node(tmp_path: Path):  # type: ignore[no-untyped-def]
-    n = start_nsqd(tmp_path, "--workers=2")
+@pytest.fixture(params=["moved", "proxied"])
+def node(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    # moved: a plain connection moves to its topic's owner (workers/handoff.py); a
+    # compressed one, and every one when handoff is off, is served through a proxy
+    handoff = "true" if request.param == "moved" else "false"
+    n = start_nsqd(tmp_path, "--workers=2", f"--worker-handoff={handoff}")
     wait_for(lambda: len(worker_pids(n)) == 2, what="two workers")
     try:
         yield n
@@ -139,7 +91,8 @@ def test_every_message_reaches_consumers_on_both_workers_once(node: NsqdProcess)
             *(publish(node, t, [f"{t}-{i}".encode() for i in range(n)], 3) for t in topics)
         )
         await asyncio.wait_for(done.wait(), 30)
-        # the connections of each channel landed on both workers: some were proxied
+        # the channels are on both workers (proxied: their connections landed anywhere;
+        # moved: each is at its topic's owner)
         ports = [
             link.transport.get_extra_info("sockname")[1]
             for cons in consumers

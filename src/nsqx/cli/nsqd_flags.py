@@ -268,6 +268,15 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         " them (1: one process)",
     ),
     FlagSpec(
+        "worker-handoff",
+        _B,
+        "worker_handoff",
+        True,
+        "[nsqx] with --workers: move a plain TCP connection to the worker that owns the"
+        " topic it publishes or subscribes to (false: forward its publishes, proxy its"
+        " subscription)",
+    ),
+    FlagSpec(
         "busy-poll",
         _D,
         "busy_poll",

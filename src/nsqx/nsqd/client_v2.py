@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Final, cast, final
+from typing import TYPE_CHECKING, Any, Final, cast, final
 
 from nsqx.nsqd import clock
 from nsqx.nsqd import protocol_v2 as pv2
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
     from nsqx.nsqd.partition import Partition, Published
     from nsqx.nsqd.topic import Topic
     from nsqx.nsqd.workers.forwarding import Ticket, WorkerSet
+    from nsqx.nsqd.workers.handoff import Handoff
     from nsqx.nsqd.workers.proxy import RemoteSub
 
 log = logging.getLogger("nsqx.nsqd")
@@ -163,6 +165,19 @@ class ClientV2(asyncio.Protocol):
         self._route_owner = -1
         #: publishes of this read forwarded to their owner, waiting for its answer
         self._forwarded: list[Ticket] = []
+        #: moving plain connections to their topic's owner (None: not a worker, or off)
+        self._handoff: Handoff | None = nsqd.workers.handoff if nsqd.workers else None
+        #: the worker this connection moves to once nothing of it is in flight (-1: none)
+        self._handoff_to = -1
+        #: moved already (a connection moves once), or adopted from another worker
+        self._handed = False
+        #: the current read's events and the place of the one executing (a SUB moves
+        #: with what follows it)
+        self._events: list[cmd.Event] = _NO_EVENTS
+        self._event_i = 0
+        #: once adopted: the SUB that moved the connection here, the events after it in
+        #: its read, and the start of a command not complete yet
+        self._adopted: tuple[cmd.Sub, list[cmd.Event], bytes] | None = None
         #: items written or dropped from the front of _out so far (a forwarded
         #: publish's answer is found by its place counted from the start)
         self._out_base = 0
@@ -221,6 +236,17 @@ class ClientV2(asyncio.Protocol):
             self.remote_address = str(peer or "")
         self.nsqd.clients.add(self)
         log.debug("TCP: new client(%s)", self.remote_address)
+        if self._adopted is not None:
+            # moved here by its SUB: it and what followed it, before anything more is read
+            (sub, rest, partial), self._adopted = self._adopted, None
+            for i, ev in enumerate([sub, *rest]):
+                self._execute(ev)
+                if self._halt:
+                    if self._held is not None:  # an auth query: the rest waits for it
+                        self._held.extend(rest[i:])
+                        self._held_data.append(partial)
+                    return
+            self.data_received(partial)
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
@@ -246,6 +272,11 @@ class ClientV2(asyncio.Protocol):
             elif kind is _PUB and plain:
                 if local or not self._forward(ev):
                     self._on_pub(cast(cmd.Pub, ev))
+            elif self._handoff is not None:
+                # (kept for a SUB that moves the connection: what follows goes with it)
+                self._events, self._event_i = events, i
+                self._execute(ev)
+                self._events = _NO_EVENTS
             else:
                 self._execute(ev)
             if self._halt:
@@ -350,6 +381,8 @@ class ClientV2(asyncio.Protocol):
             return
         else:
             self.flush()
+            if self._handoff_to >= 0:
+                self._hand_off(self._handoff_to, None)
         if self._paused_for_ack and len(groups) < MAX_ACK_GROUPS:
             self._paused_for_ack = False
             self._resume_reading()
@@ -741,7 +774,10 @@ class ClientV2(asyncio.Protocol):
         held, self._held = self._held or [], None
         self._halt = False
         for i, ev in enumerate(held):
+            if not self._held_data:  # (more data behind them: it stays)
+                self._events, self._event_i = held, i
             self._execute(ev)
+            self._events = _NO_EVENTS
             if self._halt:
                 if self.closed:
                     return
@@ -792,6 +828,8 @@ class ClientV2(asyncio.Protocol):
         owner = workers.owner(ev.topic, ev.partition)
         if owner == workers.index:
             return False
+        if self._handoff is not None and self._hand_off(owner, ev):
+            return True
         slot = self._out_base + len(self._out)
         self._out.append(_OK_FRAME)  # (a placeholder: the owner's answer replaces it)
         remote, ticket = workers.subs.subscribe(owner, self, ev, slot, self._forward_answered)
@@ -910,6 +948,8 @@ class ClientV2(asyncio.Protocol):
             self._route_pid = pid
         if owner == workers.index:
             return False
+        if self._handoff_to < 0 and self._handoff is not None and self.state == STATE_INIT:
+            self._handoff_to = owner  # once this is answered (and nothing else is due)
         slot = self._out_base + len(self._out)
         # the answer if all goes well (the owner's answer replaces it if not)
         self._out.append(_OK_FRAME * len(bodies) if kind is _PUBS else _OK_FRAME)
@@ -933,6 +973,87 @@ class ClientV2(asyncio.Protocol):
             self._pub_topic = topic
             self._pub_pending = len(bodies)
         return True
+
+    def _hand_off(self, owner: int, sub: cmd.Sub | None) -> bool:
+        """Move this connection to worker ``owner`` (nsqx.nsqd.workers.handoff), if it
+        is plain and nothing of it is in flight: every answer written, nothing read and
+        not executed. ``sub``: the SUB that moves it, executed there. False: it stays."""
+        self._handoff_to = -1
+        handoff = self._handoff
+        transport = self._transport
+        if (
+            handoff is None
+            or transport is None
+            or self._handed
+            or self._stream is not None
+            or self.closed
+            or self._held is not None
+            or (sub is None and self.parser.buffered)
+            or self._groups
+            or self._awaiting
+            or self._forwarded
+        ):
+            return False
+        self.flush()
+        if self._out or transport.get_write_buffer_size():
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        rest: list[cmd.Event] = []
+        if sub is not None:
+            events, i = self._events, self._event_i
+            if not 0 <= i < len(events) or events[i] is not sub:
+                return False
+            rest = events[i + 1 :]
+            if not all(type(ev) in _MOVES_WITH_SUB for ev in rest):
+                return False
+        partial = self.parser.take_buffered() if sub is not None and self.parser.buffered else b""
+        self._fold_pub_counts()
+        state = {
+            "settings": self.settings,
+            "connect_ts": self.connect_ts,
+            "message_count": self.message_count,
+            "pub_counts": self._pub_counts,
+            "auth_state": self.auth_state,
+            "auth_secret": self._auth_secret,
+            "sub": sub,
+            "rest": rest,
+            "partial": partial,
+        }
+        fd = os.dup(sock.fileno())
+        try:
+            sent = handoff.send(owner, fd, state)
+        finally:
+            os.close(fd)  # the datagram holds its own reference until it is received
+        if not sent and partial:
+            self.parser.feed(partial)  # (an incomplete command: no events)
+        if not sent:
+            # (the owner's queue is full: many connections move at once) the next
+            # forwarded publish tries again
+            return False
+        self._handed = True  # once: later publishes elsewhere are forwarded
+        log.debug("PROTOCOL(V2): [%s] moved to worker %d", self.remote_address, owner)
+        self.closed = self._halt = True
+        self.nsqd.clients.discard(self)
+        # only this process's descriptor closes: the socket lives on at the owner
+        transport.close()
+        return True
+
+    def adopt(self, state: dict[str, Any]) -> None:
+        """Take over a connection another worker moved here (before connection_made)."""
+        # its magic was read where it connected
+        self.parser = cmd.CommandParser(self.nsqd.parser_limits, expect_magic=False)
+        self.settings = state["settings"]
+        self._apply_settings()
+        self.connect_ts = state["connect_ts"]
+        self.message_count = state["message_count"]
+        self._pub_counts = state["pub_counts"]
+        self.auth_state = state["auth_state"]
+        self._auth_secret = state["auth_secret"]
+        if state["sub"] is not None:
+            self._adopted = (state["sub"], state["rest"], state["partial"])
+        self._handed = True
 
     def _forward_answered(self, ticket: Ticket, err: BaseException | None) -> None:
         """A forwarded publish's owner answered (or its link broke: ``err``)."""
@@ -1061,6 +1182,14 @@ class ClientV2(asyncio.Protocol):
         traces = [t or 0 for t in trace_ids] if any(trace_ids) else None
         if self._publish("MPUB", ev.topic, ev.bodies, 0, ev.partition, traces, exts):
             self._respond(_OK_FRAME)
+
+
+#: no events (a read's events are kept only while one of them executes)
+_NO_EVENTS: Final[list[cmd.Event]] = []
+
+#: the commands that may follow a SUB in the read that moves its connection (they
+#: travel, parsed, with it)
+_MOVES_WITH_SUB: Final = frozenset({cmd.Rdy, cmd.Fin, cmd.Req, cmd.Touch, cmd.Cls, cmd.Nop})
 
 
 def _vanilla_frames(chunks: list[bytes]) -> list[bytes]:

@@ -98,6 +98,8 @@ class NSQD:
         self.workers: WorkerSet | None = None
         if worker is not None and worker.count > 1:
             self.workers = WorkerSet(self, worker)
+            if self.workers.handoff is not None:
+                self.workers.handoff.adopt = self._adopt_client
         self.parser_limits = options.parser_limits()
         self.server_limits = options.server_limits()
         self.topics: dict[str, Topic] = {}
@@ -195,6 +197,20 @@ class NSQD:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _adopt_client(self, sock: socket.socket, state: dict[str, Any]) -> None:
+        """Serve a client connection another worker moved here (its topic is ours)."""
+        client = ClientV2(self)
+        client.adopt(state)
+        self.spawn(self._adopted(sock, client))
+
+    async def _adopted(self, sock: socket.socket, client: ClientV2) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(lambda: client, sock=sock)
+        except OSError as err:  # closed by its client meanwhile
+            log.debug("TCP: could not adopt a moved connection: %s", err)
+            sock.close()
 
     def next_client_id(self) -> int:
         self._client_seq += 1

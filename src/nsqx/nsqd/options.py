@@ -60,6 +60,9 @@ class NsqdOptions:
     #: nsqx: worker processes behind the node's one address (1: a single process);
     #: see nsqx.nsqd.supervisor and docs/workers.md
     workers: int = 1
+    #: nsqx: with workers, move a plain TCP connection to the worker that owns the topic
+    #: it publishes or subscribes to (nsqx.nsqd.workers.handoff); false: forward/proxy
+    worker_handoff: bool = True
     queue_scan_interval: float = 0.1
     queue_scan_worker_pool_max: int = 4
     queue_scan_selection_count: int = 20

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqx.nsqd.publishing import ext_fields, pub_partition, traced_answer
+from nsqx.nsqd.workers.handoff import Handoff
 from nsqx.nsqd.workers.links import Link, PeerLinks
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.nsqd.workers.spec import WorkerSpec
@@ -123,6 +124,11 @@ class WorkerSet:
             PUB_GROUP: self._on_pub_group,
             PUB_GROUP_OK: self._on_pub_group_ok,
         }
+        #: plain connections moved to the worker that owns what they use (None: off,
+        #: --worker-handoff=false); nsqd sets its adopt callback
+        self.handoff: Handoff | None = (
+            Handoff(spec.prefix, index, spec.token) if nsqd.options.worker_handoff else None
+        )
         # (imported here: proxy.py imports this module)
         from nsqx.nsqd.workers.proxy import SubProxies
 
@@ -148,8 +154,12 @@ class WorkerSet:
         # (kept: asyncio.get_running_loop() makes a getpid system call each time)
         self._loop = asyncio.get_running_loop()
         await self.links.start()
+        if self.handoff is not None:
+            self.handoff.start()
 
     async def close(self) -> None:
+        if self.handoff is not None:
+            self.handoff.close()
         await self.links.close()
 
     def _handle(self, link: Link, item: tuple[Any, ...]) -> None:
