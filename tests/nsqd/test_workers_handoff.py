@@ -4,7 +4,9 @@ A node of two workers; each test opens connections until one lands (SO_REUSEPORT
 the worker that does not own its topic, then shows that after its first publish, or
 with its SUB, the connection is held by the owner's process (from /proc), and that
 what it negotiated before the move (IDENTIFY's settings, AUTH's answer, its counts)
-holds there: heartbeats at its interval, its message timeout, no second auth query.
+holds there: heartbeats at its interval, its message timeout, no second auth query. A
+compressed connection stays where it landed, and a moved one forwards what it publishes
+to a third worker's topic: it moves once.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from nsqx.client import Producer
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE, HEARTBEAT
-from workernode import raw_on, socket_holder, topics_spread, wait_for, worker_pids
+from workernode import raw_on, socket_holder, topics_spread, wait_for, worker_of, worker_pids
 
 from lookupdproc import http_request
 from nsqdproc import NsqdProcess, start_nsqd
@@ -171,3 +173,58 @@ def test_an_authorized_publisher_moves_with_its_authorization(tmp_path: Path) ->
                 node.stop(signal.SIGKILL)
 
     run(go())
+
+
+def test_a_compressed_publisher_stays_where_it_landed(node: NsqdProcess) -> None:
+    """Its compressor's state lives in the worker that negotiated it: forwarded, never
+    moved."""
+    topic = owned_by(1)
+
+    async def go() -> None:
+        for _ in range(60):
+            producer = Producer(f"127.0.0.1:{node.tcp_port}", snappy=True)
+            await producer.connect()
+            assert producer._conn is not None and producer._conn.transport is not None
+            port = producer._conn.transport.get_extra_info("sockname")[1]
+            if await asyncio.to_thread(worker_of, node, port) == 0:
+                break
+            await producer.close()
+        else:
+            raise AssertionError("no connection landed on worker 0")
+        for i in range(3):
+            await producer.publish(topic, b"m%d" % i)
+        # a connection that moves is at its owner a few milliseconds after its answer
+        for _ in range(10):
+            assert socket_holder(worker_pids(node), node.tcp_port, port) == 0
+            await asyncio.sleep(0.05)
+        await producer.close()
+
+    run(go())
+
+
+def test_a_moved_publisher_forwards_to_a_third_topic_owner(node: NsqdProcess) -> None:
+    """A connection moves once: after moving to one topic's owner, its publishes to a
+    topic of another worker are forwarded from there, answered in order."""
+    first, second = owned_by(1), owned_by(0)
+
+    async def go() -> None:
+        raw = await landed_on(node, 0)
+        await raw.publish(first, b"a")
+        await until_held_by(node, raw, 1)
+        # pipelined across both topics: every answer, in order
+        await raw.publish(second, b"b", b"c")
+        await raw.publish(first, b"d")
+        await raw.publish(second, b"e")
+        for _ in range(10):
+            assert holder(node, raw) == 1
+            await asyncio.sleep(0.05)
+        await raw.close()
+
+    run(go())
+    counts = {
+        t["topic_name"]: t["message_count"]
+        for t in json.loads(
+            http_request(f"http://127.0.0.1:{node.http_port}/stats?format=json")[2]
+        )["topics"]
+    }
+    assert counts[first] == 2 and counts[second] == 3
