@@ -143,6 +143,7 @@ NSQX_EXTRA_FLAGS = {
     "busy-poll",
     "workers",
     "worker-handoff",
+    "max-dpub-timeout",
     "cluster-secret",
     "cluster-secret-file",
     # Youzan's nsqd options

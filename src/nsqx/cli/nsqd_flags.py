@@ -323,6 +323,14 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "longest REQ/DPUB delay",
     ),
     FlagSpec(
+        "max-dpub-timeout",
+        _D,
+        "max_dpub_timeout",
+        0.0,
+        "[nsqx] longest DPUB (and HTTP /pub?defer) delay, apart from REQ's (0:"
+        " --max-req-timeout's, as NSQ 1.3)",
+    ),
+    FlagSpec(
         "max-body-size",
         _I,
         "max_body_size",

@@ -73,6 +73,7 @@ DURATION_OPTIONS = frozenset(
         "msg_timeout",
         "max_msg_timeout",
         "max_req_timeout",
+        "max_dpub_timeout",
         "max_heartbeat_interval",
         "max_output_buffer_timeout",
         "min_output_buffer_timeout",
@@ -612,7 +613,7 @@ class HTTPServer:
             if not _INT.fullmatch(text):
                 raise HTTPError(400, "INVALID_DEFER")
             defer_ms = int(text)
-            if not 0 <= defer_ms <= self.nsqd.options.max_req_timeout * 1000:
+            if not 0 <= defer_ms <= self.nsqd.options.dpub_limit() * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
         pid = _int_param(params, "partition", -1)
         self._check_publishable()

@@ -70,6 +70,9 @@ class NsqdOptions:
     msg_timeout: float = 60.0
     max_msg_timeout: float = 15 * 60.0
     max_req_timeout: float = 3600.0
+    #: nsqx: longest DPUB (and HTTP /pub?defer) delay; 0: --max-req-timeout's, as NSQ 1.3
+    #: (which bounds both by one flag: nsq #1499)
+    max_dpub_timeout: float = 0.0
     # sizes
     max_msg_size: int = 1048576
     max_body_size: int = 5242880
@@ -139,6 +142,8 @@ class NsqdOptions:
             raise ValueError("--workers must be from 1 to 256")
         if not 0 <= self.busy_poll <= 0.01:
             raise ValueError("--busy-poll must be from 0 to 10ms")
+        if self.max_dpub_timeout < 0:
+            raise ValueError("--max-dpub-timeout must not be negative (0: --max-req-timeout)")
         if self.msg_timeout <= 0 or self.max_msg_timeout < self.msg_timeout:
             raise ValueError("--msg-timeout must be positive and at most --max-msg-timeout")
         for net in self.http_admin_allow:
@@ -157,7 +162,12 @@ class NsqdOptions:
             max_body_size=self.max_body_size,
             max_rdy_count=self.max_rdy_count,
             max_req_timeout_ms=int(self.max_req_timeout * 1000),
+            max_dpub_timeout_ms=int(self.dpub_limit() * 1000),
         )
+
+    def dpub_limit(self) -> float:
+        """The longest DPUB delay in seconds: --max-dpub-timeout, else --max-req-timeout."""
+        return self.max_dpub_timeout or self.max_req_timeout
 
     def server_limits(self) -> ServerLimits:
         return ServerLimits(

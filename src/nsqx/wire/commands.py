@@ -266,6 +266,8 @@ class ParserLimits:
     max_body_size: int = 5242880
     max_rdy_count: int = 2500
     max_req_timeout_ms: int = 3600_000
+    #: longest DPUB delay (nsqd's --max-dpub-timeout, else --max-req-timeout)
+    max_dpub_timeout_ms: int = 3600_000
     #: Longest command line; Go's bufio reader refuses longer ones the same way.
     max_line: int = 16384
 
@@ -745,7 +747,7 @@ class CommandParser:
                 raise ProtocolError(
                     E_INVALID, f"DPUB could not parse timeout {_text(params[2])}"
                 ) from None
-            max_ms = self.limits.max_req_timeout_ms
+            max_ms = self.limits.max_dpub_timeout_ms
             if defer_ms > max_ms:
                 raise ProtocolError(E_INVALID, f"DPUB timeout {defer_ms} out of range 0-{max_ms}")
 
