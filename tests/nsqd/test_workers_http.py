@@ -327,6 +327,19 @@ def test_channel_actions_reach_the_owner(node: NsqdProcess) -> None:
     assert all(t["channels"] == [] and t["depth"] == 0 for t in stats(node)["topics"])
 
 
+def test_peeks_reach_the_owner(node: NsqdProcess) -> None:
+    for topic in topics_spread(10):
+        assert http(node, "POST", f"/pub?topic={topic}", f"{topic}-m".encode())[0] == 200
+        assert http(node, "POST", f"/channel/create?topic={topic}&channel=c")[0] == 200
+        assert http(node, "POST", f"/pub?topic={topic}", f"{topic}-p".encode())[0] == 200
+        status, body, _ = http(node, "GET", f"/channel/peek?topic={topic}&channel=c")
+        assert status == 200, body
+        assert [m["body"] for m in json.loads(body)["messages"]][-1] == f"{topic}-p"
+        status, body, _ = http(node, "GET", f"/topic/peek?topic={topic}")
+        assert status == 200, body
+        assert [m["body"] for m in json.loads(body)["messages"]] == [f"{topic}-m", f"{topic}-p"]
+
+
 #: requests whose refusals a node of workers must answer as a single nsqd does
 BAD_REQUESTS = [
     ("POST", "/pub?topic=bad!name", b"m"),
@@ -346,6 +359,10 @@ BAD_REQUESTS = [
     ("POST", "/channel/setoffset?topic=nosuch&channel=c", b"special:-1"),
     ("GET", "/message/get?topic=nosuch&search_mode=count&search_pos=1", None),
     ("GET", "/range?topic=nosuch", None),
+    ("GET", "/channel/peek?topic=nosuch&channel=c", None),
+    ("GET", "/channel/peek?topic=ht0&channel=c&n=0", None),
+    ("GET", "/topic/peek?topic=nosuch", None),
+    ("GET", "/topic/peek?topic=ht0&sequence=-1", None),
     ("GET", "/partition/state?topic=nosuch&partition=0", None),
     ("POST", "/topic/create?topic=ht1&partition=5&partition_num=2", None),
     ("PUT", "/config/log_level", b"loud"),

@@ -21,7 +21,15 @@ from nsqx.nsqd.inflight import Held, InFlight
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
 from nsqx.store.log import split_chunks
 from nsqx.wire.ext import header_tag
-from nsqx.wire.frames import ATTEMPTS_AT, ID_AT, ID_END, is_extended, record_parts, with_attempts
+from nsqx.wire.frames import (
+    ATTEMPTS_AT,
+    ID_AT,
+    ID_END,
+    attempts_of,
+    is_extended,
+    record_parts,
+    with_attempts,
+)
 from nsqx.wire.names import is_ephemeral
 
 if TYPE_CHECKING:
@@ -587,6 +595,37 @@ class Channel:
             else:
                 frames, ids = f, i
         return frames, ids
+
+    def peek(self, n: int) -> list[tuple[int, bytes, int]]:
+        """The next ``n`` messages this channel would deliver, as (sequence, stored
+        frame, the attempt it would be), changing nothing: the requeued ones first, in
+        their order, then the log from the cursor, DPUBs not yet due left out (as
+        :meth:`_take` takes them). In-flight and deferred messages are not next."""
+        out: list[tuple[int, bytes, int]] = []
+        get = self.log.get
+        for seq, attempts in self.flight.requeued:
+            if len(out) >= n:
+                return out
+            frame = get(seq)
+            if frame is not None:
+                out.append((seq, frame, attempts + 1 if attempts else attempts_of(frame)))
+        seq, end = self.cursor, self.partition.visible_end
+        now_ns = clock.time_ns()
+        while len(out) < n and seq < end:
+            hi = min(end, seq + n - len(out))
+            later = {s for s, due in self.log.deferred_between(seq, hi) if due > now_ns}
+            while seq < hi and len(out) < n:
+                frame = get(seq)
+                if frame is None:  # trimmed, or a gap after damage
+                    nxt = self.log.resume_at(seq)
+                    if nxt <= seq:
+                        return out
+                    seq = nxt
+                    break
+                if seq not in later:
+                    out.append((seq, frame, attempts_of(frame)))
+                seq += 1
+        return out
 
     def _defer_from_log(
         self, deferred: list[tuple[int, int]], lo: int, frames: list[bytes], ids: list[bytes]

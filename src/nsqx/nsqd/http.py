@@ -32,6 +32,7 @@ from aiohttp import web
 
 from nsqx import NSQ_VERSION
 from nsqx.compiled import build_description
+from nsqx.nsqd import peek as pk
 from nsqx.nsqd import stats as st
 from nsqx.nsqd.guid import PARTITION_SHIFT, SEQ_MASK
 from nsqx.nsqd.metrics import Metrics, merge_exposition
@@ -854,6 +855,41 @@ class HTTPServer:
         }
         return ok_json(out)
 
+    async def channel_peek(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """GET /channel/peek?topic&channel[&partition][&n=10] (nsqx): the next n messages
+        the channel would deliver, changing nothing (nsqx.nsqd.peek)."""
+        _, channel = self._topic_and_channel(params)
+        part = self._one_partition(params)
+        ch = part.channels.get(channel)
+        if ch is None:
+            raise HTTPError(404, "CHANNEL_NOT_FOUND")
+        return ok_json(pk.peek_channel(ch, _peek_count(params)))
+
+    async def topic_peek(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """GET /topic/peek?topic[&partition][&sequence|offset|timestamp][&n=10] (nsqx): n
+        messages of the partition's log from a position (a sequence, a virtual offset or
+        a time in seconds; default the oldest kept), changing nothing."""
+        part = self._one_partition(params)
+        log_ = part.log
+        if "sequence" in params:
+            seq = _int_param(params, "sequence", 0)
+            if seq < 0:
+                raise HTTPError(400, "INVALID_SEQUENCE")
+        elif "offset" in params:
+            offset = _int_param(params, "offset", 0)
+            if offset < 0:
+                raise HTTPError(400, "INVALID_OFFSET")
+            seq = log_.seek_offset(offset)
+        elif "timestamp" in params:
+            seq = log_.seek_time(_int_param(params, "timestamp", 0) * 1_000_000_000)
+        else:
+            seq = log_.start
+        return ok_json(pk.peek_log(part, seq, _peek_count(params)))
+
     async def message_trace_switch(
         self, request: web.BaseRequest, params: dict[str, list[str]]
     ) -> web.Response:
@@ -1256,6 +1292,8 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/channel/unpause": {"POST": _R.channel_pause},
     "/channel/setoffset": {"POST": _R.channel_setoffset},
     "/channel/setorder": {"POST": _R.channel_setorder},
+    "/channel/peek": {"GET": _R.channel_peek},
+    "/topic/peek": {"GET": _R.topic_peek},
     "/message/get": {"GET": _R.message_get},
     "/message/trace": {"GET": _R.message_trace},
     "/message/trace/enable": {"POST": _R.message_trace_switch},
@@ -1364,6 +1402,13 @@ def _writable(parts: list[Partition]) -> list[Partition]:
     if parts and not out:
         raise HTTPError(400, E_FAILED_ON_NOT_LEADER)
     return out
+
+
+def _peek_count(params: dict[str, list[str]]) -> int:
+    n = _int_param(params, "n", pk.DEFAULT_PEEK)
+    if not 1 <= n <= pk.MAX_PEEK:
+        raise HTTPError(400, "INVALID_N")
+    return n
 
 
 def _int_param(params: dict[str, list[str]], key: str, default: int) -> int:

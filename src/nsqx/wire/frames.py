@@ -323,6 +323,11 @@ def decode_youzan_message(data: bytes, with_ext: bool, detail: bool) -> YouzanMe
     return YouzanMessage(ts, attempts, mid, trace, ver, ext, offset, raw, bytes(data[pos:]))
 
 
+def attempts_of(frame: bytes) -> int:
+    """The attempts count of a whole message frame (stored or sent)."""
+    return int.from_bytes(frame[ATTEMPTS_AT:ID_AT], "big")
+
+
 def with_attempts(frame: bytes, attempts: int) -> bytes:
     """The same message frame with another attempts count (redelivery)."""
     return frame[:ATTEMPTS_AT] + attempts.to_bytes(2, "big") + frame[ID_AT:]

@@ -72,6 +72,8 @@ _OWNER_PATHS = frozenset(
         "/range",
         "/topic/create",
         "/channel/setoffset",
+        "/channel/peek",
+        "/topic/peek",
         "/partition/role",
         "/partition/fence",
         "/partition/state",
