@@ -148,6 +148,37 @@ def test_topic_and_channel_actions(cluster: Cluster) -> None:
     assert "acts" not in cluster.lookupd.json("/topics")["topics"]
 
 
+def test_peek_shows_each_nodes_next_messages_and_changes_nothing(cluster: Cluster) -> None:
+    a, b = cluster.nsqds[0], cluster.nsqds[1]
+    cluster.pub(a, "peeked", b"a1", b"a2")
+    cluster.pub(b, "peeked", b"b1")
+    for n in (a, b):
+        assert cluster.post_nsqd(n, "/channel/create?topic=peeked&channel=c") == 200
+    cluster.pub(a, "peeked", b"a3")
+    wait_until(
+        lambda: (
+            cluster.lookupd.get("/lookup?topic=peeked")[0] == 200
+            and len(cluster.lookupd.json("/lookup?topic=peeked")["producers"]) == 2
+        )
+    )
+    adm = cluster.admin
+    before = [channel_of(cluster, i, "peeked", "c")["depth"] for i in (0, 1)]
+    status, data = adm.request("GET", "/api/topics/peeked/c/peek?n=5")
+    assert status == 200 and data["message"] == ""
+    bodies = {p["node"]: [m["body"] for m in p["messages"]] for p in data["peeks"]}
+    assert bodies[f"127.0.0.1:{a.http_port}"][-1] == "a3"
+    assert f"127.0.0.1:{b.http_port}" in bodies
+    assert [channel_of(cluster, i, "peeked", "c")["depth"] for i in (0, 1)] == before
+    for path, want in [
+        ("/api/topics/peeked/c/peek?n=0", (400, "INVALID_N")),
+        ("/api/topics/peeked/c/peek?n=x", (400, "INVALID_N")),
+        ("/api/topics/peeked/bad!/peek", (400, "INVALID_CHANNEL")),
+        ("/api/topics/nosuchtopic/c/peek", (404, "TOPIC_NOT_FOUND")),
+    ]:
+        status, data = adm.request("GET", path)
+        assert (status, data["message"]) == want, path
+
+
 def test_create_partitioned_topic_and_see_its_partitions(cluster: Cluster) -> None:
     adm = cluster.admin
     assert adm.request("POST", "/api/topics", {"topic": "parts", "partition_num": 4})[0] == 200
@@ -277,6 +308,8 @@ def test_admin_users_and_notifications(cluster: Cluster, tmp_path: Path) -> None
             ("DELETE", "/api/topics/guarded", None),
             ("DELETE", f"/api/nodes/127.0.0.1:{a.http_port}", {"topic": "guarded"}),
             ("POST", "/api/topics/guarded/c", {"action": "empty"}),
+            # message bodies are for admins
+            ("GET", "/api/topics/guarded/c/peek", None),
         ]:
             for headers in ({}, {"X-User": "bob"}):
                 status, data = admin.request(method, path, body, headers=headers)

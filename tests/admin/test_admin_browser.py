@@ -228,6 +228,33 @@ def test_channel_page_clients_reset_and_delete(cluster: Cluster, page: Page) -> 
     expect(page.locator('#channels tr[data-row="work"]')).to_have_count(0)
 
 
+def test_channel_page_peeks_at_the_next_messages_as_text(cluster: Cluster, page: Page) -> None:
+    a = cluster.nsqds[0]
+    assert cluster.post_nsqd(a, "/topic/create?topic=peekb") == 200
+    assert cluster.post_nsqd(a, "/channel/create?topic=peekb&channel=look") == 200
+    evil = '<img src=x onerror="window.__pwned=1">'
+    cluster.pub(a, "peekb", b"first", evil.encode(), b"third", b"fourth")
+    wait_registered(cluster, "peekb")
+    page.goto(cluster.admin.url + "/topics/peekb/look")
+    depth = page.locator('#channel-nodes tfoot td[data-col="depth"]')
+    expect(depth).to_have_text("4")
+    page.fill("#peek-n", "3")
+    page.click("#peek-channel button")
+    bodies = page.locator("#peek-out pre.peek-body")
+    expect(bodies).to_have_count(3)
+    expect(bodies.nth(0)).to_have_text("first")
+    # a body is text: shown as sent, nothing of it runs
+    expect(bodies.nth(1)).to_have_text(evil)
+    assert page.locator("main img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    shot(page, "channel-peek")
+    # nothing taken: the depth is the same, and peeking again shows the same
+    expect(depth).to_have_text("4")
+    assert cluster.stats(a, "peekb")[0]["channels"][0]["in_flight_count"] == 0
+    page.click("#peek-channel button")
+    expect(bodies.nth(0)).to_have_text("first")
+
+
 def test_partitions_of_a_topic(cluster: Cluster, page: Page) -> None:
     page.goto(cluster.admin.url + "/topics")
     page.fill("#new-topic", "orders")

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode
 
 from aiohttp import web
 
@@ -391,6 +392,45 @@ class _Handlers:
         data["missing_partitions"] = self._missing_partitions(topic, num, rows, producers, partial)
         data["setoffset_supported"] = any(supports_setoffset(p.version) for p in producers)
         return _answer(partial, **data)
+
+    async def channel_peek(self, request: web.Request) -> web.Response:
+        """GET /api/topics/:topic/:channel/peek?n= (nsqx): the next messages of the
+        channel on each node and partition that has it, changing nothing (nsqd's
+        /channel/peek). Message bodies are shown: admins only."""
+        self.require_admin(request)
+        topic, channel = _topic_arg(request), _channel_arg(request)
+        text = request.query.get("n", "10")
+        if not text.isdigit() or not 1 <= int(text) <= 1000:
+            raise ApiError(400, "INVALID_N")
+        _, rows, partial, known, _ = await self._topic_rows(topic, channel)
+        if not known and not partial.errors:
+            raise ApiError(404, "TOPIC_NOT_FOUND")
+        calls = [
+            (row["node"], part)
+            for row in rows
+            for part in ([p["partition"] for p in row["partitions"]] or [0])
+        ]
+        found = await asyncio.gather(
+            *(self._peek_one(node, part, topic, channel, text) for node, part in calls)
+        )
+        return _answer(partial, peeks=[f for f in found if f is not None])
+
+    async def _peek_one(
+        self, node: str, part: int, topic: str, channel: str, n: str
+    ) -> dict[str, Any] | None:
+        """One node's partition: its peek, or the error (None: no such channel there)."""
+        query = {"topic": topic, "channel": channel, "partition": str(part), "n": n}
+        url = f"{http_base(node)}/channel/peek?{urlencode(query, quote_via=quote)}"
+        head: dict[str, Any] = {"node": node, "partition": part}
+        try:
+            doc = await self.ci.get_json(url)
+        except UpstreamError as err:
+            if "CHANNEL_NOT_FOUND" in str(err):
+                return None
+            # (an nsqd without peek, such as Go's, answers 404 page not found)
+            return head | {"error": str(err), "messages": []}
+        keep = ("paused", "depth", "in_flight_count", "deferred_count", "messages")
+        return head | {k: doc.get(k) for k in keep}
 
     async def nodes(self, request: web.Request) -> web.Response:
         producers, partial = await self.ci.producers()
@@ -835,6 +875,7 @@ def make_app(admin: NSQAdmin) -> web.Application:
     r.add_delete(bp("/api/topics/{topic}"), h.delete_topic)
     r.add_get(bp("/api/topics/{topic}/{channel}"), h.channel)
     r.add_post(bp("/api/topics/{topic}/{channel}"), h.channel_action)
+    r.add_get(bp("/api/topics/{topic}/{channel}/peek"), h.channel_peek)
     r.add_delete(bp("/api/topics/{topic}/{channel}"), h.delete_channel)
     r.add_get(bp("/api/nodes"), h.nodes)
     r.add_get(bp("/api/nodes/{node}"), h.node)

@@ -777,6 +777,37 @@
         return c.authed ? (c.auth_identity || "yes") : ""; } }
     ], { sortKey: "hostname", sortDir: 1, empty: "No clients connected.", class: "compact" });
 
+    // the next messages, changing nothing (nsqd's /channel/peek); bodies: admins only
+    var peekN = h("input", { type: "number", min: "1", max: "1000", value: "10", id: "peek-n",
+                             "aria-label": "how many messages" });
+    var peekOut = h("div", { id: "peek-out" });
+    var peekForm = h("form", { class: "inline", id: "peek-channel" },
+      h("label", { for: "peek-n" }, "Peek at the next"), peekN, " messages ",
+      h("button", { type: "submit" }, "Peek"));
+    peekForm.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      api("GET", path + "/peek?n=" + enc(peekN.value)).then(function (d) {
+        warnOf(d);
+        var peeks = d.peeks || [];
+        replace(peekOut, peeks.length ? peeks.map(peekTable) :
+          h("p", { class: "muted" }, "No node has this channel."));
+      }, function (err) { flash("error", "peek failed: " + (err.message || err)); });
+    });
+    function peekTable(p) {
+      var head = h("h3", null, p.node + (p.partition ? ", partition " + p.partition : ""));
+      if (p.error) return h("div", { class: "peek" }, head, h("p", { class: "alert warning" }, p.error));
+      var rows = (p.messages || []).map(function (m) {
+        return h("tr", null, h("td", null, m.id), h("td", null, num(m.attempts)),
+          h("td", null, new Date(Math.floor(m.timestamp / 1e6)).toISOString()),
+          h("td", null, h("pre", { class: "peek-body" }, m.body)));
+      });
+      return h("div", { class: "peek" }, head, rows.length ? h("table", { class: "compact" },
+        h("thead", null, h("tr", null, h("th", null, "ID"), h("th", null, "Attempt"),
+          h("th", null, "Published"), h("th", null, "Body"))), h("tbody", null, rows)) :
+        h("p", { class: "muted" }, "Nothing to deliver: in flight, deferred or none."));
+    }
+    var peekBox = h("section", { id: "peek-box" }, h("h2", null, "Next messages"), peekForm, peekOut);
+
     var e2eBox = h("div", { id: "e2e-box" });
     var missing = h("p", { class: "alert warning", id: "not-found", hidden: true },
       "This channel does not exist (yet, or any more) on any node.");
@@ -784,7 +815,7 @@
     replace(app, title, missing, acts, ch.el,
       h("h2", null, "Nodes"), nodes.el, partSection,
       h("h2", null, "Clients ", h("span", { class: "muted", id: "client-count" })), clients.el,
-      h("h2", null, "End-to-end processing latency"), e2eBox);
+      h("h2", null, "End-to-end processing latency"), e2eBox, adminOnly(peekBox));
 
     var knownParts = "";
     function setPartitions(c) {
