@@ -8,79 +8,99 @@ out), and bad input gets a clear 4xx.
 from __future__ import annotations
 
 import base64
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
 
+from nsqx.nsqd.nsqd import NSQD
 from nsqx.wire import commands as c
 
 from rawnsq import Raw, run, start_nsqd, wait_for
 
+Get = Callable[[str], Awaitable[tuple[int, Any]]]
+
+
+@asynccontextmanager
+async def served() -> AsyncIterator[tuple[NSQD, Get]]:
+    """An nsqd with its HTTP API, and a GET of it: (status, JSON)."""
+    nsqd = await start_nsqd(http_address="127.0.0.1:0")
+    assert nsqd.http_address is not None
+    base = f"http://127.0.0.1:{nsqd.http_address[1]}"
+    try:
+        async with aiohttp.ClientSession() as http:
+
+            async def get(path: str) -> tuple[int, Any]:
+                async with http.get(base + path) as r:
+                    return r.status, await r.json()
+
+            yield nsqd, get
+    finally:
+        await nsqd.close()
+
+
+async def refused(get: Get, cases: list[tuple[str, tuple[int, str]]]) -> None:
+    for path, want in cases:
+        status, doc = await get(path)
+        assert (status, doc["message"]) == want, path
+
 
 def test_channel_peek_shows_what_the_consumer_gets_next_and_changes_nothing() -> None:
     async def go() -> None:
-        nsqd = await start_nsqd(http_address="127.0.0.1:0")
-        assert nsqd.http_address is not None
-        base = f"http://127.0.0.1:{nsqd.http_address[1]}"
-        try:
-            async with aiohttp.ClientSession() as http:
+        async with served() as (nsqd, get):
+            consumer = await Raw.connect(nsqd)
+            await consumer.subscribe("pk", "c")
+            pub = await Raw.connect(nsqd)
+            await pub.publish("pk", b"m0", b"m1", b"m2")
+            pub.send(c.dpub("pk", 60_000, b"later"))  # not due: not next
+            assert await pub.response() == b"OK"
+            await pub.publish("pk", b"\xff\x00binary", b"m4")
+            consumer.send(c.rdy(2))
+            first, second = await consumer.messages(2)
+            # back to the channel, not redelivered yet (RDY 0 first)
+            consumer.send(c.rdy(0) + c.req(first.id, 0))
+            ch = nsqd.topics["pk"].default_partition.channels["c"]
+            await wait_for(lambda: bool(ch.flight.requeued))
 
-                async def get(path: str) -> tuple[int, Any]:
-                    async with http.get(base + path) as r:
-                        return r.status, await r.json()
+            status, doc = await get("/channel/peek?topic=pk&channel=c&n=10")
+            assert status == 200
+            assert (doc["topic_name"], doc["channel_name"], doc["partition"]) == (
+                "pk",
+                "c",
+                0,
+            )
+            assert doc["in_flight_count"] == 1 and doc["paused"] is False
+            peeked = [(m["body_base64"], m["attempts"]) for m in doc["messages"]]
+            b64 = [base64.b64encode(b).decode() for b in (b"m0", b"m2", b"\xff\x00binary", b"m4")]
+            assert peeked == [(b64[0], 2), (b64[1], 1), (b64[2], 1), (b64[3], 1)]
+            assert doc["messages"][0]["id"] == first.id.decode()
+            assert doc["messages"][0]["body"] == "m0"
+            assert doc["messages"][2]["body"].endswith("binary")  # as text, replaced
+            assert [m["sequence"] for m in doc["messages"]] == [0, 2, 4, 5]
+            status, two = await get("/channel/peek?topic=pk&channel=c&n=2")
+            assert [m["id"] for m in two["messages"]] == [m["id"] for m in doc["messages"][:2]]
 
-                consumer = await Raw.connect(nsqd)
-                await consumer.subscribe("pk", "c")
-                pub = await Raw.connect(nsqd)
-                await pub.publish("pk", b"m0", b"m1", b"m2")
-                pub.send(c.dpub("pk", 60_000, b"later"))  # not due: not next
-                assert await pub.response() == b"OK"
-                await pub.publish("pk", b"\xff\x00binary", b"m4")
-                consumer.send(c.rdy(2))
-                first, second = await consumer.messages(2)
-                # back to the channel, not redelivered yet (RDY 0 first)
-                consumer.send(c.rdy(0) + c.req(first.id, 0))
-                ch = nsqd.topics["pk"].default_partition.channels["c"]
-                await wait_for(lambda: bool(ch.flight.requeued))
+            # nothing changed: the consumer now gets exactly those, in that order
+            consumer.send(c.fin(second.id) + c.rdy(10))
+            got = await consumer.messages(4)
+            assert [(m.body, m.attempts) for m in got] == [
+                (b"m0", 2),
+                (b"m2", 1),
+                (b"\xff\x00binary", 1),
+                (b"m4", 1),
+            ]
+            assert [m.id.decode() for m in got] == [m["id"] for m in doc["messages"]]
+            for m in got:
+                consumer.send(c.fin(m.id))
+            await wait_for(lambda: ch.in_flight_count == 0)
+            status, empty = await get("/channel/peek?topic=pk&channel=c")
+            assert status == 200 and empty["messages"] == []
 
-                status, doc = await get("/channel/peek?topic=pk&channel=c&n=10")
-                assert status == 200
-                assert (doc["topic_name"], doc["channel_name"], doc["partition"]) == (
-                    "pk",
-                    "c",
-                    0,
-                )
-                assert doc["in_flight_count"] == 1 and doc["paused"] is False
-                peeked = [(m["body_base64"], m["attempts"]) for m in doc["messages"]]
-                b64 = [
-                    base64.b64encode(b).decode() for b in (b"m0", b"m2", b"\xff\x00binary", b"m4")
-                ]
-                assert peeked == [(b64[0], 2), (b64[1], 1), (b64[2], 1), (b64[3], 1)]
-                assert doc["messages"][0]["id"] == first.id.decode()
-                assert doc["messages"][0]["body"] == "m0"
-                assert doc["messages"][2]["body"].endswith("binary")  # as text, replaced
-                assert [m["sequence"] for m in doc["messages"]] == [0, 2, 4, 5]
-                status, two = await get("/channel/peek?topic=pk&channel=c&n=2")
-                assert [m["id"] for m in two["messages"]] == [m["id"] for m in doc["messages"][:2]]
-
-                # nothing changed: the consumer now gets exactly those, in that order
-                consumer.send(c.fin(second.id) + c.rdy(10))
-                got = await consumer.messages(4)
-                assert [(m.body, m.attempts) for m in got] == [
-                    (b"m0", 2),
-                    (b"m2", 1),
-                    (b"\xff\x00binary", 1),
-                    (b"m4", 1),
-                ]
-                assert [m.id.decode() for m in got] == [m["id"] for m in doc["messages"]]
-                for m in got:
-                    consumer.send(c.fin(m.id))
-                await wait_for(lambda: ch.in_flight_count == 0)
-                status, empty = await get("/channel/peek?topic=pk&channel=c")
-                assert status == 200 and empty["messages"] == []
-
-                # bad input: a clear 4xx, nothing else harmed
-                for path, want in [
+            # bad input: a clear 4xx, nothing else harmed
+            await refused(
+                get,
+                [
                     ("/channel/peek?topic=pk&channel=c&n=0", (400, "INVALID_N")),
                     ("/channel/peek?topic=pk&channel=c&n=1001", (400, "INVALID_N")),
                     ("/channel/peek?topic=pk&channel=c&n=x", (400, "INVALID_N")),
@@ -88,56 +108,43 @@ def test_channel_peek_shows_what_the_consumer_gets_next_and_changes_nothing() ->
                     ("/channel/peek?topic=pk&channel=nosuch", (404, "CHANNEL_NOT_FOUND")),
                     ("/channel/peek?topic=nosuch&channel=c", (404, "TOPIC_NOT_FOUND")),
                     ("/channel/peek?topic=pk&channel=c&partition=3", (404, "PARTITION_NOT_FOUND")),
-                ]:
-                    status, doc = await get(path)
-                    assert (status, doc["message"]) == want, path
-                await consumer.close()
-                await pub.close()
-        finally:
-            await nsqd.close()
+                ],
+            )
+            await consumer.close()
+            await pub.close()
 
     run(go())
 
 
 def test_topic_peek_reads_the_log_from_a_position() -> None:
     async def go() -> None:
-        nsqd = await start_nsqd(http_address="127.0.0.1:0")
-        assert nsqd.http_address is not None
-        base = f"http://127.0.0.1:{nsqd.http_address[1]}"
-        try:
-            async with aiohttp.ClientSession() as http:
-
-                async def get(path: str) -> tuple[int, Any]:
-                    async with http.get(base + path) as r:
-                        return r.status, await r.json()
-
-                pub = await Raw.connect(nsqd)
-                await pub.publish("tp", *[b"t%d" % i for i in range(6)])
-                status, doc = await get("/topic/peek?topic=tp&n=3")
-                assert status == 200 and (doc["start"], doc["end"]) == (0, 6)
-                assert [m["body"] for m in doc["messages"]] == ["t0", "t1", "t2"]
-                assert all(m["attempts"] == 1 for m in doc["messages"])
-                status, doc = await get("/topic/peek?topic=tp&sequence=4")
-                assert [m["body"] for m in doc["messages"]] == ["t4", "t5"]
-                offset = doc["messages"][1]["offset"]
-                status, doc = await get(f"/topic/peek?topic=tp&offset={offset}")
-                assert [m["body"] for m in doc["messages"]] == ["t5"]
-                status, doc = await get("/topic/peek?topic=tp&timestamp=0&n=1")
-                assert [m["body"] for m in doc["messages"]] == ["t0"]
-                status, doc = await get("/topic/peek?topic=tp&timestamp=99999999999")
-                assert status == 200 and doc["messages"] == []
-                for path, want in [
+        async with served() as (nsqd, get):
+            pub = await Raw.connect(nsqd)
+            await pub.publish("tp", *[b"t%d" % i for i in range(6)])
+            status, doc = await get("/topic/peek?topic=tp&n=3")
+            assert status == 200 and (doc["start"], doc["end"]) == (0, 6)
+            assert [m["body"] for m in doc["messages"]] == ["t0", "t1", "t2"]
+            assert all(m["attempts"] == 1 for m in doc["messages"])
+            status, doc = await get("/topic/peek?topic=tp&sequence=4")
+            assert [m["body"] for m in doc["messages"]] == ["t4", "t5"]
+            offset = doc["messages"][1]["offset"]
+            status, doc = await get(f"/topic/peek?topic=tp&offset={offset}")
+            assert [m["body"] for m in doc["messages"]] == ["t5"]
+            status, doc = await get("/topic/peek?topic=tp&timestamp=0&n=1")
+            assert [m["body"] for m in doc["messages"]] == ["t0"]
+            status, doc = await get("/topic/peek?topic=tp&timestamp=99999999999")
+            assert status == 200 and doc["messages"] == []
+            await refused(
+                get,
+                [
                     ("/topic/peek?topic=tp&sequence=-1", (400, "INVALID_SEQUENCE")),
                     ("/topic/peek?topic=tp&sequence=x", (400, "INVALID_SEQUENCE")),
                     ("/topic/peek?topic=tp&offset=-5", (400, "INVALID_OFFSET")),
                     ("/topic/peek?topic=tp&n=0", (400, "INVALID_N")),
                     ("/topic/peek?topic=nosuch", (404, "TOPIC_NOT_FOUND")),
                     ("/topic/peek", (400, "MISSING_ARG_TOPIC")),
-                ]:
-                    status, doc = await get(path)
-                    assert (status, doc["message"]) == want, path
-                await pub.close()
-        finally:
-            await nsqd.close()
+                ],
+            )
+            await pub.close()
 
     run(go())
