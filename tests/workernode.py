@@ -8,10 +8,12 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ import pytest
 from nsqx.nsqd.workers.ownership import owner_of
 
 from lookupdproc import http_request, wait_until
-from nsqdproc import GO_NSQD, NsqdProcess
+from nsqdproc import GO_NSQD, NsqdProcess, start_nsqd
 from rawnsq import Raw
 
 GO_NSQLOOKUPD = GO_NSQD.parent / "nsqlookupd"
@@ -36,6 +38,18 @@ def worker_pids(node: NsqdProcess) -> dict[int, int]:
         if m:
             pids[int(m.group(1))] = int(m.group(2))
     return pids
+
+
+def start_workers(data_path: Path, *args: str, workers: int = 2) -> NsqdProcess:
+    """``nsqx nsqd --workers=N ARGS`` on free ports, returned once every worker started
+    (the node killed if they do not)."""
+    node = start_nsqd(data_path, f"--workers={workers}", *args)
+    try:
+        wait_for(lambda: len(worker_pids(node)) == workers, what=f"{workers} workers")
+    except BaseException:
+        node.stop(signal.SIGKILL)
+        raise
+    return node
 
 
 def wait_for(cond: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:

@@ -26,7 +26,7 @@ from nsqx.nsqd.metadata import ChannelMetadata, TopicMetadata, merge_metadata
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE
-from workernode import topics_spread, wait_for, worker_pids
+from workernode import start_workers, topics_spread, wait_for, worker_pids
 
 from nsqdproc import NsqdProcess, start_nsqd
 from rawnsq import Raw, run
@@ -167,10 +167,9 @@ def test_a_forwarded_publish_gets_its_owners_refusal(tmp_path: Path) -> None:
 
 
 def test_a_killed_worker_restarts_and_keeps_what_it_acknowledged(tmp_path: Path) -> None:
-    node = start_nsqd(tmp_path, "--workers=2")
+    node = start_workers(tmp_path)
     topics = topics_spread(6, 2)
     try:
-        wait_for(lambda: len(worker_pids(node)) == 2, what="two workers")
 
         async def publish(n: int, tag: str) -> None:
             producers = [Producer(f"127.0.0.1:{node.tcp_port}") for _ in range(4)]

@@ -27,10 +27,17 @@ from nsqx.client import Producer
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE, HEARTBEAT
-from workernode import raw_on, socket_holder, topics_spread, wait_for, worker_of, worker_pids
+from workernode import (
+    raw_on,
+    socket_holder,
+    start_workers,
+    topics_spread,
+    worker_of,
+    worker_pids,
+)
 
 from lookupdproc import http_request
-from nsqdproc import NsqdProcess, start_nsqd
+from nsqdproc import NsqdProcess
 from rawnsq import Raw, run
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fork/exec")
@@ -38,8 +45,7 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fo
 
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[NsqdProcess]:
-    n = start_nsqd(tmp_path, "--workers=2", "--http-address=127.0.0.1:0")
-    wait_for(lambda: len(worker_pids(n)) == 2, what="two workers")
+    n = start_workers(tmp_path, "--http-address=127.0.0.1:0")
     try:
         yield n
     finally:
@@ -151,12 +157,9 @@ def test_an_authorized_publisher_moves_with_its_authorization(tmp_path: Path) ->
         async with auth_server(topic) as (address, queries):
             loop = asyncio.get_running_loop()
             node = await loop.run_in_executor(
-                None, start_nsqd, tmp_path, "--workers=2", f"--auth-http-address={address}"
+                None, start_workers, tmp_path, f"--auth-http-address={address}"
             )
             try:
-                await loop.run_in_executor(
-                    None, lambda: wait_for(lambda: len(worker_pids(node)) == 2)
-                )
                 raw = await landed_on(node, 0)
                 raw.send(c.auth(b"pub"))
                 assert json.loads(await raw.response())["identity"] == "pub"

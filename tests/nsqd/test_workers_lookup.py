@@ -22,10 +22,10 @@ import pytest
 from nsqx.client import Consumer, Producer
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.nsqd.workers.spec import SPEC_ENV, WorkerSpec
-from workernode import Lookupd, go_lookupd, topics_spread, worker_pids
+from workernode import Lookupd, go_lookupd, start_workers, topics_spread, worker_pids
 
 from lookupdproc import http_request, wait_until
-from nsqdproc import NsqdProcess, start_nsqd
+from nsqdproc import NsqdProcess
 from rawnsq import run
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fork/exec")
@@ -101,33 +101,32 @@ def all_registered(lookupd: Lookupd, node: NsqdProcess, topics: list[str]) -> bo
 
 
 def start_node(tmp_path: Path, lookupd: Lookupd) -> NsqdProcess:
-    node = start_nsqd(
+    return start_workers(
         tmp_path,
-        "--workers=2",
         f"--lookupd-tcp-address={lookupd.tcp_address}",
         "--http-address=127.0.0.1:0",
         "--broadcast-address=127.0.0.1",
     )
-    wait_for_workers(node)
-    return node
 
 
-def wait_for_workers(node: NsqdProcess) -> None:
-    wait_until(lambda: len(worker_pids(node)) == 2, timeout=20, what="two workers")
+def register_everywhere(node: NsqdProcess, lookupd: Lookupd, topics: list[str]) -> None:
+    """Each topic published to (through connections landing on either worker) and given
+    a channel, then seen registered under the node's one address."""
+    publish_on_fresh_connections(node, topics)
+    for topic in topics:
+        create_channel(node, topic, f"ch-{topic}")
+    wait_until(
+        lambda: all_registered(lookupd, node, topics),
+        timeout=20,
+        what="every topic and channel registered under the node's one address",
+    )
 
 
 def test_every_workers_topics_register_as_one_producer(tmp_path: Path, lookupd: Lookupd) -> None:
     node = start_node(tmp_path, lookupd)
     topics = topics_spread(10, 2)
     try:
-        publish_on_fresh_connections(node, topics)
-        for topic in topics:
-            create_channel(node, topic, f"ch-{topic}")
-        wait_until(
-            lambda: all_registered(lookupd, node, topics),
-            timeout=20,
-            what="every topic and channel registered under the node's one address",
-        )
+        register_everywhere(node, lookupd, topics)
         nodes = lookupd.json("/nodes")["producers"]
         assert [(n["tcp_port"], n["http_port"]) for n in nodes] == [(node.tcp_port, node.http_port)]
         assert set(topics) <= set(nodes[0]["topics"])
@@ -151,10 +150,7 @@ def test_killed_workers_keep_or_regain_the_nodes_registrations(
     node = start_node(tmp_path, lookupd)
     topics = topics_spread(10, 2)
     try:
-        publish_on_fresh_connections(node, topics)
-        for topic in topics:
-            create_channel(node, topic, f"ch-{topic}")
-        wait_until(lambda: all_registered(lookupd, node, topics), timeout=20, what="registered")
+        register_everywhere(node, lookupd, topics)
 
         # an ephemeral channel of worker 1's: it dies with the worker
         eph = next(t for t in topics if owner_of(t, 0, 2) == 1)

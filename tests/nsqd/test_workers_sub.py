@@ -21,9 +21,9 @@ from nsqx.client import Consumer, Message, Producer
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_ERROR, FRAME_RESPONSE
-from workernode import raw_on, topics_spread, wait_for, worker_of, worker_pids
+from workernode import raw_on, start_workers, topics_spread, wait_for, worker_of, worker_pids
 
-from nsqdproc import NsqdProcess, start_nsqd
+from nsqdproc import NsqdProcess
 from rawnsq import Raw, run
 
 pytestmark = pytest.mark.skipif(
@@ -41,8 +41,7 @@ def node(tmp_path: Path, request: pytest.FixtureRequest):  # type: ignore[no-unt
     # moved: a plain connection moves to its topic's owner (workers/handoff.py); a
     # compressed one, and every one when handoff is off, is served through a proxy
     handoff = "true" if request.param == "moved" else "false"
-    n = start_nsqd(tmp_path, "--workers=2", f"--worker-handoff={handoff}")
-    wait_for(lambda: len(worker_pids(n)) == 2, what="two workers")
+    n = start_workers(tmp_path, f"--worker-handoff={handoff}")
     try:
         yield n
     finally:
@@ -236,10 +235,9 @@ def test_youzan_positions_and_layout_through_a_proxy(node: NsqdProcess) -> None:
 
 
 def test_max_channel_consumers_counts_local_and_proxied_consumers(tmp_path: Path) -> None:
-    node = start_nsqd(tmp_path, "--workers=2", "--max-channel-consumers=1")
+    node = start_workers(tmp_path, "--max-channel-consumers=1")
     topic = "crowded"
     try:
-        wait_for(lambda: len(worker_pids(node)) == 2, what="two workers")
 
         async def subscribed(worker: int) -> Raw:
             # a consumer that just left frees its place once its worker (and the

@@ -19,7 +19,7 @@ from nsqx.nsqd import tracer as tr
 from nsqx.nsqd.e2e import new_window
 from nsqx.nsqd.inflight import Held, InFlight
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
-from nsqx.store.log import split_chunks
+from nsqx.store.log import records, split_chunks
 from nsqx.wire.ext import header_tag
 from nsqx.wire.frames import (
     ATTEMPTS_AT,
@@ -609,22 +609,18 @@ class Channel:
             frame = get(seq)
             if frame is not None:
                 out.append((seq, frame, attempts + 1 if attempts else attempts_of(frame)))
-        seq, end = self.cursor, self.partition.visible_end
+        end = self.partition.visible_end
         now_ns = clock.time_ns()
-        while len(out) < n and seq < end:
-            hi = min(end, seq + n - len(out))
-            later = {s for s, due in self.log.deferred_between(seq, hi) if due > now_ns}
-            while seq < hi and len(out) < n:
-                frame = get(seq)
-                if frame is None:  # trimmed, or a gap after damage
-                    nxt = self.log.resume_at(seq)
-                    if nxt <= seq:
-                        return out
-                    seq = nxt
-                    break
-                if seq not in later:
-                    out.append((seq, frame, attempts_of(frame)))
-                seq += 1
+        later: set[int] = set()
+        hi = 0
+        for seq, frame in records(self.log, self.cursor, end):
+            if len(out) >= n:
+                break
+            if seq >= hi:  # the DPUBs not yet due in the next stretch
+                hi = min(end, seq + n - len(out))
+                later = {s for s, due in self.log.deferred_between(seq, hi) if due > now_ns}
+            if seq not in later:
+                out.append((seq, frame, attempts_of(frame)))
         return out
 
     def _defer_from_log(

@@ -272,7 +272,7 @@ class ClientV2(asyncio.Protocol):
             elif kind is _PUB and plain:
                 if local or not self._forward(ev):
                     self._on_pub(cast(cmd.Pub, ev))
-            elif self._handoff is not None:
+            elif kind is _SUB and self._handoff is not None:
                 # (kept for a SUB that moves the connection: what follows goes with it)
                 self._events, self._event_i = events, i
                 self._execute(ev)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 from typing import TYPE_CHECKING, Any, Final
 
+from nsqx.store.log import records
 from nsqx.wire.frames import ATTEMPTS_AT, ID_AT, ID_END, TIMESTAMP_AT, attempts_of, record_parts
 
 if TYPE_CHECKING:
@@ -66,18 +67,11 @@ def peek_log(part: Partition, seq: int, n: int) -> dict[str, Any]:
     oldest kept), deferred ones included: the log as it is, whatever its channels did."""
     log = part.log
     end = part.visible_end
-    seq = max(seq, log.start)
     out: list[dict[str, Any]] = []
-    while len(out) < n and seq < end:
-        frame = log.get(seq)
-        if frame is None:  # trimmed meanwhile, or a gap after damage
-            nxt = log.resume_at(seq)
-            if nxt <= seq:
-                break
-            seq = nxt
-            continue
-        out.append(message_json(part, seq, frame, attempts_of(frame)))
-        seq += 1
+    for s, frame in records(log, seq, end):
+        if len(out) >= n:
+            break
+        out.append(message_json(part, s, frame, attempts_of(frame)))
     return {
         "topic_name": part.topic.name,
         "partition": part.id,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from nsqx.wire.batch import StoredBatch
@@ -315,3 +315,20 @@ class MessageLog(ABC):
     def reset(self, seq: int, offset: int) -> None:
         """Forget every record and start over empty: the next record gets sequence
         ``seq`` and its frame virtual offset ``offset``."""
+
+
+def records(log: MessageLog, seq: int, end: int) -> Iterator[tuple[int, bytes]]:
+    """(sequence, frame) of each record of ``log`` from ``seq`` below ``end``, one at a
+    time (for looking, not delivering: each is a ``get``), going past sequences that
+    have none (trimmed meanwhile, or a gap after damage)."""
+    seq = max(seq, log.start)
+    while seq < end:
+        frame = log.get(seq)
+        if frame is None:
+            nxt = log.resume_at(seq)
+            if nxt <= seq:
+                return
+            seq = nxt
+            continue
+        yield seq, frame
+        seq += 1
