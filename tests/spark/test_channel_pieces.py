@@ -84,3 +84,61 @@ def test_the_batch_before_is_finished_when_spark_takes_the_next_in() -> None:
     assert calls == [1]
     empty = _OnFirst([], lambda: calls.append(2))
     assert list(empty) == [] and calls == [1, 2]
+
+
+class _Link:
+    """A connection as the pieces see it: its messages' layout is its ``msg_cls``."""
+
+    def __init__(self, youzan: bool, ext: bool = False, detail: bool = False) -> None:
+        from nsqx.client.message import message_class
+
+        self.msg_cls = message_class(youzan, ext, detail)
+
+
+def youzan_frame(
+    partition: int, seq: int, trace: int, body: bytes, ext: bytes | None, layout: _Link
+) -> bytes:
+    """Youzan's frame: binary id and trace id, then the ext part on an ext
+    subscription, then offset and raw size after SUB_ORDERED / SUB_ADVANCED."""
+    out = struct.pack(">qHQQ", 1_700_000_000_000_000_000 + seq, 2, partition << 50 | seq, trace)
+    if getattr(layout.msg_cls, "_ext", False):
+        out += b"\x00" if ext is None else struct.pack(">BH", 4, len(ext)) + ext
+    if getattr(layout.msg_cls, "_detail", False):
+        out += struct.pack(">QI", 1000 + seq, 40)
+    return out + body
+
+
+def test_every_layout_gives_partition_id_trace_id_and_ext() -> None:
+    """Connections to partitions (Youzan's binary ids; the ext part on an ext topic; the
+    offset and size of ordered subscriptions) and NSQ 1.3 ones, mixed in one piece:
+    every row has its partition (the id's high bits), its id as 16 hex digits (as the
+    range reader shows it), its trace id (a u64 above 2**63 reads as negative, as
+    Spark's BIGINT), its ext header and the body alone."""
+    plain = _Link(False)
+    layouts = [_Link(True), _Link(True, ext=True), _Link(True, detail=True)]
+    layouts.append(_Link(True, ext=True, detail=True))
+    chunks: list[tuple[object, list[bytes]]] = [(plain, [frame(1), frame(2)])]
+    want = [(0, f"{i:016x}", 0, None, b"b%d" % i) for i in (1, 2)]
+    for k, link in enumerate(layouts):
+        datas = []
+        for j in range(3):
+            p, seq, trace = k + j, 10 * k + j + 1, (1 << 63) + j if j == 2 else 7 * j
+            ext = b'{"k":"%d"}' % j if j and getattr(link.msg_cls, "_ext", False) else None
+            body = b"" if j == 1 else b"body %d %d" % (k, j)
+            datas.append(youzan_frame(p, seq, trace, body, ext, link))
+            signed = trace - (1 << 64) if trace >= 1 << 63 else trace
+            want.append((p, f"{p << 50 | seq:016x}", signed, ext and ext.decode(), body))
+        chunks.append((link, datas))
+    piece = _Piece.build(chunks)
+    assert piece.error is None, piece.error
+    assert piece.columns is not None
+    rows = columns_to_batch(piece.columns, "t", 0).to_pylist()
+    assert [(r["partition"], r["id"], r["trace_id"], r["ext"], r["body"]) for r in rows] == want
+    _, rest = piece.split(5)
+    assert rest.columns is not None
+    tail = columns_to_batch(rest.columns, "t", 5).to_pylist()
+    assert [r["id"] for r in tail] == [w[1] for w in want[5:]]
+    assert [r["offset"] for r in tail] == list(range(5, len(want)))
+    # an ext part cut short fails the read that takes it
+    short = _Piece.build([(layouts[1], [youzan_frame(0, 1, 0, b"", None, plain) + b"\x04\x00"])])
+    assert isinstance(short.error, RuntimeError)

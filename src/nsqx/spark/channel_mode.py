@@ -34,14 +34,22 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Iterator
-from itertools import accumulate, chain
+from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from pyspark.sql.datasource import SimpleDataSourceStreamReader
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from nsqx.spark.options import NsqOptions
-from nsqx.wire.frames import MSG_ID_AT, MSG_ID_END
+from nsqx.wire.frames import (
+    MSG_DETAIL_SIZE,
+    MSG_EXT_AT,
+    MSG_EXT_LEN_AT,
+    MSG_EXT_VER_AT,
+    MSG_ID_AT,
+    MSG_ID_END,
+)
 
 log = logging.getLogger("nsqx.spark")
 
@@ -77,24 +85,72 @@ def connections_for(batch: int, max_rdy: int = MAX_RDY_COUNT) -> int:
     return max(1, min(MAX_CONNECTIONS, math.ceil(2 * batch / max_rdy)))
 
 
-def frame_columns(payloads: list[bytes]) -> list[Any]:
-    """The columns a message frame's data gives (``[i64 timestamp][u16 attempts][16-byte
-    hex id][body]``, as NSQ 1.3 sends them): id, timestamp, attempts and body, built
-    with Arrow's kernels (no Python work per message beyond one join)."""
+#: a subscription's message layout (see nsqx.client.message): (Youzan's binary id and
+#: trace id, the ext part, the offset and raw size); NSQ 1.3's is a hex id alone
+Layout = tuple[bool, bool, bool]
+NSQ13: Layout = (False, False, False)
+#: the partition is the high bits of a message id (partition << 50 | sequence + 1)
+PARTITION_SHIFT = 50
+
+
+def link_layout(link: Any) -> Layout:
+    """The layout of the messages that come on ``link`` (a consumer's connection): a
+    connection that subscribed to a partition (found through nsqlookupd, or named) gets
+    Youzan's binary ids, and the ext part on an ext topic."""
+    from nsqx.client.message import YouzanMessage
+
+    cls = getattr(link, "msg_cls", None)
+    if not isinstance(cls, type) or not issubclass(cls, YouzanMessage):
+        return NSQ13
+    return (True, bool(getattr(cls, "_ext", False)), bool(getattr(cls, "_detail", False)))
+
+
+_hex_table: Any = None
+
+
+def _hex_ids(frames: Any, n: int) -> Any:
+    """The binary u64 ids of Youzan's frames (bytes 10-18) as 16 hex digits, as NSQ 1.3
+    and the range reader show them: each byte becomes its two digits by one ``take``
+    from a table of 256, and every 16 digits one string."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    global _hex_table
+    if _hex_table is None:
+        _hex_table = pa.array([f"{i:02x}" for i in range(256)], pa.string())
+    raw = pc.binary_slice(frames, MSG_ID_AT, MSG_ID_AT + 8).buffers()[2]
+    digits = pc.take(_hex_table, pa.Array.from_buffers(pa.uint8(), 8 * n, [None, raw]))
+    sixteens = pc.cumulative_sum(
+        pa.repeat(pa.scalar(16, pa.int32()), n + 1), start=pa.scalar(-16, pa.int32())
+    )
+    return pa.Array.from_buffers(pa.string(), n, [None, sixteens.buffers()[1], digits.buffers()[2]])
+
+
+def frame_columns(payloads: list[bytes], layout: Layout = NSQ13) -> list[Any]:
+    """The columns a message frame's data gives: id, timestamp, attempts, body,
+    partition, trace id and ext header, built with Arrow's kernels (no Python work per
+    message beyond one join).
+
+    NSQ 1.3's frame is ``[i64 timestamp][u16 attempts][16-byte hex id][body]``: partition
+    0, no trace id, no ext header. Youzan's (a subscription to a partition) has the u64
+    id and u64 trace id in those 16 bytes, then on an ext topic ``[u8 ext version]`` and,
+    unless 0, ``[u16 length][ext]``, then (after SUB_ORDERED / SUB_ADVANCED only) ``[u64
+    offset][u32 raw size]``, then the body."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    youzan, ext, detail = layout
     n = len(payloads)
     # one join and the running sum of the lengths: the frames as an Arrow binary array
     # without converting each message on its own
     ends = array("i", [0])
     ends.extend(accumulate(map(len, payloads)))
-    frames = pa.Array.from_buffers(
-        pa.binary(), n, [None, pa.py_buffer(ends), pa.py_buffer(b"".join(payloads))]
-    )
-    if n and pc.min(pc.binary_length(frames)).as_py() < 26:
+    data = pa.py_buffer(b"".join(payloads))
+    frames = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(ends), data])
+    header = MSG_ID_END + (1 if ext else 0) + (MSG_DETAIL_SIZE if detail and not ext else 0)
+    if n and pc.min(pc.binary_length(frames)).as_py() < header:
         raise RuntimeError("nsq: a message frame shorter than its header")
-    longest = pc.max(pc.binary_length(frames)).as_py() or 26
+    longest = pc.max(pc.binary_length(frames)).as_py() or header
 
     def fixed(start: int, width: int, code: str) -> array[int]:
         # n fields of ``width`` bytes, big-endian, now side by side in one buffer
@@ -108,12 +164,77 @@ def frame_columns(payloads: list[bytes]) -> list[Any]:
 
     stamps = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(fixed(0, 8, "q"))])
     attempts = pa.Array.from_buffers(pa.uint16(), n, [None, pa.py_buffer(fixed(8, 2, "H"))])
+    if not youzan:
+        ids = pc.binary_slice(frames, MSG_ID_AT, MSG_ID_END).cast(pa.string())
+        partitions = pa.repeat(pa.scalar(0, pa.int32()), n)
+        traces = pa.repeat(pa.scalar(0, pa.int64()), n)
+    else:
+        ids = _hex_ids(frames, n)
+        raw_ids = pa.Array.from_buffers(pa.uint64(), n, [None, pa.py_buffer(fixed(10, 8, "Q"))])
+        partitions = pc.shift_right(raw_ids, PARTITION_SHIFT).cast(pa.int32())
+        # a u64; Spark's BIGINT is signed (one at or above 2**63 reads as negative)
+        traces = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(fixed(18, 8, "q"))])
+    if ext:
+        exts, bodies = _ext_columns(data, ends, n, detail)
+    else:
+        body_at = MSG_ID_END + (MSG_DETAIL_SIZE if detail else 0)
+        bodies = pc.binary_slice(frames, body_at, longest)
+        exts = pa.nulls(n, pa.string())
     return [
-        pc.binary_slice(frames, 10, 26).cast(pa.string()),
+        ids,
         pc.divide(stamps, 1000).cast(pa.timestamp("us", tz="UTC")),
         attempts.cast(pa.int32()),
-        pc.binary_slice(frames, 26, longest),
+        bodies,
+        partitions,
+        traces,
+        exts,
     ]
+
+
+def _ext_columns(data: Any, ends: array[int], n: int, detail: bool) -> tuple[Any, Any]:
+    """Ext headers and bodies of Youzan's frames with the ext part, which puts each
+    body at its own place: every frame is cut into four consecutive pieces (header, ext
+    version and length; ext; offset and size, if any; body) by one offsets buffer over
+    the same bytes, and each column is a ``take`` of every fourth piece (as the range
+    reader's extended records)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from nsqx.spark.source import _int32s, _u8
+
+    i32 = pa.int32()
+    starts = pa.Array.from_buffers(i32, n, [None, pa.py_buffer(ends)])
+    stops = pa.Array.from_buffers(i32, n, [None, pa.py_buffer(ends)], offset=1)
+    u8 = _u8(data)
+    ver = pc.take(u8, pc.add(starts, pa.scalar(MSG_EXT_VER_AT, i32)))
+    has = pc.not_equal(ver, pa.scalar(0, pa.uint8()))
+
+    def at(base: Any, with_ext: int, without: int) -> Any:
+        return pc.add(base, pc.if_else(has, pa.scalar(with_ext, i32), pa.scalar(without, i32)))
+
+    if not pc.all(pc.less_equal(at(starts, MSG_EXT_AT, MSG_EXT_LEN_AT), stops)).as_py():
+        raise RuntimeError("nsq: a message frame shorter than its ext header")
+    # a frame without ext data points at its own first byte (masked out below)
+    hi = pc.take(u8, at(starts, MSG_EXT_LEN_AT, 0)).cast(i32)
+    lo = pc.take(u8, at(starts, MSG_EXT_LEN_AT + 1, 0)).cast(i32)
+    length = pc.if_else(has, pc.add(pc.multiply(hi, pa.scalar(256, i32)), lo), pa.scalar(0, i32))
+    ext_at = at(starts, MSG_EXT_AT, MSG_EXT_LEN_AT)
+    ext_end = pc.add(ext_at, length)
+    body_at = pc.add(ext_end, pa.scalar(MSG_DETAIL_SIZE if detail else 0, i32))
+    if not pc.all(pc.less_equal(body_at, stops)).as_py():
+        raise RuntimeError("nsq: a message frame shorter than its ext header")
+    offsets = array("i", [0]) * (4 * n + 1)
+    for j, column in enumerate((starts, ext_at, ext_end, body_at)):
+        offsets[j : 4 * n : 4] = _int32s(column)
+    offsets[4 * n] = data.size
+    pieces = pa.Array.from_buffers(pa.binary(), 4 * n, [None, pa.py_buffer(offsets), data])
+    fours = pc.cumulative_sum(pa.repeat(pa.scalar(4, i32), n), start=pa.scalar(-4, i32))
+
+    def piece(j: int) -> Any:
+        return pc.take(pieces, pc.add(fours, pa.scalar(j, i32)))
+
+    exts = pc.if_else(has, piece(1).cast(pa.string()), pa.scalar(None, pa.string()))
+    return exts, piece(3)
 
 
 def columns_to_batch(columns: list[Any], topic: str, first_offset: int) -> Any:
@@ -124,21 +245,21 @@ def columns_to_batch(columns: list[Any], topic: str, first_offset: int) -> Any:
 
     from nsqx.spark.source import SCHEMA_NAMES
 
-    ids, stamps, attempts, bodies = columns
+    ids, stamps, attempts, bodies, partitions, traces, exts = columns
     n = len(ids)
     ones = pa.repeat(pa.scalar(1, pa.int64()), n)
     return pa.RecordBatch.from_arrays(
         [
             pa.repeat(pa.scalar(topic, pa.string()), n),
             pa.repeat(pa.scalar("", pa.string()), n),
-            pa.repeat(pa.scalar(0, pa.int32()), n),
+            partitions,
             pc.cumulative_sum(ones, start=first_offset - 1),
             ids,
-            pa.repeat(pa.scalar(0, pa.int64()), n),
+            traces,
             stamps,
             attempts,
             bodies,
-            pa.nulls(n, pa.string()),
+            exts,
         ],
         names=SCHEMA_NAMES,
     )
@@ -166,11 +287,26 @@ class _Piece:
 
     @classmethod
     def build(cls, chunks: list[Chunk]) -> _Piece:
-        datas = list(chain.from_iterable(datas for _, datas in chunks))
+        n = sum(len(datas) for _, datas in chunks)
         try:
-            return cls(chunks, frame_columns(datas), len(datas))
+            # chunks in runs of one layout (connections to partitions and NSQ 1.3 ones
+            # may be mixed), the runs' columns put end to end
+            runs: list[tuple[Layout, list[bytes]]] = []
+            for link, datas in chunks:
+                layout = link_layout(link)
+                if runs and runs[-1][0] == layout:
+                    runs[-1][1].extend(datas)
+                else:
+                    runs.append((layout, list(datas)))
+            if len(runs) <= 1:
+                layout, datas = runs[0] if runs else (NSQ13, [])
+                return cls(chunks, frame_columns(datas, layout), n)
+            import pyarrow as pa
+
+            built = [frame_columns(datas, layout) for layout, datas in runs]
+            return cls(chunks, [pa.concat_arrays(list(c)) for c in zip(*built, strict=True)], n)
         except Exception as err:  # raised by the read that takes it, in Spark's query
-            piece = cls(chunks, None, len(datas))
+            piece = cls(chunks, None, n)
             piece.error = err
             return piece
 
@@ -193,6 +329,52 @@ class _Piece:
         rest = _Piece(tail, None if cols is None else [c.slice(k) for c in cols], self.n - k)
         first.error = rest.error = self.error
         return first, rest
+
+
+@dataclass(frozen=True)
+class SubscriptionGroup:
+    """Consumers alike: nsqd by TCP address (each subscribed to ``partitions``, or as
+    NSQ 1.3 subscribes when None) and nsqlookupd (every partition it lists)."""
+
+    nsqd_tcp: list[str]
+    lookupd_http: list[str]
+    partitions: list[int] | None = None
+
+    @property
+    def targets(self) -> int:
+        """The connections one consumer of the group opens to named nsqd (at least 1)."""
+        return max(1, len(self.nsqd_tcp) * len(self.partitions or [0]))
+
+
+def subscription_groups(opts: NsqOptions) -> list[SubscriptionGroup]:
+    """Where mode=channel subscribes: nsqlookupd finds every partition (a connection to
+    each leader); an nsqd named by its HTTP address is asked which partitions of the
+    topic it leads (its /stats; its TCP port from /info) and each is subscribed to
+    (``SUB <topic> <channel> <partition>``), or the topic as NSQ 1.3's when it has no
+    partitions (or no such topic yet); an nsqd named by its TCP address alone gets NSQ
+    1.3's ``SUB``, which reads its default partition only."""
+    from nsqx.spark.routing import NodeTopic, node_topic
+
+    assert opts.topic is not None
+    nodes: dict[str, NodeTopic] = {}
+    for address in opts.nsqd_http:
+        node = node_topic(address, opts.topic)
+        nodes.setdefault(node.tcp, node)
+    plain = [a for a in opts.nsqd_tcp if a not in nodes]
+    groups = []
+    if plain or opts.lookupd_http:
+        groups.append(SubscriptionGroup(plain, list(opts.lookupd_http)))
+    for tcp, node in nodes.items():
+        if node.leads is None:
+            groups.append(SubscriptionGroup([tcp], []))
+        elif node.leads:  # (a node that leads none of them is read from their leaders)
+            groups.append(SubscriptionGroup([tcp], [], list(node.leads)))
+    if not groups:
+        raise RuntimeError(
+            f"nsq: no nsqd of nsqdHttpAddresses leads a partition of {opts.topic!r} (its "
+            "replicas are read from their leaders: name those, or use lookupdHttpAddresses)"
+        )
+    return groups
 
 
 class _Subscription:
@@ -220,15 +402,15 @@ class _Subscription:
         self.thread = LoopThread("nsqx-spark-channel")
         self.msg_timeout = opts.msg_timeout_ms / 1000
         per_conn = min(MAX_RDY_COUNT, math.ceil(2 * batch / connections_for(batch)))
-        nodes = max(1, len(opts.nsqd_tcp))
         self.consumers = [
             Consumer(
                 opts.topic,
                 opts.channel,
                 frames_handler=self._on_frames,
-                nsqd_tcp_addresses=opts.nsqd_tcp,
-                lookupd_http_addresses=opts.lookupd_http,
-                max_in_flight=per_conn * nodes,
+                nsqd_tcp_addresses=group.nsqd_tcp,
+                lookupd_http_addresses=group.lookupd_http,
+                partitions=group.partitions,
+                max_in_flight=per_conn * group.targets,
                 msg_timeout=self.msg_timeout,
                 # the query decides when a message is done; never given up on here
                 max_attempts=0,
@@ -240,6 +422,7 @@ class _Subscription:
                 # the next one); a busy stream fills the buffer sooner anyway
                 output_buffer_timeout=OUTPUT_BUFFER_TIMEOUT,
             )
+            for group in subscription_groups(opts)
             for _ in range(connections_for(batch))
         ]
         self.closed = False
@@ -519,7 +702,7 @@ class NsqChannelStreamReader(SimpleDataSourceStreamReader, SupportsTriggerAvaila
             assert piece.columns is not None
             batch = columns_to_batch(piece.columns, self.opts.topic or "", first)
             first += piece.n
-            if self.opts.include_headers:  # NSQ 1.3 deliveries carry no ext header
+            if self.opts.include_headers:  # (ext headers come to partition subscribers)
                 from nsqx.spark.source import with_headers
 
                 batch = with_headers(batch)

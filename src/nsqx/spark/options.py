@@ -221,17 +221,21 @@ class NsqOptions:
         o.channel = opts.get("channel") or None
         if o.channel is not None and not is_valid_name(o.channel):
             raise NsqOptionError(f"option channel: {o.channel!r} is not a valid NSQ channel name")
+        # writing and mode=channel speak TCP: to nsqd named by its TCP address, or found
+        # through nsqlookupd, or named by its HTTP address (its TCP port is in its /info)
         if for_write:
-            if not o.nsqd_tcp and not o.lookupd_http:
+            if not o.nsqd_tcp and not o.lookupd_http and not o.nsqd_http:
                 raise NsqOptionError(
-                    "option nsqdTcpAddresses (or lookupdHttpAddresses) is required to write"
+                    "option nsqdTcpAddresses (or lookupdHttpAddresses, or nsqdHttpAddresses) "
+                    "is required to write"
                 )
         elif o.mode == "channel":
             if o.channel is None:
                 raise NsqOptionError("option channel is required with mode=channel")
-            if not o.nsqd_tcp and not o.lookupd_http:
+            if not o.nsqd_tcp and not o.lookupd_http and not o.nsqd_http:
                 raise NsqOptionError(
-                    "option nsqdTcpAddresses (or lookupdHttpAddresses) is required with mode=channel"
+                    "option nsqdTcpAddresses (or lookupdHttpAddresses, or nsqdHttpAddresses) "
+                    "is required with mode=channel"
                 )
         elif not o.nsqd_http and not o.lookupd_http:
             raise NsqOptionError("option nsqdHttpAddresses (or lookupdHttpAddresses) is required")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections import deque
 
 from nsqx.wire import FRAME_ERROR, FRAME_RESPONSE, HEARTBEAT, MAGIC_V2, OK, FrameDecoder
 from nsqx.wire import commands as cmd
@@ -33,6 +34,8 @@ class BlockingPublisher:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._decoder = FrameDecoder()
         self._pending = 0
+        #: what each unanswered command published (named in an error), oldest first
+        self._what: deque[str] = deque()
         self._send(MAGIC_V2)
 
     def _send(self, data: bytes) -> None:
@@ -48,10 +51,15 @@ class BlockingPublisher:
             for ftype, payload in self._frames():
                 if ftype == FRAME_RESPONSE and payload == HEARTBEAT:
                     self._send(cmd.nop())
-                elif ftype == FRAME_RESPONSE and payload == OK:
+                elif ftype == FRAME_RESPONSE and payload[:2] == OK:
+                    # (MPUB_EXT with a ##trace_id may be answered with OK and the trace)
                     self._pending -= 1
+                    self._what.popleft()
                 elif ftype == FRAME_ERROR:
-                    raise PublishError(f"nsqd {self.address}: {payload.decode(errors='replace')}")
+                    what = f" ({self._what[0]})" if self._what and self._what[0] else ""
+                    raise PublishError(
+                        f"nsqd {self.address}: {payload.decode(errors='replace')}{what}"
+                    )
                 else:
                     raise PublishError(f"nsqd {self.address}: unexpected frame type {ftype}")
 
@@ -79,10 +87,17 @@ class BlockingPublisher:
         self.flush()
 
     def _mpub(self, topic: str, batch: list[bytes]) -> None:
+        self.send(cmd.mpub(topic, batch) if len(batch) > 1 else cmd.pub(topic, batch[0]))
+
+    def send(self, command: bytes, what: str = "") -> None:
+        """Send one publish command (answered by one OK), waiting first while ``window``
+        are unanswered; ``what`` names it in the error should nsqd refuse it. Commands
+        on one connection are executed in order."""
         while self._pending >= self.window:
             self._await_one()
-        self._send(cmd.mpub(topic, batch) if len(batch) > 1 else cmd.pub(topic, batch[0]))
+        self._send(command)
         self._pending += 1
+        self._what.append(what)
 
     def flush(self) -> None:
         """Wait until every batch sent is acknowledged."""

@@ -10,7 +10,8 @@ no repeat. A replicated partition (replicator 2 or more) has the same sequences 
 every replica: it is read once, from its leader up to its commit point, and its key is
 ``"*/partition"``, so its offsets survive a failover. A partition that appears while a stream runs joins at its first retained
 sequence. Writing publishes each task's rows with MPUB batches (at-least-once: a retried
-task publishes again).
+task publishes again); ``key``, ``partition`` and ``headers`` columns route rows to
+partitions, with ext headers (nsqx.spark.routing).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from pyspark.sql.types import StructType
 from nsqx.spark import rangeclient
 from nsqx.spark.options import ByTimestamp, NsqOptionError, NsqOptions
 from nsqx.spark.publisher import BlockingPublisher
+from nsqx.spark.routing import SinkColumns, plain_addresses, publish_routed, sink_columns
 from nsqx.wire.frames import (
     EXT_AT,
     EXT_LEN_AT,
@@ -73,8 +75,9 @@ HEADERS_COLUMN = "headers ARRAY<STRUCT<key: STRING, value: BINARY>>"
 
 def headers_column(exts: Any) -> Any:
     """Kafka's ``headers`` from the ``ext`` column: each JSON ext header's keys and
-    values (a string value as its UTF-8 bytes, any other as its JSON text); null where
-    a message has none. Python runs only for the rows that have a header."""
+    values (a string value as its UTF-8 bytes, JSON null as a null value, any other as
+    its JSON text); null where a message has none. Python runs only for the rows that
+    have a header."""
     import pyarrow as pa
 
     kind = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -92,13 +95,15 @@ def headers_column(exts: Any) -> Any:
         if not isinstance(header, dict):
             out.append(None)
             continue
-        out.append(
-            [
-                {"key": k, "value": v.encode() if isinstance(v, str) else json.dumps(v).encode()}
-                for k, v in header.items()
-            ]
-        )
+        out.append([{"key": k, "value": _header_value(v)} for k, v in header.items()])
     return pa.array(out, kind)
+
+
+def _header_value(v: Any) -> bytes | None:
+    # a string as its UTF-8 bytes (what the sink publishes from bytes), JSON null as null
+    if isinstance(v, str):
+        return v.encode()
+    return None if v is None else json.dumps(v).encode()
 
 
 @dataclass(frozen=True)
@@ -719,19 +724,24 @@ class PublishedCount(WriterCommitMessage):
     bytes: int
 
 
-def publish_rows(opts: NsqOptions, rows: Iterator[Any]) -> PublishedCount:
-    """Executor side of both writers: rows -> MPUB batches, every one acknowledged."""
+def publish_rows(
+    opts: NsqOptions, rows: Iterator[Any], cols: SinkColumns | None = None
+) -> PublishedCount:
+    """Executor side of both writers: rows -> MPUB batches, every one acknowledged.
+    With routing columns (``key``, ``partition``, ``headers``: ``cols``), each row goes
+    to its partition's leader, with its ext header (nsqx.spark.routing)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     index = ctx.partitionId() if ctx is not None else 0
-    addresses = opts.nsqd_tcp or [
-        f"{p['broadcast_address']}:{p['tcp_port']}"
-        for lookupd in opts.lookupd_http
-        for p in rangeclient.lookup(lookupd, opts.topic or "")
-    ]
+    if cols is not None and cols.any:
+        return PublishedCount(*publish_routed(opts, cols, rows, index))
+    addresses = plain_addresses(opts)
     if not addresses:
-        raise RuntimeError("nsq: no nsqd to publish to (nsqdTcpAddresses / lookupdHttpAddresses)")
+        raise RuntimeError(
+            "nsq: no nsqd to publish to (nsqdTcpAddresses / nsqdHttpAddresses / "
+            "lookupdHttpAddresses)"
+        )
     pub = BlockingPublisher(addresses[index % len(addresses)])
     by_topic: dict[str, list[bytes]] = {}
     count = size = 0
@@ -760,19 +770,21 @@ def publish_rows(opts: NsqOptions, rows: Iterator[Any]) -> PublishedCount:
 
 
 class NsqBatchWriter(DataSourceWriter):
-    def __init__(self, opts: NsqOptions) -> None:
+    def __init__(self, opts: NsqOptions, cols: SinkColumns | None = None) -> None:
         self.opts = opts
+        self.cols = cols
 
     def write(self, iterator: Iterator[Any]) -> PublishedCount:
-        return publish_rows(self.opts, iterator)
+        return publish_rows(self.opts, iterator, self.cols)
 
 
 class NsqStreamWriter(DataSourceStreamWriter):
-    def __init__(self, opts: NsqOptions) -> None:
+    def __init__(self, opts: NsqOptions, cols: SinkColumns | None = None) -> None:
         self.opts = opts
+        self.cols = cols
 
     def write(self, iterator: Iterator[Any]) -> PublishedCount:
-        return publish_rows(self.opts, iterator)
+        return publish_rows(self.opts, iterator, self.cols)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Each task's publishes were acknowledged before it returned: nothing to do."""
@@ -832,9 +844,11 @@ class NsqDataSource(DataSource):
             raise NsqOptionError(
                 'nsq: a topic cannot be overwritten (messages are only appended): use .mode("append")'
             )
-        return NsqBatchWriter(self._opts(for_write=True))
+        opts = self._opts(for_write=True)
+        return NsqBatchWriter(opts, sink_columns(schema, opts))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """Every output mode publishes the rows of each micro-batch (Kafka's sink does
         the same: "complete" publishes the whole result table each time)."""
-        return NsqStreamWriter(self._opts(for_write=True))
+        opts = self._opts(for_write=True)
+        return NsqStreamWriter(opts, sink_columns(schema, opts))
