@@ -166,6 +166,8 @@ class BenchConfig:
     deflate: bool = False
     #: CA to verify the server with (--tls); None: not verified
     tls_ca: str | None = None
+    #: settings for the bench's channels (nsqx's POST /channel/config query), "": none
+    channel_config: str = ""
     #: the interpreter whose nsqx runs our own server (None: this one), e.g. a wheel's venv
     nsqd_python: str | None = None
 
@@ -696,6 +698,18 @@ async def http_message_count(base: str, topic: str) -> int:
     return sum(t["message_count"] for t in stats.get("topics") or ())
 
 
+async def configure_channel(base: str | None, cfg: BenchConfig, channel: str) -> None:
+    """Give the channel --channel-config's policy (nsqx's /channel/config)."""
+    if not cfg.channel_config:
+        return
+    if base is None:
+        raise BenchError("--channel-config needs the server's HTTP address")
+    url = f"{base}/channel/config?topic={quote(cfg.topic)}&channel={channel}&{cfg.channel_config}"
+    async with aiohttp.ClientSession() as session, session.post(url) as resp:
+        if resp.status != 200:
+            raise BenchError(f"/channel/config: {resp.status} {await resp.text()}")
+
+
 class Bench:
     def __init__(
         self,
@@ -735,6 +749,7 @@ class Bench:
                 self.sub_consumer = await open_consumer(
                     self.host, self.port, cfg, SUB_CHANNEL, "consumer(sub)"
                 )
+                await configure_channel(self.http_base, cfg, SUB_CHANNEL)
             if "pub" in cfg.phases:
                 results["pub"] = await self.phase_pub("pub")
             elif "sub" in cfg.phases:
@@ -847,6 +862,7 @@ class Bench:
     async def phase_both(self) -> dict[str, Any]:
         cfg = self.cfg
         cons = await open_consumer(self.host, self.port, cfg, BOTH_CHANNEL, "consumer(both)")
+        await configure_channel(self.http_base, cfg, BOTH_CHANNEL)
         try:
             rdy = min(cfg.rdy, int(cons.settings.get("max_rdy_count", cfg.rdy)))
             cons.set_rdy(rdy)
@@ -1294,6 +1310,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, bool]:
         metavar="PATH",
         help="run our own nsqd with this interpreter's nsqx (e.g. .venv-compiled/bin/python)",
     )
+    p.add_argument(
+        "--channel-config",
+        default="",
+        metavar="QUERY",
+        help="nsqx channel policy for the bench's channels, e.g. "
+        "'max_attempts=5&message_ttl_ms=600000' (POST /channel/config)",
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     args = p.parse_args(argv)
     if args.snappy and args.deflate:
@@ -1326,6 +1349,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[BenchConfig, bool]:
         snappy=args.snappy,
         deflate=args.deflate,
         tls_ca=args.tls_ca,
+        channel_config=args.channel_config,
     )
     if args.topic:
         cfg.topic = args.topic

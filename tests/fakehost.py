@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from typing import Any
 
 from nsqx.nsqd.events import TopologyEvent
@@ -44,6 +45,8 @@ class FakeHost:
         self.removed_partitions: list[Partition] = []
         #: keys asked for by acknowledged()
         self.acknowledged_keys: list[set[tuple[str, int]]] = []
+        #: (channel, frame, attempts, first, last) of every dead letter
+        self.dead: list[tuple[str, bytes, int, int, int]] = []
 
     def topology_changed(self, event: TopologyEvent, persist: bool = True) -> None:
         self.events.append((event, persist))
@@ -54,6 +57,19 @@ class FakeHost:
     def remove_later(self, path: str) -> None:
         os.remove(path)
         self.removed.append(path)
+
+    def dead_letter(
+        self,
+        channel: Any,
+        frame: bytes,
+        attempts: int,
+        first_ns: int,
+        last_ns: int,
+        on_done: Callable[[BaseException | None], None],
+    ) -> None:
+        """Recorded in ``dead``, and acknowledged on the next loop iteration."""
+        self.dead.append((channel.name, frame, attempts, first_ns, last_ns))
+        asyncio.get_running_loop().call_soon(on_done, None)
 
     def acknowledged(self, keys: set[tuple[str, int]]) -> asyncio.Future[Any]:
         """Done at once: the fake's writes count as fsynced (nothing is replicated)."""

@@ -119,6 +119,12 @@ class Cluster:
         assert status == 200
         return json.loads(body)["topics"] or []  # type: ignore[no-any-return]
 
+    def nsqd_json(self, n: NsqdProcess, path: str) -> Any:
+        """GET an nsqd's JSON (200 expected)."""
+        status, _, body = http_request(f"{n.http_url}{path}")
+        assert status == 200, body
+        return json.loads(body)
+
     def pub(self, n: NsqdProcess, topic: str, *bodies: bytes) -> None:
         import urllib.request
 

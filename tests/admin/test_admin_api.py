@@ -179,6 +179,35 @@ def test_peek_shows_each_nodes_next_messages_and_changes_nothing(cluster: Cluste
         assert (status, data["message"]) == want, path
 
 
+def test_channel_policy_is_set_on_every_node_and_read_back(cluster: Cluster) -> None:
+    a, b = cluster.nsqds[0], cluster.nsqds[1]
+    for n in (a, b):
+        assert cluster.post_nsqd(n, "/topic/create?topic=pol") == 200
+        assert cluster.post_nsqd(n, "/channel/create?topic=pol&channel=c") == 200
+    wait_until(lambda: len(cluster.lookupd.json("/lookup?topic=pol")["producers"]) == 2)
+    adm = cluster.admin
+    body = {"action": "config", "settings": {"max_attempts": 4, "max_msgs_per_sec": "100"}}
+    status, data = adm.request("POST", "/api/topics/pol/c", body)
+    assert (status, data["message"]) == (200, "")
+    status, data = adm.request("GET", "/api/topics/pol/c/config")
+    assert status == 200
+    assert sorted(c["node"] for c in data["configs"]) == sorted(
+        f"127.0.0.1:{n.http_port}" for n in (a, b)
+    )
+    assert {(c["max_attempts"], c["max_msgs_per_sec"]) for c in data["configs"]} == {(4, 100)}
+    status, data = adm.request("POST", "/api/topics/pol/c", {"action": "replay_dead_letters"})
+    assert status == 200
+    # the nodes' refusal, and the admin's own
+    status, data = adm.request(
+        "POST", "/api/topics/pol/c", {"action": "config", "settings": {"max_attempts": "x"}}
+    )
+    assert status == 502 and "INVALID_MAX_ATTEMPTS" in data["message"]
+    for bad in ({"action": "config"}, {"action": "config", "settings": {"topic": "x"}}):
+        status, data = adm.request("POST", "/api/topics/pol/c", bad)
+        assert (status, data["message"]) == (400, "INVALID_SETTINGS")
+    assert adm.request("GET", "/api/topics/pol/c")[1]["dead_letter_count"] == 0
+
+
 def test_create_partitioned_topic_and_see_its_partitions(cluster: Cluster) -> None:
     adm = cluster.admin
     assert adm.request("POST", "/api/topics", {"topic": "parts", "partition_num": 4})[0] == 200

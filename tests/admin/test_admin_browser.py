@@ -255,6 +255,39 @@ def test_channel_page_peeks_at_the_next_messages_as_text(cluster: Cluster, page:
     expect(bodies.nth(0)).to_have_text("first")
 
 
+def test_channel_page_sets_the_policy_and_replays_dead_letters(
+    cluster: Cluster, page: Page
+) -> None:
+    a = cluster.nsqds[0]
+    assert cluster.post_nsqd(a, "/topic/create?topic=polb") == 200
+    assert cluster.post_nsqd(a, "/channel/create?topic=polb&channel=work") == 200
+    wait_registered(cluster, "polb")
+    page.goto(cluster.admin.url + "/topics/polb/work")
+    expect(page.locator("#policy-note")).to_contain_text("Dead letters go to polb.dead")
+    page.fill("#policy-max-attempts", "3")
+    page.fill("#policy-message-ttl-ms", "60000")
+    page.select_option("#policy-overflow", "drop_oldest")
+    page.fill("#policy-max-depth", "1000")
+    page.click("#channel-policy button[type=submit]")
+    expect(page.get_by_test_id("alert-ok")).to_contain_text("policy of work: done")
+    got = cluster.nsqd_json(a, "/channel/config?topic=polb&channel=work")
+    assert (got["max_attempts"], got["message_ttl_ms"], got["max_depth"], got["overflow"]) == (
+        3,
+        60000,
+        1000,
+        "drop_oldest",
+    )
+    shot(page, "channel-policy")
+    # a bad value is the node's clear refusal, shown
+    page.fill("#policy-dead-letter-topic", "polb")
+    page.click("#channel-policy button[type=submit]")
+    expect(page.get_by_test_id("alert-error")).to_contain_text("INVALID_DEAD_LETTER_TOPIC")
+    page.fill("#policy-dead-letter-topic", "")
+    page.once("dialog", lambda d: d.accept())
+    page.click("#replay-dead-letters")
+    expect(page.get_by_test_id("alert-ok")).to_contain_text("replay dead letters of work: done")
+
+
 def test_partitions_of_a_topic(cluster: Cluster, page: Page) -> None:
     page.goto(cluster.admin.url + "/topics")
     page.fill("#new-topic", "orders")

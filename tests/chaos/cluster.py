@@ -179,6 +179,16 @@ class ChaosCluster:
         p.stopped = False
         self.lab.events.append((time.time(), f"SIGKILL {name}"))
 
+    def terminate(self, name: str, grace: float = 30.0) -> None:
+        """SIGTERM: the daemon's own shutdown (nsqd drains its consumers first,
+        docs/drain.md), waited for; SIGKILL only after ``grace`` s."""
+        p = self.proc_of(name)
+        if p.alive():
+            self.lab.events.append((time.time(), f"SIGTERM {name}"))
+            code = self.lab.stop(p.proc, grace=grace)  # type: ignore[arg-type]
+            self.lab.events.append((time.time(), f"{name} exited {code}"))
+        p.stopped = False
+
     def restart(self, name: str) -> None:
         p = self.proc_of(name)
         if p.alive():

@@ -159,6 +159,16 @@ async def leader_killed(ctx: Context) -> None:
     await ctx.run(ctx.cl.restart, lead)
 
 
+async def leader_drained(ctx: Context) -> None:
+    """A rolling restart's step: the leader is stopped as an operator stops it (SIGTERM:
+    it drains, leaves nsqlookupd, exits) while publishers and consumers run, then
+    started again."""
+    lead = await ctx.leader()
+    await ctx.run(ctx.cl.terminate, lead)
+    await asyncio.sleep(ctx.secs(5))
+    await ctx.run(ctx.cl.restart, lead)
+
+
 async def leader_disk_full(ctx: Context) -> None:
     lead = await ctx.leader()
     data = ctx.cl.run_dir / lead
@@ -210,6 +220,7 @@ async def etcd_member_killed(ctx: Context) -> None:
 
 SCENARIOS: list[Scenario] = [
     Scenario("leader killed", leader_killed, short=True),
+    Scenario("leader drained (SIGTERM)", leader_drained, short=True),
     Scenario("leader stopped 10s", leader_stopped(10), short=True),
     Scenario("leader stopped 30s", leader_stopped(30)),
     Scenario("leader isolated 10s", leader_isolated, short=True),

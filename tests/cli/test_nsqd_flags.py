@@ -144,8 +144,10 @@ NSQX_EXTRA_FLAGS = {
     "workers",
     "worker-handoff",
     "max-dpub-timeout",
+    "drain-timeout",
     "cluster-secret",
     "cluster-secret-file",
+    "http-auth",
     # Youzan's nsqd options
     "allow-ext-compatible",
     "allow-sub-ext-compatible",
@@ -644,6 +646,7 @@ def test_every_option_is_settable_from_flags_and_config(tmp_path: Path) -> None:
         "tls-required": "tcp-https",
         "tls-min-version": "tls1.3",
         "tls-client-auth-policy": "require",
+        "http-auth": "publish,admin",
     }
     argv: list[str] = []
     lines: list[str] = []

@@ -43,6 +43,9 @@ def test_defaults_are_nsq_13s() -> None:
         "node_timeout": 2.0,
         "cluster_secret": "",
         "cluster_secret_file": "",
+        # nsqx's authenticated HTTP (docs/http-auth.md)
+        "auth_http_addresses": [],
+        "http_auth": "off",
     }
     # the table's defaults are the options' defaults
     defaults = LookupdOptions()

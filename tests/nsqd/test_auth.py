@@ -251,7 +251,7 @@ NONSENSE: dict[str, Callable[[], Any]] = {
     "ttl string": lambda: {**PUBLISHER, "ttl": "60"},
     "bad permission": lambda: {
         "ttl": 60,
-        "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["admin"]}],
+        "authorizations": [{"topic": ".*", "channels": [".*"], "permissions": ["manage"]}],
     },
     "bad regex": lambda: {
         "ttl": 60,

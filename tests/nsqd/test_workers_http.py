@@ -29,11 +29,13 @@ from nsqx.client import Producer
 from nsqx.nsqd.workers.http_routes import FORWARDED, WORKER
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.nsqd.workers.spec import SPEC_ENV, WorkerSpec
+from nsqx.wire import commands as c
 from nsqx.wire import replication as rp
 from tlsnsq import make_certs
+from workernode import wait_for
 
 from nsqdproc import NsqdProcess, start_nsqd
-from rawnsq import run
+from rawnsq import Raw, run
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="workers need fork/exec")
 
@@ -340,6 +342,44 @@ def test_peeks_reach_the_owner(node: NsqdProcess) -> None:
         assert [m["body"] for m in json.loads(body)["messages"]] == [f"{topic}-m", f"{topic}-p"]
 
 
+def test_dead_letters_reach_the_dead_letter_topics_owner(node: NsqdProcess) -> None:
+    topic = next(f"dq{i}" for i in range(100) if owner_of(f"dq{i}", 0, 2) == 0)
+    dead = next(f"dd{i}" for i in range(100) if owner_of(f"dd{i}", 0, 2) == 1)
+    assert http(node, "POST", f"/topic/create?topic={topic}")[0] == 200
+    assert http(node, "POST", f"/channel/create?topic={topic}&channel=c")[0] == 200
+    q = f"topic={topic}&channel=c&max_attempts=1&dead_letter_topic={dead}"
+    status, body, _ = http(node, "POST", f"/channel/config?{q}")
+    assert status == 200, body
+    status, body, _ = http(node, "GET", f"/channel/config?topic={topic}&channel=c")
+    assert json.loads(body)["dead_letters_to"] == dead
+    assert http(node, "POST", f"/pub?topic={topic}", b"poison")[0] == 200
+
+    async def fail_once() -> bytes:
+        raw = await Raw.connect(node.tcp_address)
+        await raw.subscribe(topic, "c", rdy=1)
+        m = await raw.message()
+        raw.send(c.req(m.id, 0))
+        await raw.close()
+        return bytes(m.id)
+
+    mid = run(fail_once())
+
+    def dead_letters() -> list[dict[str, Any]]:
+        status, body, _ = http(node, "GET", f"/topic/peek?topic={dead}")
+        return (
+            [json.loads(m["body"]) for m in json.loads(body)["messages"]] if status == 200 else []
+        )
+
+    wait_for(lambda: dead_letters(), what="the dead letter at the other worker")
+    (letter,) = dead_letters()
+    assert (letter["topic"], letter["id"], letter["body"]) == (topic, mid.decode(), "poison")
+    channel = next(t for t in stats(node)["topics"] if t["topic_name"] == topic)["channels"][0]
+    assert (channel["dead_letter_count"], channel["depth"]) == (1, 0)
+    # replay needs the dead-letter topic in the channel's worker: a clear refusal
+    status, body, _ = http(node, "POST", f"/channel/deadletter/replay?topic={topic}&channel=c")
+    assert (status, json.loads(body)["message"]) == (400, "DEAD_LETTER_TOPIC_ON_ANOTHER_WORKER")
+
+
 #: requests whose refusals a node of workers must answer as a single nsqd does
 BAD_REQUESTS = [
     ("POST", "/pub?topic=bad!name", b"m"),
@@ -363,6 +403,9 @@ BAD_REQUESTS = [
     ("GET", "/channel/peek?topic=ht0&channel=c&n=0", None),
     ("GET", "/topic/peek?topic=nosuch", None),
     ("GET", "/topic/peek?topic=ht0&sequence=-1", None),
+    ("POST", "/channel/config?topic=nosuch&channel=c&max_attempts=2", None),
+    ("GET", "/channel/config?topic=ht1&channel=nosuch", None),
+    ("POST", "/channel/deadletter/replay?topic=nosuch&channel=c", None),
     ("GET", "/partition/state?topic=nosuch&partition=0", None),
     ("POST", "/topic/create?topic=ht1&partition=5&partition_num=2", None),
     ("PUT", "/config/log_level", b"loud"),

@@ -32,6 +32,7 @@ from urllib.parse import quote, urlencode
 from aiohttp import web
 
 from nsqx import NSQ_VERSION
+from nsqx.admin import upstream_auth
 from nsqx.admin.notify import admin_action, basic_auth_user
 from nsqx.clusterinfo import aggregate
 from nsqx.clusterinfo.info import (
@@ -415,6 +416,27 @@ class _Handlers:
         )
         return _answer(partial, peeks=[f for f in found if f is not None])
 
+    async def channel_config(self, request: web.Request) -> web.Response:
+        """GET /api/topics/:topic/:channel/config (nsqx): the channel's policy on each
+        node that has it (nsqd's /channel/config); Go's nsqd has none (an error row)."""
+        topic, channel = _topic_arg(request), _channel_arg(request)
+        _, rows, partial, known, _ = await self._topic_rows(topic, channel)
+        if not known and not partial.errors:
+            raise ApiError(404, "TOPIC_NOT_FOUND")
+        query = urlencode({"topic": topic, "channel": channel}, quote_via=quote)
+
+        async def one(node: str) -> dict[str, Any] | None:
+            try:
+                doc = await self.ci.get_json(f"{http_base(node)}/channel/config?{query}")
+            except UpstreamError as err:
+                if "CHANNEL_NOT_FOUND" in str(err):
+                    return None
+                return {"node": node, "error": str(err)}
+            return {"node": node, **doc}
+
+        found = await asyncio.gather(*(one(row["node"]) for row in rows))
+        return _answer(partial, configs=[f for f in found if f is not None])
+
     async def _peek_one(
         self, node: str, part: int, topic: str, channel: str, n: str
     ) -> dict[str, Any] | None:
@@ -642,10 +664,24 @@ class _Handlers:
         action = _str_field(body, "action")
         if action == "setoffset":
             return await self._setoffset(request, topic, channel, body)
-        if action not in ("pause", "unpause", "empty"):
-            raise ApiError(400, "INVALID_ACTION")
         query = {"topic": topic, "channel": channel}
-        partial = await self._node_action(topic, f"channel/{action}", query)
+        if action == "config":
+            # (nsqx: dead letters, TTL, limits; each node checks the values)
+            settings = body.get("settings")
+            if not isinstance(settings, dict) or not all(
+                isinstance(k, str) and k not in query and isinstance(v, str | int)
+                for k, v in settings.items()
+            ):
+                raise ApiError(400, "INVALID_SETTINGS")
+            query |= {k: str(v) for k, v in settings.items()}
+            path = "channel/config"
+        elif action == "replay_dead_letters":
+            path = "channel/deadletter/replay"
+        elif action in ("pause", "unpause", "empty"):
+            path = f"channel/{action}"
+        else:
+            raise ApiError(400, "INVALID_ACTION")
+        partial = await self._node_action(topic, path, query)
         self.notify(request, f"{action}_channel", topic, channel)
         return _answer(partial)
 
@@ -847,7 +883,10 @@ def _explain_setoffset(error: str) -> str:
 def make_app(admin: NSQAdmin) -> web.Application:
     """The admin's aiohttp application, every route under ``--base-path``."""
     h = _Handlers(admin)
-    app = web.Application(middlewares=[_errors], client_max_size=MAX_BODY)
+    app = web.Application(
+        middlewares=[_errors, *upstream_auth.middleware(admin.options.http_auth_forward)],
+        client_max_size=MAX_BODY,
+    )
     base = admin.options.base_path.rstrip("/")
 
     def bp(path: str) -> str:
@@ -876,6 +915,7 @@ def make_app(admin: NSQAdmin) -> web.Application:
     r.add_get(bp("/api/topics/{topic}/{channel}"), h.channel)
     r.add_post(bp("/api/topics/{topic}/{channel}"), h.channel_action)
     r.add_get(bp("/api/topics/{topic}/{channel}/peek"), h.channel_peek)
+    r.add_get(bp("/api/topics/{topic}/{channel}/config"), h.channel_config)
     r.add_delete(bp("/api/topics/{topic}/{channel}"), h.delete_channel)
     r.add_get(bp("/api/nodes"), h.nodes)
     r.add_get(bp("/api/nodes/{node}"), h.node)

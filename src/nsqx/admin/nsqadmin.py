@@ -17,6 +17,7 @@ import time
 import aiohttp
 from aiohttp import web
 
+from nsqx.admin import upstream_auth
 from nsqx.admin.history import History, sample_from_rows
 from nsqx.admin.http import make_app
 from nsqx.admin.notify import Notifier
@@ -89,6 +90,12 @@ class NSQAdmin:
         ValueError if the cluster secret's file cannot be read."""
         opts = self.options
         opts.cluster_secret = load_secret(opts.cluster_secret, opts.cluster_secret_file)
+        opts.http_auth_secret = upstream_auth.load_secret(
+            opts.http_auth_secret, opts.http_auth_secret_file
+        )
+        bearer = upstream_auth.trace_config(
+            opts.http_auth_secret, opts.http_auth_forward, opts.notification_http_endpoint
+        )
         timeout = aiohttp.ClientTimeout(
             total=opts.http_client_request_timeout, sock_connect=opts.http_client_connect_timeout
         )
@@ -99,6 +106,7 @@ class NSQAdmin:
                 "User-Agent": f"nsqadmin (nsqx) aiohttp/{aiohttp.__version__}",
                 **members.headers(opts.cluster_secret),
             },
+            trace_configs=[bearer] if bearer is not None else None,
         )
         self._cluster = ClusterInfo(
             self._session,

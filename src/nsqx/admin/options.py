@@ -12,6 +12,8 @@ import os
 import posixpath
 from dataclasses import dataclass, field
 
+from nsqx.admin.upstream_auth import check_secret
+
 __all__ = ["AdminOptions", "normalize_base_path"]
 
 
@@ -67,6 +69,13 @@ class AdminOptions:
     cluster_secret: str = field(default="", repr=False)
     #: a file whose first line is the secret (read at start; beats cluster_secret)
     cluster_secret_file: str = ""
+    #: sent as ``Authorization: Bearer`` to nsqd and nsqlookupd with --http-auth
+    #: (nsqx.admin.upstream_auth)
+    http_auth_secret: str = field(default="", repr=False)
+    #: a file whose first line is that secret (read at start; beats http_auth_secret)
+    http_auth_secret_file: str = ""
+    #: a request's own ``Authorization: Bearer`` secret goes on the calls made for it
+    http_auth_forward: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the flag that is wrong."""
@@ -113,6 +122,7 @@ class AdminOptions:
         ):
             if value <= 0:
                 raise ValueError(f"{flag} must be positive")
+        check_secret(self.http_auth_secret, "--http-auth-secret")
         if self.history_length < self.history_interval:
             raise ValueError("--history-length must be at least --history-interval")
         if self.history_length / self.history_interval > 100_000:

@@ -172,6 +172,31 @@ NSQADMIN_FLAGS: tuple[FlagSpec, ...] = (
         "not answering (it is then probed in the background)",
     ),
     *secret_flags("nsqadmin"),
+    FlagSpec(
+        "http-auth-secret",
+        _S,
+        "http_auth_secret",
+        "",
+        "[nsqx] secret sent as 'Authorization: Bearer' to nsqd and nsqlookupd that run"
+        " with --http-auth (docs/http-auth.md)",
+        metavar="secret",
+    ),
+    FlagSpec(
+        "http-auth-secret-file",
+        _S,
+        "http_auth_secret_file",
+        "",
+        "[nsqx] read --http-auth-secret from this file (its first line)",
+        metavar="path",
+    ),
+    FlagSpec(
+        "http-auth-forward",
+        _B,
+        "http_auth_forward",
+        False,
+        "[nsqx] a request's own 'Authorization: Bearer <secret>' (the user's) goes on the"
+        " calls to nsqd and nsqlookupd made for it, instead of --http-auth-secret",
+    ),
 )
 
 NSQADMIN_FLAGSET = FlagSet(

@@ -31,8 +31,24 @@ async def serve(options: NsqdOptions, worker: WorkerSpec | None = None) -> int:
         os.close(worker.ready_fd)
     await wait_for_termination()
     logging.getLogger("nsqx.nsqd").info("NSQ: shutting down")
+    if options.drain_timeout > 0:
+        await drain_unless_signalled(nsqd, options.drain_timeout)
     await nsqd.close()
     return 0
+
+
+async def drain_unless_signalled(nsqd: NSQD, timeout: float) -> None:
+    """Drain for at most ``timeout`` seconds (docs/drain.md); a second SIGINT/SIGTERM
+    cuts it short."""
+    # (the second signal's handler first: it is in place before any client is told)
+    again = asyncio.ensure_future(wait_for_termination())
+    drained = asyncio.ensure_future(nsqd.drain(timeout))
+    await asyncio.wait({drained, again}, return_when=asyncio.FIRST_COMPLETED)
+    if not drained.done():
+        logging.getLogger("nsqx.nsqd").warning("NSQ: signalled again: closing without draining")
+    for task in (drained, again):
+        task.cancel()
+    await asyncio.gather(drained, again, return_exceptions=True)
 
 
 def run_nsqd(argv: list[str]) -> int:

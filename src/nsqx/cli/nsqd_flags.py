@@ -179,6 +179,16 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "auth server to query, host:port or URL",
         metavar="addr",
     ),
+    FlagSpec(
+        "http-auth",
+        _S,
+        "http_auth",
+        "off",
+        "[nsqx] HTTP requests that need 'Authorization: Bearer <secret>' checked against"
+        " --auth-http-address: off, all, or a comma list of publish (/pub, /mpub), read"
+        " (/stats, peeks...), admin (create, delete, pause, PUT /config...); /ping stays open",
+        metavar="classes",
+    ),
     *secret_flags("nsqd"),
     FlagSpec(
         "http-admin-allow",
@@ -284,6 +294,14 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "[nsqx] after a read with publishes, keep polling this long without sleeping"
         " while one client connection is active (a lone request/response publisher);"
         " 0: off",
+    ),
+    FlagSpec(
+        "drain-timeout",
+        _D,
+        "drain_timeout",
+        5.0,
+        "[nsqx] on SIGTERM/SIGINT, drain this long before closing: no new deliveries,"
+        " consumers told with CLOSE_WAIT, messages in flight answered (0: close at once)",
     ),
     FlagSpec(
         "queue-scan-worker-pool-max",

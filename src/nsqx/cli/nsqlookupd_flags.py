@@ -144,6 +144,24 @@ NSQLOOKUPD_FLAGS: tuple[FlagSpec, ...] = (
         " acknowledges writes only within a lease of a quarter of it",
     ),
     *secret_flags("nsqlookupd"),
+    FlagSpec(
+        "auth-http-address",
+        Kind.STR_LIST,
+        "auth_http_addresses",
+        [],
+        "[nsqx] auth server (NSQ's protocol, as nsqd's) that --http-auth asks, host:port or URL",
+        metavar="addr",
+    ),
+    FlagSpec(
+        "http-auth",
+        Kind.STR,
+        "http_auth",
+        "off",
+        "[nsqx] HTTP requests that need 'Authorization: Bearer <secret>' checked against"
+        " --auth-http-address: off, all, or a comma list of read (/lookup, /topics,"
+        " /nodes...), admin (create, delete, tombstone...); /ping stays open",
+        metavar="classes",
+    ),
 )
 
 #: The flag set built from :data:`NSQLOOKUPD_FLAGS`.

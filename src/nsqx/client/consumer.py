@@ -130,8 +130,11 @@ class _Link(Connection):
         )
         self.consumer = consumer
         self.state: ConnRdy[str] | None = None
-        #: nsqd answered our CLS: it sends nothing more.
+        #: nsqd sent CLOSE_WAIT (the answer to our CLS, or its drain): it sends
+        #: nothing more; the connection closes once nothing is in flight on it.
         self.close_wait = False
+        #: nsqd drains (a CLOSE_WAIT we did not ask for): out of the RDY rotation
+        self.draining = False
         #: the partition subscribed to (None: NSQ 1.3's SUB t c)
         self.partition = target[1] if target is not None else None
         if target is not None:
@@ -403,7 +406,8 @@ class Consumer:
                     msg.requeue(0, backoff=False)
         self._wake_inbox()
         for conn in list(self._conns.values()):
-            conn.queue(_CLS)
+            if not conn.close_wait:  # (nsqd already said CLOSE_WAIT: it is draining)
+                conn.queue(_CLS)
         conns = list(self._conns.values())
         if conns:
             waits = [asyncio.ensure_future(c.wait_closed()) for c in conns]
@@ -794,6 +798,11 @@ class Consumer:
         else:
             log.info("%s: connection closed", key)
         self._send_rdy(self._rdy.remove(key, self._now()))
+        state = conn.state
+        if conn.draining and state is not None and state.in_flight:
+            # closed before all were answered (nsqd's drain timeout): no longer held
+            self._send_rdy(self._rdy.release(state.in_flight, self._now()))
+            state.in_flight = 0
         # Messages of this connection not handed out yet: nsqd requeues them itself.
         for pending in (self._queue, self._inbox, *self._ordered_queues.values()):
             if any(m._link is conn for m in pending):
@@ -850,12 +859,29 @@ class Consumer:
             state.received += n
             state.last_msg_at = now
             count = self._rdy.maybe_update(conn.key, now)
-            if count is not None:
+            if count is not None and not conn.close_wait:
                 conn.queue(commands.rdy(count))
-        if self._closing and conn.close_wait and state.in_flight == 0:
+        if conn.close_wait and not conn.draining and not self._closing:
+            self._nsqd_drains(conn, state)
+        if conn.close_wait and state.in_flight == 0:
             conn.close()
         else:
             conn.flush()
+
+    def _nsqd_drains(self, conn: _Link, state: ConnRdy[str]) -> None:
+        """nsqd said CLOSE_WAIT unasked: it drains (a restart, a node leaving). Its
+        connection leaves the RDY rotation at once (the others get its share; what is
+        still in flight on it keeps its part of max_in_flight until answered), the
+        messages it holds are answered on it as usual, and it closes once none is left.
+        A new connection follows when nsqd is back (by address: reconnect_delay; found
+        through nsqlookupd: once listed again)."""
+        conn.draining = True
+        log.info(
+            "%s: nsqd is draining: %d messages in flight to answer, then closing",
+            conn.key,
+            state.in_flight,
+        )
+        self._send_rdy(self._rdy.remove(conn.key, self._now(), hold=state.in_flight))
 
     def _check_order(self, conn: _Link, frames: Frames) -> Frames:
         """Each partition's messages must come with growing offsets and ids; the same
@@ -895,6 +921,8 @@ class Consumer:
         if result is None or isinstance(result, NSQServerError):
             return
         if result == CLOSE_WAIT:
+            # ours answered (we closed), or nsqd drains: _on_frames acts on it once the
+            # read's messages are counted
             conn.close_wait = True
         else:
             log.warning("%s: unexpected response %r", conn.key, result[:100])
@@ -1177,7 +1205,9 @@ class Consumer:
         state = conn.state
         if state is not None and state.in_flight > 0:
             state.in_flight -= 1
-            if self._closing and conn.close_wait and state.in_flight == 0:
+            if conn.draining:
+                self._send_rdy(self._rdy.release(1, self._now()))
+            if conn.close_wait and state.in_flight == 0:
                 conn.close()
         self._signal(kind)
 
@@ -1217,8 +1247,11 @@ class Consumer:
     def _answered_many(self, conn: _Link, n: int) -> None:
         state = conn.state
         if state is not None and state.in_flight > 0:
-            state.in_flight = max(0, state.in_flight - n)
-            if self._closing and conn.close_wait and state.in_flight == 0:
+            answered = min(n, state.in_flight)
+            state.in_flight -= answered
+            if conn.draining:
+                self._send_rdy(self._rdy.release(answered, self._now()))
+            if conn.close_wait and state.in_flight == 0:
                 conn.close()
 
     def _signal(self, kind: int) -> None:

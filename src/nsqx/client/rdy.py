@@ -13,7 +13,9 @@ NSQ's client guide (and of go-nsq and pynsq):
 - when max_in_flight is below the number of connections, a periodic redistribution
   takes RDY back from idle connections and gives RDY 1 to a random subset of the
   others, so that every nsqd is eventually read;
-- in backoff all counts go to 0; afterwards a single connection gets RDY 1.
+- in backoff all counts go to 0; afterwards a single connection gets RDY 1;
+- a connection whose nsqd drains leaves at once, but the messages still in flight on
+  it keep their part of max_in_flight (``held``) until they are answered.
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ class RdyController(Generic[K]):
         self.paused = False
         #: Set when some connection wanted RDY and got none; the next redistribution acts.
         self.need_redistribute = False
+        #: Messages still in flight on connections that left (a draining nsqd's): they
+        #: count against the budget until answered (see :meth:`release`).
+        self.held = 0
 
     # -- the even share ---------------------------------------------------------------
 
@@ -93,7 +98,7 @@ class RdyController(Generic[K]):
     def _budget(self) -> int:
         if self.paused:
             return 0
-        return 1 if self.limited else self.max_in_flight
+        return max((1 if self.limited else self.max_in_flight) - self.held, 0)
 
     def _set(self, c: ConnRdy[K], count: int, now: float, out: Decisions[K]) -> bool:
         """Set a connection's RDY within every limit. False when it could not be raised."""
@@ -134,21 +139,39 @@ class RdyController(Generic[K]):
             self._set(c, 1, now, out)
         return out
 
-    def remove(self, key: K, now: float) -> Decisions[K]:
-        """A connection closed: its RDY returns to the budget and busy ones may grow."""
+    def remove(self, key: K, now: float, hold: int = 0) -> Decisions[K]:
+        """A connection closed, or its nsqd drains: its RDY returns to the budget and
+        busy ones may grow. ``hold``: messages still in flight on it, whose part of the
+        budget comes back only as :meth:`release` says they were answered."""
         c = self.conns.pop(key, None)
         out: Decisions[K] = []
         if c is None:
             return out
         self.total -= c.rdy
         c.rdy = 0
+        self.held += max(hold, 0)
+        self._grow(now, out)
+        return out
+
+    def release(self, n: int, now: float) -> Decisions[K]:
+        """``n`` messages held by a connection that left were answered (or are gone
+        with it): their part of the budget comes back. The others grow when nothing
+        is held any more (until then, as their messages arrive: :meth:`maybe_update`)."""
+        out: Decisions[K] = []
+        if n <= 0 or not self.held:
+            return out
+        self.held = max(self.held - n, 0)
+        if not self.held:
+            self._grow(now, out)
+        return out
+
+    def _grow(self, now: float, out: Decisions[K]) -> None:
         if not (self.paused or self.limited):
             share = self.per_conn()
             for other in self.conns.values():
                 # only connections that already proved they have messages grow at once
                 if 0 < other.rdy < share and other.received:
                     self._set(other, share, now, out)
-        return out
 
     # -- messages ---------------------------------------------------------------------
 

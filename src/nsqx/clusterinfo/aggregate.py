@@ -40,6 +40,9 @@ _CHANNEL_SUMS = (
     "timeout_count",
     "message_count",
     "client_count",
+    "dead_letter_count",
+    "expired_count",
+    "dropped_count",
 )
 _PARTITION_FLAGS = (
     "is_leader",

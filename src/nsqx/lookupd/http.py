@@ -30,6 +30,7 @@ from nsqx.lookupd.http_api import (
     respond_v1,
     respond_wrapped,
 )
+from nsqx.lookupd.http_auth import install as install_http_auth
 from nsqx.lookupd.http_partitions import ERR_NOT_LEADER, PartitionAPI
 from nsqx.lookupd.lookup_protocol_v1 import format_address
 from nsqx.lookupd.meta_store import (
@@ -149,6 +150,7 @@ class LookupdHTTP:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.dispatch)
+        install_http_auth(app, self.lookupd.options, self.routes)
         return app
 
     # -- routing ------------------------------------------------------------------------

@@ -6,6 +6,10 @@ import socket
 from dataclasses import dataclass, field
 
 from nsqx.lookupd.etcd_store import check_cluster_id
+from nsqx.wire.auth import ADMIN, READ, parse_http_auth
+
+#: what nsqlookupd's --http-auth may name (it has nothing to publish)
+HTTP_AUTH_CLASSES = (READ, ADMIN)
 
 
 @dataclass
@@ -44,6 +48,11 @@ class LookupdOptions:
     cluster_secret: str = field(default="", repr=False)
     #: a file whose first line is the secret (read at start; beats cluster_secret)
     cluster_secret_file: str = ""
+    #: [nsqx] auth servers (host:port or URL, NSQ's protocol) --http-auth asks
+    auth_http_addresses: list[str] = field(default_factory=list)
+    #: [nsqx] which HTTP requests need ``Authorization: Bearer <secret>``: off, all, or
+    #: a comma list of read, admin (docs/http-auth.md)
+    http_auth: str = "off"
 
     def etcd_endpoint_list(self) -> list[str]:
         """``etcd_endpoints`` split at commas."""
@@ -75,6 +84,8 @@ class LookupdOptions:
         if self.etcd_endpoints and self.node_timeout / 4 >= self.etcd_lease_ttl / 2:
             # a node's lease must end well within this nsqlookupd's own etcd lease
             raise ValueError("--node-timeout must be below twice --etcd-lease-ttl")
+        if parse_http_auth(self.http_auth, HTTP_AUTH_CLASSES) and not self.auth_http_addresses:
+            raise ValueError("--http-auth needs an --auth-http-address to ask")
         if self.log_level not in ("debug", "info", "warn", "error", "fatal"):
             raise ValueError(
                 f"--log-level must be debug|info|warn|error|fatal, got {self.log_level}"

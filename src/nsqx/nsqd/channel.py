@@ -12,10 +12,13 @@ import asyncio
 import logging
 import os
 import random
+from bisect import bisect_right
+from collections import deque
 from typing import TYPE_CHECKING, Protocol
 
 from nsqx.nsqd import clock
 from nsqx.nsqd import tracer as tr
+from nsqx.nsqd.channel_policy import NO_POLICY, OVERFLOW_DROP, ChannelPolicy
 from nsqx.nsqd.e2e import new_window
 from nsqx.nsqd.inflight import Held, InFlight
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
@@ -25,6 +28,7 @@ from nsqx.wire.frames import (
     ATTEMPTS_AT,
     ID_AT,
     ID_END,
+    TIMESTAMP_AT,
     attempts_of,
     is_extended,
     record_parts,
@@ -72,6 +76,11 @@ class Consumer(Protocol):
     def fail(self, err: ProtocolError) -> None:
         """Send an error now; a fatal one closes the connection (its partition moved)."""
         ...
+
+
+def _published(frame: bytes) -> int:
+    """A stored message's publish time (wall ns)."""
+    return int.from_bytes(frame[TIMESTAMP_AT:ATTEMPTS_AT], "big", signed=True)
 
 
 def _sample(frames: list[bytes], ids: list[bytes], rate: int) -> tuple[list[bytes], list[bytes]]:
@@ -139,6 +148,41 @@ class Channel:
         #: time, not at the next scan (--queue-scan-interval)
         self._defer_timer: asyncio.TimerHandle | None = None
         self._defer_timer_due = 0
+        #: dead letters, time-to-live, rate limits (nsqx.nsqd.channel_policy): set_policy
+        self.policy: ChannelPolicy = NO_POLICY
+        #: the policy's tests on the delivery path, kept as plain attributes (read per
+        #: batch; the policy's own are properties)
+        self._policy_active = False
+        self._rate_limited = False
+        self.dead_letter_count = 0
+        self.expired_count = 0
+        #: messages dropped by a maximum depth with overflow=drop_oldest
+        self.dropped_count = 0
+        #: messages being written to the dead-letter topic (seq -> attempts): pending,
+        #: as if queued, until that publish is acknowledged
+        self._dying: dict[int, int] = {}
+        #: with max_attempts: when stretches of the log were first delivered (their end
+        #: sequences, in order, and wall ns; a stretch per millisecond at most), and the
+        #: last delivery time (wall ns) of messages out on their last attempt: a dead
+        #: letter's first and last delivery
+        self._sent_ends: list[int] = []
+        self._sent_times: list[int] = []
+        self._last_sent: dict[bytes, int] = {}
+        #: with a TTL: the messages from this sequence on are fresh until this time
+        #: (wall ns; the log is in publish order), so most batches need no look at it
+        self._fresh_from = 0
+        self._fresh_until = 0
+        #: how far /channel/deadletter/replay has looked in the dead-letter topic
+        self.replay_mark = 0
+        #: the rate limits' token buckets (messages, bytes), when they were filled
+        #: (monotonic s), the mean size of a delivered message, the timer that pumps
+        #: again when tokens are back
+        self._msg_tokens = 0.0
+        self._byte_tokens = 0.0
+        self._tokens_at = 0.0
+        self._mean_size = 256.0
+        self._rate_timer: asyncio.TimerHandle | None = None
+        self._checkpoint_soon = False
         #: set when the cursor state changed since the last checkpoint
         self.dirty = False
         #: size and time of the last checkpoint (to pace very large ones)
@@ -164,6 +208,29 @@ class Channel:
             self.ordered_flag = ordered
             log.info("CHANNEL(%s): ordered %s", self.name, ordered)
             self.notify()
+
+    def set_policy(self, policy: ChannelPolicy) -> None:
+        """New dead-letter, TTL or rate settings (/channel/config, or nsqd.dat)."""
+        if policy == self.policy:
+            return
+        log.info("CHANNEL(%s): policy %s", self.name, policy.changed_json())
+        if policy.max_attempts != self.policy.max_attempts:
+            self._forget_sent()
+            self._last_sent.clear()
+        self._fresh_until = 0
+        if policy.rate_limited and not self.policy.rate_limited:
+            self._tokens_at = clock.monotonic()
+            self._msg_tokens = self._byte_tokens = 0.0
+        refused = self.policy.refuses
+        self.policy = policy
+        self._policy_active = policy.active
+        self._rate_limited = policy.rate_limited
+        if refused or policy.refuses:
+            self.partition.limits_changed()
+        if policy.max_attempts:
+            # (not now: while nsqd.dat loads, the dead-letter topic may not be loaded yet)
+            self._loop.call_soon(self._reap)
+        self.notify()  # (messages may die, expire, or go faster now)
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -193,6 +260,9 @@ class Channel:
         """The checkpoint of this channel now (see nsqx.store.cursor)."""
         to_wall = clock.time_ns() - clock.monotonic_ns()
         pending = self.flight.pending(self.partition.id_base, to_wall)
+        for seq, attempts in self._dying.items():
+            # (not acknowledged by the dead-letter topic yet: dies again after a crash)
+            pending.extend((seq, attempts, 0))
         confirmed = min(pending[::3], default=self.cursor)
         return CursorState(min(confirmed, self.cursor), self.cursor, pending)
 
@@ -220,7 +290,10 @@ class Channel:
 
     def low_water(self) -> int:
         """The oldest log sequence this channel may still deliver."""
-        return self.flight.low_water(self.cursor, self.partition.id_base)
+        low = self.flight.low_water(self.cursor, self.partition.id_base)
+        if self._dying:
+            low = min(low, min(self._dying))
+        return low
 
     # -- clients ----------------------------------------------------------------------
 
@@ -244,6 +317,8 @@ class Channel:
         if ids and self.traced:
             for mid in ids:
                 self._trace_end(tr.REQ, mid, client, {"reason": "client left"})
+        if ids and self.policy.max_attempts:
+            self._reap()
         self._update_routing()
         if self.clients:
             self.notify()
@@ -264,6 +339,7 @@ class Channel:
         """Deleted: close subscribers, forget everything, remove the cursor file."""
         self.deleted = True
         self._disarm_deferred()
+        self._dying.clear()
         for c in list(self.clients):
             c.close()
         self.clients.clear()
@@ -303,6 +379,7 @@ class Channel:
         deferred messages are forgotten; messages in flight stay in flight."""
         self.cursor = seq
         self.flight.drop_queued()
+        self._forget_sent()
         self.dirty = True
 
     def advance_to(self, seq: int) -> None:
@@ -355,11 +432,15 @@ class Channel:
         ready = self._ready()
         if not ready:
             return
+        # what the rate limits let go now (-1: no limit)
+        limit = self._rate_room() if self._rate_limited else -1
+        if limit == 0:
+            return  # (the rate timer pumps again)
         if self.ordered:
             self._pump_ordered(ready[0][0], ready[0][1])
             return
         if self._routed:
-            self._pump_routed(ready)
+            self._pump_routed(ready, limit)
             return
         now = clock.monotonic()
         left = len(ready)
@@ -373,16 +454,25 @@ class Channel:
             # an even share of what is there, so that one client cannot take it all
             share = min(spare, -(-avail // left))
             left -= 1
+            if limit >= 0:
+                if limit == 0:
+                    break
+                share = min(share, limit)
             room_left |= share < spare
             frames, ids = self._take(share)
             if frames:
                 sent = True
+                if limit >= 0:
+                    limit = max(limit - len(ids), 0)
+                    self._rate_spent(frames, len(ids))
                 if tracing:
                     self._trace_start(frames, ids, c)
                 # written now when the client can take no more (nothing else would
                 # follow soon); else buffered as it asked (output_buffer_*)
                 self._send(c, held, frames, ids, len(ids) >= spare, now)
-        if room_left and sent and len(requeued) + self.partition.visible_end > self.cursor:
+        if limit == 0:
+            self._rate_room()  # (arms the timer for the next tokens)
+        elif room_left and sent and len(requeued) + self.partition.visible_end > self.cursor:
             # a client with less room than its share left messages that another one has
             # room for: go round again (found by tests/nsqd/test_channel_states.py)
             self.notify()
@@ -422,6 +512,8 @@ class Channel:
                     continue
             if self.partition.extended or self.trace_enabled or self.topic.trace_enabled:
                 self._trace_start([frame], [mid], client)
+            if self._rate_limited:
+                self._rate_spent([frame], 1)
             self._send(client, held, [frame], [mid], True, clock.monotonic())
             return
         self.notify()
@@ -430,19 +522,29 @@ class Channel:
         """The lowest unfinished message (requeued ones come before the cursor's), its
         deferral ignored: ordered channels never delay (as Youzan's)."""
         requeued = self.flight.requeued
+        policy = self.policy
         while requeued:
             k = min(range(len(requeued)), key=lambda i: requeued[i][0])
             seq, attempts = requeued[k]
             del requeued[k]
+            if self._policy_active and self._dies(seq, attempts):
+                continue
             frame = self.log.get(seq)
             if frame is None:
                 continue  # dropped (emptied, or an ephemeral overflow)
+            if policy.message_ttl_ms and self._expired(frame):
+                continue
+            mid = frame[ID_AT:ID_END]
             if attempts:
                 frame = with_attempts(frame, attempts + 1)
-                self.flight.redelivered(frame[ID_AT:ID_END], attempts + 1)
-            return frame, frame[ID_AT:ID_END]
+                self.flight.redelivered(mid, attempts + 1)
+            if attempts and attempts + 1 >= policy.max_attempts > 0:
+                self._last_sent[mid] = clock.time_ns()
+            return frame, mid
         end = self.partition.visible_end
         while self.cursor < end:
+            if policy.message_ttl_ms:
+                self._expire_log()
             lo = self.cursor
             f, i = self.log.read(lo, 1)
             if not i:
@@ -456,10 +558,14 @@ class Channel:
             if self.flight.is_deferred(lo):
                 continue  # also deferred from before the channel was ordered
             frame = split_chunks(f)[0]
+            if policy.message_ttl_ms and self._expired(frame):
+                continue
+            if policy.max_attempts:
+                self._first_sent(lo + 1)
             return frame, i[0]
         return None, b""
 
-    def _pump_routed(self, ready: list[tuple[Consumer, Held, int]]) -> None:
+    def _pump_routed(self, ready: list[tuple[Consumer, Held, int]], limit: int) -> None:
         """Route each message by its ext header: a message with a dispatch tag goes to a
         client that asked for that tag if there is one, every other message to clients
         without a tag; a client's ext filter finishes what it does not match unsent.
@@ -469,9 +575,12 @@ class Channel:
         by_tag: dict[str, list[Consumer]] = {}
         for c in self.clients:
             by_tag.setdefault(c.settings.desired_tag, []).append(c)
-        frames, ids = self._take(sum(room.values()))
+        want = sum(room.values())
+        frames, ids = self._take(want if limit < 0 else min(want, limit))
         if not ids:
             return
+        if limit >= 0:
+            self._rate_spent(frames, len(ids))
         frames = split_chunks(frames)
         out: dict[Consumer, tuple[list[bytes], list[bytes]]] = {}
         back: list[tuple[int, int]] = []
@@ -561,20 +670,31 @@ class Channel:
         frames: list[bytes] = []
         ids: list[bytes] = []
         requeued = self.flight.requeued
+        policy = self.policy
+        active = self._policy_active
         if requeued:
             get = self.log.get
             while requeued and len(ids) < k:
                 seq, attempts = requeued.popleft()
+                if active and self._dies(seq, attempts):
+                    continue
                 frame = get(seq)
                 if frame is None:  # dropped (ephemeral overflow or emptied)
                     continue
+                if active and policy.message_ttl_ms and self._expired(frame):
+                    continue
+                mid = frame[ID_AT:ID_END]
                 if attempts:
                     frame = with_attempts(frame, attempts + 1)
-                    self.flight.redelivered(frame[ID_AT:ID_END], attempts + 1)
+                    self.flight.redelivered(mid, attempts + 1)
+                if attempts and active and attempts + 1 >= policy.max_attempts > 0:
+                    self._last_sent[mid] = clock.time_ns()
                 frames.append(frame)
-                ids.append(frame[ID_AT:ID_END])
+                ids.append(mid)
         end = self.partition.visible_end
         while len(ids) < k and self.cursor < end:
+            if active and policy.message_ttl_ms:
+                self._expire_log()
             lo = self.cursor
             f, i = self.log.read(lo, min(k - len(ids), end - lo))
             if not i:
@@ -589,12 +709,225 @@ class Channel:
             deferred = self.log.deferred_between(lo, hi)
             if deferred:
                 f, i = self._defer_from_log(deferred, lo, f, i)
+            if active and policy.max_attempts:
+                self._first_sent(hi)
             if frames:
                 frames.extend(f)
                 ids.extend(i)
             else:
                 frames, ids = f, i
         return frames, ids
+
+    # -- the policy: dead letters, time-to-live, rate limits ----------------------------
+
+    def _dies(self, seq: int, attempts: int) -> bool:
+        """A queued message delivered ``attempts`` times already: True if that is
+        max_attempts, and it goes to the dead-letter topic rather than out again."""
+        max_attempts = self.policy.max_attempts
+        if not max_attempts or attempts < max_attempts:
+            return False
+        if seq in self._dying:
+            return True  # (on its way already)
+        frame = self.log.get(seq)
+        if frame is None:
+            return True  # gone from the log (emptied, an ephemeral overflow)
+        self._dying[seq] = attempts
+        self.dirty = True
+        mid = frame[ID_AT:ID_END]
+        last = self._last_sent.pop(mid, 0)
+        first = self._first_delivery(seq)
+        self.partition.nsqd.dead_letter(
+            self, frame, attempts, first, last or first, lambda err: self._dead(seq, err)
+        )
+        return True
+
+    def _reap(self) -> None:
+        """Send the queued messages on their last attempt to the dead-letter topic now,
+        whether or not a consumer is ready (after timeouts, a consumer leaving, a new
+        policy)."""
+        max_attempts = self.policy.max_attempts
+        requeued = self.flight.requeued
+        if self.deleted or not max_attempts or not any(a >= max_attempts for _, a in requeued):
+            return
+        self.flight.requeued = deque(e for e in requeued if e[1] < max_attempts)
+        for seq, attempts in [e for e in requeued if e[1] >= max_attempts]:
+            self._dies(seq, attempts)
+
+    def _first_sent(self, end: int) -> None:
+        """The log up to ``end`` went out for the first time now."""
+        now = clock.time_ns()
+        times = self._sent_times
+        if times and now - times[-1] < 1_000_000:
+            self._sent_ends[-1] = end  # (the same millisecond: one stretch)
+        else:
+            self._sent_ends.append(end)
+            times.append(now)
+
+    def _forget_sent(self) -> None:
+        self._sent_ends.clear()
+        self._sent_times.clear()
+
+    def _first_delivery(self, seq: int) -> int:
+        """When ``seq`` was first delivered (wall ns, to the millisecond; 0: not known,
+        as after a restart)."""
+        i = bisect_right(self._sent_ends, seq)
+        return self._sent_times[i] if i < len(self._sent_times) else 0
+
+    def _dead(self, seq: int, err: BaseException | None) -> None:
+        """The dead letter of ``seq`` was acknowledged by its topic (``err`` None): the
+        message is finished here; or it failed: it waits a second and dies again."""
+        attempts = self._dying.pop(seq, None)
+        if attempts is None or self.deleted:
+            return
+        if err is not None:
+            log.warning(
+                "CHANNEL(%s): dead letter to %s failed (%s); trying again in 1s",
+                self.name,
+                self.policy.dead_letter_topic_for(self.topic.name),
+                err,
+            )
+            self.flight.defer(seq, attempts, clock.monotonic_ns() + 1_000_000_000)
+            self._arm_deferred()
+            return
+        self.dead_letter_count += 1
+        self.dirty = True
+        # soon rather than at the next checkpoint (a crash now must not make a second
+        # dead letter of it); once for the dead letters of a loop iteration (an fsync)
+        if not self._checkpoint_soon:
+            self._checkpoint_soon = True
+            self._loop.call_soon(self._dead_checkpoint)
+
+    def _dead_checkpoint(self) -> None:
+        self._checkpoint_soon = False
+        self.checkpoint()
+
+    def _expired(self, frame: bytes) -> bool:
+        """True (and counted) if the message was published longer ago than the TTL."""
+        ts = _published(frame)
+        if ts >= clock.time_ns() - self.policy.message_ttl_ms * 1_000_000:
+            return False
+        self.expired_count += 1
+        self.dirty = True
+        return True
+
+    def _expire_log(self) -> None:
+        """Move the cursor past the log's expired messages (found by time: the log is
+        in publish order), counting them. The messages from the cursor on are then
+        fresh (a batch read from there needs no test per message; only a clock set
+        back, making the log's times go backwards, lets a few expired ones through)."""
+        now = clock.time_ns()
+        if self.cursor >= self._fresh_from and now < self._fresh_until:
+            return
+        frame = self.log.get(self.cursor)
+        if frame is None:
+            return
+        ttl = self.policy.message_ttl_ms * 1_000_000
+        cutoff = now - ttl
+        published = _published(frame)
+        if published >= cutoff:
+            self._fresh_from = self.cursor
+            self._fresh_until = published + ttl
+            return
+        to = min(self.log.seek_time(cutoff), self.partition.visible_end)
+        if to > self.cursor:
+            self.expired_count += to - self.cursor
+            self.message_count += to - self.cursor
+            self.cursor = to
+            self.dirty = True
+
+    def bytes_waiting(self) -> int:
+        """Bytes of the log from the cursor to what channels may see."""
+        log_ = self.log
+        end = self.partition.visible_end
+        if self.cursor >= end:
+            return 0
+        start = log_.offset_of(self.cursor)
+        stop = log_.end_offset if end >= log_.end else log_.offset_of(end)
+        return 0 if start is None or stop is None else stop - start
+
+    def full(self) -> str:
+        """Why the channel is at its maximum depth ("" if it is not)."""
+        p = self.policy
+        if p.max_depth and self.depth >= p.max_depth:
+            return f"channel {self.name} has {self.depth} messages (max_depth {p.max_depth})"
+        if p.max_depth_bytes:
+            waiting = self.bytes_waiting()
+            if waiting >= p.max_depth_bytes:
+                return (
+                    f"channel {self.name} has {waiting} bytes waiting "
+                    f"(max_depth_bytes {p.max_depth_bytes})"
+                )
+        return ""
+
+    def _drop_oldest(self) -> bool:
+        """Over a maximum depth with overflow=drop_oldest: forget the oldest waiting
+        messages (requeued ones first, then the log from the cursor), counted."""
+        p = self.policy
+        dropped = 0
+        requeued = self.flight.requeued
+        if p.max_depth:
+            excess = self.depth - p.max_depth
+            while excess > 0 and requeued:
+                requeued.popleft()
+                excess -= 1
+                dropped += 1
+            if excess > 0:
+                to = min(self.cursor + excess, self.partition.visible_end)
+                dropped += to - self.cursor
+                self.cursor = to
+        if p.max_depth_bytes and self.bytes_waiting() > p.max_depth_bytes:
+            end = self.partition.visible_end
+            log_ = self.log
+            stop = log_.end_offset if end >= log_.end else log_.offset_of(end)
+            if stop is not None:
+                to = min(max(log_.seek_offset(stop - p.max_depth_bytes), self.cursor), end)
+                dropped += to - self.cursor
+                self.cursor = to
+        if not dropped:
+            return False
+        self.dropped_count += dropped
+        self.dirty = True
+        return True
+
+    def _rate_room(self) -> int:
+        """How many messages the rate limits let go now (the buckets filled for the
+        time since); 0 arms a timer that pumps again when there is room."""
+        p = self.policy
+        now = clock.monotonic()
+        dt = now - self._tokens_at
+        self._tokens_at = now
+        room = 1 << 30
+        wait = 0.0
+        # a tenth of a second's worth at most: deliveries are paced, not bursts
+        if p.max_msgs_per_sec:
+            rate = p.max_msgs_per_sec
+            self._msg_tokens = min(max(rate / 10, 1.0), self._msg_tokens + dt * rate)
+            room = int(self._msg_tokens)
+            if room <= 0:
+                wait = (1.0 - self._msg_tokens) / rate
+        if p.max_bytes_per_sec:
+            rate = p.max_bytes_per_sec
+            self._byte_tokens = min(max(rate / 10, 1.0), self._byte_tokens + dt * rate)
+            if self._byte_tokens <= 0:
+                room = 0
+                wait = max(wait, (1.0 - self._byte_tokens) / rate)
+            else:
+                room = min(room, max(1, int(self._byte_tokens // self._mean_size)))
+        if room <= 0 and self._rate_timer is None and not self.deleted:
+            self._rate_timer = self._loop.call_later(max(wait, 0.001), self._rate_wake)
+        return max(room, 0)
+
+    def _rate_wake(self) -> None:
+        self._rate_timer = None
+        self.notify()
+
+    def _rate_spent(self, frames: list[bytes], n: int) -> None:
+        """``n`` messages (these frames) went: take them from the buckets."""
+        self._msg_tokens -= n
+        if self.policy.max_bytes_per_sec:
+            size = sum(map(len, frames))
+            self._byte_tokens -= size
+            self._mean_size = 0.9 * self._mean_size + 0.1 * (size / n)
 
     def peek(self, n: int) -> list[tuple[int, bytes, int]]:
         """The next ``n`` messages this channel would deliver, as (sequence, stored
@@ -603,14 +936,22 @@ class Channel:
         :meth:`_take` takes them). In-flight and deferred messages are not next."""
         out: list[tuple[int, bytes, int]] = []
         get = self.log.get
+        now_ns = clock.time_ns()
+        max_attempts = self.policy.max_attempts
+        # (what would die or expire rather than go out is not next either)
+        oldest = (
+            now_ns - self.policy.message_ttl_ms * 1_000_000 if self.policy.message_ttl_ms else 0
+        )
         for seq, attempts in self.flight.requeued:
             if len(out) >= n:
                 return out
             frame = get(seq)
-            if frame is not None:
-                out.append((seq, frame, attempts + 1 if attempts else attempts_of(frame)))
+            if frame is None or (max_attempts and attempts >= max_attempts):
+                continue
+            if oldest and _published(frame) < oldest:
+                continue
+            out.append((seq, frame, attempts + 1 if attempts else attempts_of(frame)))
         end = self.partition.visible_end
-        now_ns = clock.time_ns()
         later: set[int] = set()
         hi = 0
         for seq, frame in records(self.log, self.cursor, end):
@@ -619,7 +960,7 @@ class Channel:
             if seq >= hi:  # the DPUBs not yet due in the next stretch
                 hi = min(end, seq + n - len(out))
                 later = {s for s, due in self.log.deferred_between(seq, hi) if due > now_ns}
-            if seq not in later:
+            if seq not in later and not (oldest and _published(frame) < oldest):
                 out.append((seq, frame, attempts_of(frame)))
         return out
 
@@ -656,6 +997,10 @@ class Channel:
         if held is None:
             return [(mid, self._not_in_flight(client, mid)) for mid in ids]
         done, missing = self.flight.finish(held, ids)
+        if self._last_sent:
+            pop = self._last_sent.pop
+            for mid in done:
+                pop(mid, None)
         if self.traced:
             for mid in done:
                 if mid in self.traced:
@@ -682,8 +1027,13 @@ class Channel:
         if msg_id not in held:
             return self._not_in_flight(client, msg_id)
         due = clock.monotonic_ns() + timeout_ms * 1_000_000 if timeout_ms > 0 else 0
+        dies = self.flight.attempts.get(msg_id, 1) >= self.policy.max_attempts > 0
+        if dies:
+            due = 0  # its last attempt: to the dead-letter topic now, not after the delay
         if not self.flight.requeue(held, msg_id, self.partition.seq_of(msg_id), due):
             return self._not_in_flight(client, msg_id)
+        if dies:
+            self._dies(*self.flight.requeued.pop())  # (requeued last, just now)
         if self.traced:
             self._trace_end(tr.REQ, msg_id, client, {"delay_ms": timeout_ms})
         self.dirty = True
@@ -716,8 +1066,24 @@ class Channel:
                         self._trace_end(tr.TIMEOUT, mid, c)
                 self.timeout_count += len(expired)
                 moved = True
+        if moved and self.policy.max_attempts:
+            self._reap()
         if self._release_deferred(now_ns):
             moved = True
+        policy = self.policy
+        if self._policy_active:
+            if policy.message_ttl_ms and not self.paused:
+                # (without consumers the pump does not run: depth shows live messages)
+                before = self.cursor
+                self._expire_log()
+                moved |= self.cursor != before
+            if policy.bounded and policy.overflow == OVERFLOW_DROP:
+                moved |= self._drop_oldest()
+            if len(self._sent_ends) > 4096:
+                # (what is below the low water is finished; found rarely: it costs)
+                i = bisect_right(self._sent_ends, self.low_water())
+                del self._sent_ends[:i]
+                del self._sent_times[:i]
         if moved:
             self.notify()
 
@@ -725,6 +1091,8 @@ class Channel:
         """Move the deferred messages due by ``now_ns`` to the requeued ones."""
         moved = self.flight.release(now_ns)
         self._arm_deferred()
+        if moved and self.policy.max_attempts:
+            self._reap()  # (a dead letter to try again, or a REQ'd one past its attempts)
         return moved
 
     def _arm_deferred(self) -> None:
@@ -746,6 +1114,9 @@ class Channel:
         if self._defer_timer is not None:
             self._defer_timer.cancel()
             self._defer_timer = None
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
 
     def _deferred_timer(self) -> None:
         self._defer_timer = None

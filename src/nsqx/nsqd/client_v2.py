@@ -126,6 +126,8 @@ class ClientV2(asyncio.Protocol):
         self.parser: cmd.CommandParser = parser_cls(nsqd.parser_limits)
         self.settings = ClientSettings.defaults(nsqd.server_limits)
         self.state = STATE_INIT
+        #: told CLOSE_WAIT by nsqd's drain (not by its own CLS)
+        self._drained = False
         self.channel: Channel | None = None
         #: subscribed to a partition another worker owns (nsqx.nsqd.workers.proxy); a
         #: separate attribute, so that ``channel`` stays typed for the local path
@@ -468,6 +470,27 @@ class ClientV2(asyncio.Protocol):
         elif self._remote is not None:
             self._remote.ready(self.ready())
 
+    def drain(self) -> None:
+        """nsqd drains (NSQD.start_drain): a subscribed client gets no more messages and
+        is told so with CLOSE_WAIT, the answer to CLS, after what was already sent. It
+        may still FIN, REQ and TOUCH what it holds; its RDY is ignored from now on, and
+        a CLS of its own is answered CLOSE_WAIT again (not the fatal error of a second
+        CLS). An NSQ 1.3 client ignores a CLOSE_WAIT it did not ask for, or (go-nsq)
+        closes once its messages in flight are answered."""
+        if self.state != STATE_SUBSCRIBED or self.closed:
+            return
+        self.state = STATE_CLOSING
+        self._drained = True
+        self._tell_ready()
+        self._respond(_CLOSE_WAIT_FRAME)
+        self.flush()
+
+    @property
+    def proxied(self) -> bool:
+        """Subscribed to a partition another worker owns (its messages in flight are
+        counted there)."""
+        return self._remote is not None
+
     def send(self, frames: list[bytes], ids: list[bytes], flush: bool) -> float:
         """Buffer messages' frames (output_buffer_size/timeout); ``flush`` writes them
         at once. Returns how long they may wait in the buffer (seconds): the channel
@@ -623,6 +646,10 @@ class ClientV2(asyncio.Protocol):
         verdict = pv2.judge(rule, self.state, self.heartbeat_interval > 0)
         if verdict != pv2.ACCEPT:
             if verdict == pv2.REFUSE:
+                if kind is cmd.Cls and self._drained:
+                    # a CLS crossing the drain's CLOSE_WAIT: the same answer again
+                    self._respond(_CLOSE_WAIT_FRAME)
+                    return
                 self._error(pv2.refusal(rule, self.state))
             return
         if rule.auth and self._auth and not self._check_auth(ev, rule.auth):
@@ -630,6 +657,8 @@ class ClientV2(asyncio.Protocol):
         if rule.auth and self._workers is not None:
             if kind is _SUB:
                 if self._sub_remote(cast(cmd.Sub, ev)):
+                    if self.nsqd.draining:
+                        self.drain()
                     return
             elif self._forward(ev):
                 return
@@ -817,6 +846,8 @@ class ClientV2(asyncio.Protocol):
         if self.yz_ids:
             self.parser.binary_ids = True
         self._respond(_OK_FRAME)
+        if self.nsqd.draining:
+            self.drain()  # subscribed, and told at once: nothing comes from here
 
     def _sub_remote(self, ev: cmd.Sub) -> bool:
         """Subscribe through the worker that owns the SUB's partition (False: this one

@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Callable
 
+    from nsqx.nsqd.channel import Channel
     from nsqx.nsqd.events import TopologyEvent
     from nsqx.nsqd.loopturn import LoopTurn
     from nsqx.nsqd.options import NsqdOptions
@@ -70,6 +72,20 @@ class PartitionHost(Protocol):
 
     def remove_later(self, path: str) -> None:
         """Unlink a reclaimed file off the loop."""
+        ...
+
+    def dead_letter(
+        self,
+        channel: Channel,
+        frame: bytes,
+        attempts: int,
+        first_ns: int,
+        last_ns: int,
+        on_done: Callable[[BaseException | None], None],
+    ) -> None:
+        """Publish ``frame`` (of ``channel``, delivered ``attempts`` times, first and
+        last at these wall-clock times) to the channel's dead-letter topic; call
+        ``on_done`` once, later, with None when that is acknowledged or the error."""
         ...
 
     def acknowledged(self, keys: set[tuple[str, int]]) -> asyncio.Future[Any]:

@@ -32,9 +32,12 @@ from aiohttp import web
 
 from nsqx import NSQ_VERSION
 from nsqx.compiled import build_description
+from nsqx.nsqd import dead_letters as dl
 from nsqx.nsqd import peek as pk
 from nsqx.nsqd import stats as st
+from nsqx.nsqd.channel_policy import FORMAT_EXT, ChannelPolicy, PolicyError
 from nsqx.nsqd.guid import PARTITION_SHIFT, SEQ_MASK
+from nsqx.nsqd.http_auth import guarded
 from nsqx.nsqd.metrics import Metrics, merge_exposition
 from nsqx.nsqd.options import split_address
 from nsqx.nsqd.replication.leader import CommitFailed
@@ -45,7 +48,7 @@ from nsqx.store.log import MessageLog, RangeFramesOut
 from nsqx.wire import members
 from nsqx.wire import replication as rp
 from nsqx.wire.commands import parse_consume_start, parse_mpub_body
-from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, ProtocolError
+from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE, ProtocolError
 from nsqx.wire.frames import ATTEMPTS_AT, ID_AT, ID_END, TIMESTAMP_AT, record_parts
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.range import encode_range_frames
@@ -101,6 +104,8 @@ LINGER_SECONDS = 0.5
 
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _INT = re.compile(r"[+-]?[0-9]+")
+#: what names the channel in /channel/config (the rest are its settings)
+_CHANNEL_KEYS = frozenset({"topic", "channel", "partition"})
 
 
 #: how long POST /partition/role waits for a new leadership's confirmation (seconds)
@@ -310,7 +315,11 @@ class HTTPServer:
 
     def _handler(self) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
         # a worker says which worker answered; a single process pays nothing for it
-        return self._handle if self._router is None else self._handle_in_worker
+        handle = self._handle if self._router is None else self._handle_in_worker
+        # --http-auth (off: handle itself), judged on the parameters handlers read
+        return guarded(
+            handle, self.nsqd.options, self.nsqd.auth, ROUTES, parse_query, self._from_worker
+        )
 
     async def _handle_in_worker(self, request: web.BaseRequest) -> web.StreamResponse:
         resp = await self._handle(request)
@@ -395,7 +404,8 @@ class HTTPServer:
         if not allow:
             return False
         if path not in ADMIN_PATHS and not (
-            path.startswith("/config/") and request.method == "PUT"
+            (path.startswith("/config/") and request.method == "PUT")
+            or (path == "/channel/config" and request.method == "POST")
         ):
             return False
         peer = request.transport.get_extra_info("peername") if request.transport else None
@@ -579,6 +589,14 @@ class HTTPServer:
             return _respond(500, health.encode(), _TEXT)
         return ok_text()
 
+    async def drain(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
+        """POST /drain [nsqx]: begin a drain (docs/drain.md; asking again changes
+        nothing) and say what it still waits for. No parameters."""
+        if params:
+            raise HTTPError(400, "INVALID_PARAMETER")
+        self.nsqd.start_drain()
+        return ok_json({"draining": self.nsqd.draining, "in_flight": self.nsqd.in_flight_count()})
+
     async def info(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
         o = self.nsqd.options
         return ok_json(
@@ -645,7 +663,7 @@ class HTTPServer:
             part = self._pub_partition(name, pid)
             replica = part.replica
             if replica is not None:
-                code = replica.write_error()
+                code = E_FAILED_ON_NOT_WRITABLE if self.nsqd.draining else replica.write_error()
                 if code is not None:
                     raise HTTPError(503, code)
             part.publish(bodies, defer_ms)
@@ -658,6 +676,9 @@ class HTTPServer:
         except OSError as err:
             log.error("TOPIC(%s): write failed: %s", name, err)
             raise HTTPError(500, "PUB_FAILED") from None
+        except ProtocolError as err:
+            # a full topic (a channel's max_depth): try again later, as for 503 EXITING
+            raise HTTPError(503, err.code[2:] if err.code.startswith("E_") else err.code) from None
         if (self.nsqd.options.sync_before_ack and part.durable) or replica is not None:
             try:
                 await self.nsqd.acknowledged({part.key})
@@ -805,6 +826,71 @@ class HTTPServer:
             ch.set_ordered(order == "true")
         self._persist()
         return ok_empty()
+
+    async def channel_config(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """GET /channel/config?topic&channel[&partition] (nsqx): the channel's policy
+        (dead letters, message TTL, rate limits: nsqx.nsqd.channel_policy). POST with
+        any of its settings as parameters changes those (an empty value: the default)
+        on the channel in every partition named."""
+        channels = self._existing_channels(params)
+        if request.method == "POST":
+            given = {k: v[0] for k, v in params.items() if k not in _CHANNEL_KEYS}
+            topic = channels[0].topic.name
+            try:
+                policy = channels[0].policy.updated(given)
+                policy.check_for(topic, channels[0].name)
+            except PolicyError as err:
+                raise HTTPError(400, str(err)) from None
+            self._check_dead_letter_format(policy, topic)
+            for ch in channels:
+                # (a follower's too: it delivers by it once it leads)
+                ch.set_policy(policy)
+            self._persist()
+        ch = channels[0]
+        return ok_json(
+            {
+                "topic_name": ch.topic.name,
+                "channel_name": ch.name,
+                **ch.policy.to_json(),
+                "dead_letters_to": ch.policy.dead_letter_topic_for(ch.topic.name),
+            }
+        )
+
+    def _check_dead_letter_format(self, policy: ChannelPolicy, topic: str) -> None:
+        """Dead letters in the ``ext`` format need an ``extend`` topic (400 if the topic
+        is here and is not one, or is not made yet)."""
+        if not policy.max_attempts or policy.dead_letter_format != FORMAT_EXT:
+            return
+        name = policy.dead_letter_topic_for(topic)
+        workers = self.nsqd.workers
+        if workers is not None and not workers.owns(name, 0):
+            return  # (another worker's topic: its refusals are logged and retried)
+        target = self.nsqd.topics.get(name)
+        if target is None or not target.meta.ext:
+            raise HTTPError(400, "DEAD_LETTER_TOPIC_NOT_EXT: create it with ext=true first")
+
+    async def channel_deadletter_replay(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> web.Response:
+        """POST /channel/deadletter/replay?topic&channel[&partition][&n=1000] (nsqx): give
+        the channel back up to n of its dead letters (nsqx.nsqd.dead_letters.replay)."""
+        n = _int_param(params, "n", 1000)
+        if not 1 <= n <= dl.MAX_REPLAY:
+            raise HTTPError(400, "INVALID_N")
+        channels = _writable([ch.partition for ch in self._existing_channels(params)])
+        total = {"replayed": 0, "missing": 0, "scanned": 0}
+        for part in channels:
+            ch = part.channels[params["channel"][0]]
+            name = ch.policy.dead_letter_topic_for(ch.topic.name)
+            workers = self.nsqd.workers
+            if workers is not None and not workers.owns(name, 0):
+                raise HTTPError(400, "DEAD_LETTER_TOPIC_ON_ANOTHER_WORKER")
+            for k, v in dl.replay(self.nsqd, ch, n).items():
+                total[k] += v
+        self._persist()
+        return ok_json(total)
 
     async def message_get(
         self, request: web.BaseRequest, params: dict[str, list[str]]
@@ -1276,6 +1362,7 @@ _R = HTTPServer
 ROUTES: dict[str, dict[str, Handler]] = {
     "/ping": {"GET": _R.ping},
     "/info": {"GET": _R.info},
+    "/drain": {"POST": _R.drain},
     "/pub": {"POST": _R.pub},
     "/mpub": {"POST": _R.mpub},
     "/stats": {"GET": _R.stats},
@@ -1292,6 +1379,8 @@ ROUTES: dict[str, dict[str, Handler]] = {
     "/channel/unpause": {"POST": _R.channel_pause},
     "/channel/setoffset": {"POST": _R.channel_setoffset},
     "/channel/setorder": {"POST": _R.channel_setorder},
+    "/channel/config": {"GET": _R.channel_config, "POST": _R.channel_config},
+    "/channel/deadletter/replay": {"POST": _R.channel_deadletter_replay},
     "/channel/peek": {"GET": _R.channel_peek},
     "/topic/peek": {"GET": _R.topic_peek},
     "/message/get": {"GET": _R.message_get},
@@ -1444,9 +1533,11 @@ ADMIN_PATHS = frozenset(
         "/channel/unpause",
         "/channel/setoffset",
         "/channel/setorder",
+        "/channel/deadletter/replay",
         "/message/trace/enable",
         "/message/trace/disable",
         "/partition/role",
         "/partition/fence",
+        "/drain",
     }
 )

@@ -29,16 +29,31 @@ class ChannelMetadata:
     paused: bool = False
     #: made ordered by SUB_ORDERED (sticky until /channel/setorder)
     ordered: bool = False
+    #: its policy's settings that are not the default (nsqx.nsqd.channel_policy)
+    policy: dict[str, Any] = field(default_factory=dict)
+    #: how far /channel/deadletter/replay has looked in its dead-letter topic
+    replay_mark: int = 0
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"name": self.name, "paused": self.paused}
         if self.ordered:
             doc["ordered"] = True
+        if self.policy:
+            doc["policy"] = self.policy
+        if self.replay_mark:
+            doc["replay_mark"] = self.replay_mark
         return doc
 
     @classmethod
     def from_json(cls, c: dict[str, Any]) -> ChannelMetadata:
-        return cls(str(c["name"]), bool(c.get("paused", False)), bool(c.get("ordered", False)))
+        policy = c.get("policy")
+        return cls(
+            str(c["name"]),
+            bool(c.get("paused", False)),
+            bool(c.get("ordered", False)),
+            dict(policy) if isinstance(policy, dict) else {},
+            int(c.get("replay_mark", 0) or 0),
+        )
 
 
 @dataclass

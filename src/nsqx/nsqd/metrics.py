@@ -85,6 +85,15 @@ class NsqdCollector(Collector):
             "nsq_channel_timed_out", "messages that timed out in flight", labels=_TC
         )
         c_clients = GaugeMetricFamily("nsq_channel_clients", "subscribed clients", labels=_TC)
+        c_dead = CounterMetricFamily(
+            "nsq_channel_dead_letters", "messages sent to the dead-letter topic", labels=_TC
+        )
+        c_expired = CounterMetricFamily(
+            "nsq_channel_expired", "messages skipped for their time-to-live", labels=_TC
+        )
+        c_dropped = CounterMetricFamily(
+            "nsq_channel_dropped", "messages dropped at the channel's max depth", labels=_TC
+        )
         c_paused = GaugeMetricFamily(
             "nsq_channel_paused", "1 while the channel is paused", labels=_TC
         )
@@ -163,6 +172,9 @@ class NsqdCollector(Collector):
                 c_req.add_metric(cl, sum(c.requeue_count for c in cs))
                 c_timeout.add_metric(cl, sum(c.timeout_count for c in cs))
                 c_clients.add_metric(cl, sum(c.client_count for c in cs))
+                c_dead.add_metric(cl, sum(c.dead_letter_count for c in cs))
+                c_expired.add_metric(cl, sum(c.expired_count for c in cs))
+                c_dropped.add_metric(cl, sum(c.dropped_count for c in cs))
                 c_paused.add_metric(cl, int(cs[0].paused))
                 c = cs[0]
                 if c.e2e.percentiles is not None:
@@ -171,7 +183,7 @@ class NsqdCollector(Collector):
                         c_e2e.add_metric([*cl, _quantile_label(q)], v / 1e9)
         yield from (t_depth, t_msgs, t_bytes, t_paused, t_chans)
         yield from (c_depth, c_inflight, c_deferred, c_msgs, c_req, c_timeout, c_clients)
-        yield c_paused
+        yield from (c_paused, c_dead, c_expired, c_dropped)
         yield from (p_depth, p_msgs, r_leader, r_isr, r_epoch, r_lag)
         if nsqd.options.e2e_processing_latency_percentiles:
             yield from (t_e2e, c_e2e, c_e2e_count)

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from nsqx import NSQ_VERSION
 from nsqx.cluster_secret import load_secret
-from nsqx.nsqd import clock
+from nsqx.nsqd import clock, dead_letters
 from nsqx.nsqd.auth import AuthClient
+from nsqx.nsqd.channel_policy import ChannelPolicy, PolicyError
 from nsqx.nsqd.client_v2 import ClientV2
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.http import HTTPServer
@@ -48,6 +49,7 @@ from nsqx.wire.names import is_valid_name
 from nsqx.wire.topic_meta import DEFAULT_META, TopicMeta
 
 if TYPE_CHECKING:
+    from nsqx.nsqd.channel import Channel
     from nsqx.nsqd.partition import Partition
 
 log = logging.getLogger("nsqx.nsqd")
@@ -68,6 +70,8 @@ CHECKPOINT_INTERVAL = 0.1
 RECLAIM_INTERVAL = 1.0
 #: The file in the data directory that keeps this node's id for nsqlookupd.
 NODE_ID_FILE = "nsqd.node_id"
+#: How often a drain looks whether every message in flight was answered.
+DRAIN_POLL_INTERVAL = 0.02
 
 
 def _saved_meta(name: str, saved: dict[str, Any] | None) -> TopicMeta:
@@ -118,6 +122,9 @@ class NSQD:
         self._servers: list[asyncio.AbstractServer] = []
         self._scan_task: asyncio.Task[None] | None = None
         self._exiting = False
+        self._draining = False
+        #: the deregistration from nsqlookupd a drain began (close() waits for it)
+        self._deregistering: asyncio.Task[None] | None = None
         #: per-read and per-iteration work: read budgets, the group commit, busy polling
         self.turn = LoopTurn(options.busy_poll)
         #: the loop's turns, timer lateness and scan rounds, for /stats and /metrics
@@ -158,6 +165,12 @@ class NSQD:
     def exiting(self) -> bool:
         """True once close() began: publishing is refused from then on."""
         return self._exiting
+
+    @property
+    def draining(self) -> bool:
+        """True once a drain began (SIGTERM, POST /drain): subscribed clients get no
+        new messages, and nsqlookupd no longer lists this node."""
+        return self._draining
 
     @property
     def health_error(self) -> str | None:
@@ -308,7 +321,9 @@ class NSQD:
 
             def metas(channels: dict[str, Any]) -> list[ChannelMetadata]:
                 return [
-                    ChannelMetadata(c.name, c.paused, c.ordered_flag)
+                    ChannelMetadata(
+                        c.name, c.paused, c.ordered_flag, c.policy.changed_json(), c.replay_mark
+                    )
                     for c in channels.values()
                     if not c.ephemeral
                 ]
@@ -364,6 +379,12 @@ class NSQD:
                             ch.paused = cm.paused
                             if cm.ordered:
                                 ch.set_ordered(True)
+                            if cm.policy:
+                                try:
+                                    ch.set_policy(ChannelPolicy.from_json(cm.policy))
+                                except PolicyError as err:
+                                    log.warning("CHANNEL(%s): bad policy %s", cm.name, err)
+                            ch.replay_mark = cm.replay_mark
                 if tm.paused:
                     topic.pause()
         finally:
@@ -515,6 +536,18 @@ class NSQD:
         futures = [self.syncers[k].request() for k in keys if k in self.syncers]
         return asyncio.gather(*futures)
 
+    def dead_letter(
+        self,
+        channel: Channel,
+        frame: bytes,
+        attempts: int,
+        first_ns: int,
+        last_ns: int,
+        on_done: Callable[[BaseException | None], None],
+    ) -> None:
+        """Publish a message's dead letter (nsqx.nsqd.dead_letters.publish)."""
+        dead_letters.publish(self, channel, frame, attempts, first_ns, last_ns, on_done)
+
     def acknowledged(self, keys: set[tuple[str, int]]) -> asyncio.Future[Any]:
         """The one barrier before a publish is answered: a future done once every write
         so far to these partitions is fsynced (with --sync-before-ack) and, for a
@@ -531,12 +564,73 @@ class NSQD:
             return futures[0]  # (the usual case: no gather to make and to wait through)
         return asyncio.gather(*futures)
 
+    # -- draining -------------------------------------------------------------------
+
+    def start_drain(self) -> None:
+        """Begin a drain, once (see docs/drain.md): leave nsqlookupd, so that consumers
+        stop finding this node; stop delivering to every subscribed client and tell it
+        so with CLOSE_WAIT, the answer to CLS (a client subscribing from now on gets it
+        after its SUB's OK). Clients go on answering (FIN, REQ, TOUCH) what they hold;
+        publishing goes on (the messages wait in the log for the restart). A drain is
+        not undone: what follows is :meth:`close`."""
+        if self._draining or self._exiting:
+            return
+        self._draining = True
+        log.info(
+            "NSQ: draining: %d messages in flight to consumers; no new deliveries",
+            self.in_flight_count(),
+        )
+        self._deregistering = asyncio.get_running_loop().create_task(self.lookup.close())
+        for client in list(self.clients):
+            client.drain()
+
+    def in_flight_count(self) -> int:
+        """Messages in flight to consumers, over every channel of this process."""
+        return sum(
+            channel.in_flight_count
+            for topic in self.topics.values()
+            for part in topic.partitions.values()
+            for channel in part.channels.values()
+        )
+
+    def _drain_left(self) -> int:
+        """What a drain still waits for: messages in flight, and the subscriptions
+        proxied to another worker, whose messages are counted there (each is waited for
+        until its client closes)."""
+        proxied = sum(1 for c in self.clients if c.proxied and not c.closed)
+        return self.in_flight_count() + proxied
+
+    async def drain(self, timeout: float) -> bool:
+        """Drain (:meth:`start_drain`) and wait until every message in flight to a
+        consumer was answered, or ``timeout`` seconds passed. True when nothing was
+        left in flight; what is left is delivered again after the restart (the channel
+        cursors keep it)."""
+        self.start_drain()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            left = self._drain_left()
+            if not left:
+                log.info("NSQ: drained: nothing in flight")
+                return True
+            if loop.time() >= deadline:
+                log.warning(
+                    "NSQ: drain timeout (%gs): %d messages still in flight are delivered "
+                    "again after the restart",
+                    timeout,
+                    self.in_flight_count(),
+                )
+                return False
+            await asyncio.sleep(DRAIN_POLL_INTERVAL)
+
     async def close(self) -> None:
         """Stop listening, close every client, stop the timers."""
         if self._exiting:
             return
         self._exiting = True
         self.turn.exiting = True
+        if self._deregistering is not None:
+            await self._deregistering
         await self.lookup.close()
         await self.replication.close()
         if self.workers is not None:

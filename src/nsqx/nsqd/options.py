@@ -13,6 +13,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from nsqx import NSQ_VERSION
+from nsqx.wire.auth import parse_http_auth
 from nsqx.wire.commands import ParserLimits
 from nsqx.wire.identify import ServerLimits
 
@@ -63,6 +64,10 @@ class NsqdOptions:
     #: nsqx: with workers, move a plain TCP connection to the worker that owns the topic
     #: it publishes or subscribes to (nsqx.nsqd.workers.handoff); false: forward/proxy
     worker_handoff: bool = True
+    #: nsqx: on SIGTERM/SIGINT, how long nsqd drains before it closes: no new
+    #: deliveries, consumers told (CLOSE_WAIT), waiting for their messages in flight to
+    #: be answered (0: close at once, as NSQ 1.3); see docs/drain.md
+    drain_timeout: float = 5.0
     queue_scan_interval: float = 0.1
     queue_scan_worker_pool_max: int = 4
     queue_scan_selection_count: int = 20
@@ -100,6 +105,9 @@ class NsqdOptions:
     max_deflate_level: int = 6
     snappy: bool = True
     auth_http_addresses: list[str] = field(default_factory=list)
+    #: [nsqx] which HTTP requests need ``Authorization: Bearer <secret>`` checked against
+    #: the auth servers: off, all, or a comma list of publish, read, admin (docs/http-auth.md)
+    http_auth: str = "off"
     #: [nsqx] networks (CIDR) the HTTP API's admin actions are taken from; empty: any
     http_admin_allow: list[str] = field(default_factory=list)
     #: Members of the cluster send it; /partition/role, /partition/fence and
@@ -142,10 +150,14 @@ class NsqdOptions:
             raise ValueError("--workers must be from 1 to 256")
         if not 0 <= self.busy_poll <= 0.01:
             raise ValueError("--busy-poll must be from 0 to 10ms")
+        if self.drain_timeout < 0:
+            raise ValueError("--drain-timeout must not be negative (0: no drain)")
         if self.max_dpub_timeout < 0:
             raise ValueError("--max-dpub-timeout must not be negative (0: --max-req-timeout)")
         if self.msg_timeout <= 0 or self.max_msg_timeout < self.msg_timeout:
             raise ValueError("--msg-timeout must be positive and at most --max-msg-timeout")
+        if parse_http_auth(self.http_auth) and not self.auth_http_addresses:
+            raise ValueError("--http-auth needs an --auth-http-address to ask")
         for net in self.http_admin_allow:
             try:
                 ipaddress.ip_network(net, strict=False)

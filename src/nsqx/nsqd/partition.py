@@ -30,6 +30,7 @@ from nsqx.wire.commands import (
     OFFSET_VIRTUAL_QUEUE,
     ConsumeStart,
 )
+from nsqx.wire.errors import E_TOPIC_FULL, ProtocolError
 from nsqx.wire.frames import (
     ID_AT,
     ID_END,
@@ -143,6 +144,8 @@ class Partition:
         self._staged_bytes = 0
         #: publishes wait for a commit (a DiskLog stages them; a MemoryLog appends)
         self._stages = self.log.durable
+        #: channels whose policy refuses publishes once they are full (channel_policy)
+        self.limited: list[Channel] = []
         #: replication (a topic with replicator > 1 on a durable node), else None
         self.replica: PartitionReplica | None = None
         if self.durable and topic.meta.replica > 1:
@@ -253,6 +256,8 @@ class Partition:
         appends at once. ``trace_ids`` and ``exts`` ((version, data) per message) make
         extended records.
         """
+        if self.limited:
+            self._check_room()
         log_ = self.log
         n = len(bodies)
         seq = log_.next_seq
@@ -295,6 +300,17 @@ class Partition:
             self._appended()
         first_id = (self.id << PARTITION_SHIFT) | (seq + 1 if seq >= id_base else seq)
         return Published(first_id, offset, seq, len(chunk), n)
+
+    def _check_room(self) -> None:
+        """Refuse a publish while a channel whose policy says so is full."""
+        for ch in self.limited:
+            full = ch.full()
+            if full:
+                raise ProtocolError(E_TOPIC_FULL, f"topic {self.name} is full: {full}", fatal=False)
+
+    def limits_changed(self) -> None:
+        """A channel's policy changed, or a channel went: which ones refuse publishes."""
+        self.limited = [ch for ch in self.channels.values() if ch.policy.refuses]
 
     def _appended(self) -> None:
         """New records are in the log: channels may deliver them (a replicated
@@ -601,6 +617,8 @@ class Partition:
             return
         self._ephemeral_channels -= ch.ephemeral
         ch.close()
+        if ch in self.limited:
+            self.limits_changed()
         log.info("TOPIC(%s): deleted CHANNEL(%s)%s", self.name, name, self._suffix())
         self.nsqd.topology_changed(
             TopologyEvent("delete", self.name, name, self.id), persist=not ch.ephemeral

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Final
 from nsqx.wire.errors import (
     E_BAD_PARTITION,
     E_EXT_NOT_SUPPORT,
+    E_FAILED_ON_NOT_WRITABLE,
     E_TOPIC_NOT_EXIST,
     ProtocolError,
 )
@@ -53,7 +54,9 @@ def pub_partition(nsqd: NSQD, topics: dict[str, Topic], topic_name: str, pid: in
         )
     replica = part.replica
     if replica is not None:
-        code = replica.write_error()
+        # a draining node has left nsqlookupd, which elects other leaders: its clients
+        # look the partition up again rather than wait for this one's lease to lapse
+        code = E_FAILED_ON_NOT_WRITABLE if nsqd.draining else replica.write_error()
         if code is not None:
             # the client looks the partition up again (Youzan's non-fatal answer)
             raise ProtocolError(code, "", fatal=False)

@@ -132,6 +132,12 @@ class ChannelStats:
     paused: bool
     ephemeral: bool
     e2e: E2eResult
+    #: nsqx's channel policy (nsqx.nsqd.channel_policy): messages sent to the
+    #: dead-letter topic, and skipped for their TTL
+    dead_letter_count: int = 0
+    expired_count: int = 0
+    #: dropped by a maximum depth with overflow=drop_oldest
+    dropped_count: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -147,6 +153,9 @@ class ChannelStats:
             "clients": None if self.clients is None else [c.to_json() for c in self.clients],
             "paused": self.paused,
             "e2e_processing_latency": self.e2e.to_json(),
+            "dead_letter_count": self.dead_letter_count,
+            "expired_count": self.expired_count,
+            "dropped_count": self.dropped_count,
         }
 
 
@@ -319,6 +328,9 @@ def channel_stats(ch: Channel, include_clients: bool = True) -> ChannelStats:
         paused=ch.paused,
         ephemeral=ch.ephemeral,
         e2e=_NO_E2E if ch.e2e is None else E2eResult.merge([ch.e2e]),
+        dead_letter_count=ch.dead_letter_count,
+        expired_count=ch.expired_count,
+        dropped_count=ch.dropped_count,
     )
 
 
@@ -674,6 +686,9 @@ def _channel_from_json(d: dict[str, Any]) -> ChannelStats:
         paused=d["paused"],
         ephemeral=False,  # (not in the JSON; the text format does not show it)
         e2e=_e2e_from_json(d["e2e_processing_latency"]),
+        dead_letter_count=d.get("dead_letter_count", 0),
+        expired_count=d.get("expired_count", 0),
+        dropped_count=d.get("dropped_count", 0),
     )
 
 

@@ -278,12 +278,16 @@ class Supervisor:
                     pass
         code = 0
         try:
-            async with asyncio.timeout(STOP_TIMEOUT):
+            # (each worker drains first: --drain-timeout)
+            async with asyncio.timeout(STOP_TIMEOUT + self.options.drain_timeout):
                 for proc in procs:
                     if await proc.wait() not in (0, -signal.SIGTERM):
                         code = 1
         except TimeoutError:
-            log.error("WORKERS: workers did not stop within %.0fs; killing them", STOP_TIMEOUT)
+            log.error(
+                "WORKERS: workers did not stop within %.0fs; killing them",
+                STOP_TIMEOUT + self.options.drain_timeout,
+            )
             for proc in procs:
                 if proc.returncode is None:
                     proc.kill()

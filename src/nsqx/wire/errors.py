@@ -41,6 +41,9 @@ E_INVALID_JSON_HEADER = "E_INVALID_JSON_HEADER"
 #: (sic: no E_ prefix in Youzan's nsqd)
 INVALID_TRACE_ID = "INVALID_TRACE_ID"
 E_PUB_TOO_MUCH_WAITING = "E_PUB_TOO_MUCH_WAITING"
+#: nsqx: a channel of the topic is at its maximum depth and its policy refuses publishes
+#: until it has room (docs/dead-letters.md)
+E_TOPIC_FULL = "E_TOPIC_FULL"
 
 #: Errors after which nsqd keeps the connection open.
 NON_FATAL = frozenset({E_FIN_FAILED, E_REQ_FAILED, E_TOUCH_FAILED})
@@ -53,6 +56,7 @@ NON_FATAL_ON_PUB = frozenset(
         E_EXT_NOT_SUPPORT,
         E_INVALID_JSON_HEADER,
         INVALID_TRACE_ID,
+        E_TOPIC_FULL,
     }
 )
 

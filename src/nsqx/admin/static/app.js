@@ -742,7 +742,10 @@
       { key: "requeue_count", label: "Requeued", sort: true },
       { key: "timeout_count", label: "Timed out", sort: true },
       { key: "message_count", label: "Messages", sort: true },
-      { key: "client_count", label: "Clients", sort: true }
+      { key: "client_count", label: "Clients", sort: true },
+      { key: "dead_letter_count", label: "Dead letters", sort: true },
+      { key: "expired_count", label: "Expired", sort: true },
+      { key: "dropped_count", label: "Dropped", sort: true }
     ];
     var pausedCol = { key: "paused", label: "Paused", cell: function (n) { return n.paused ? "paused" : ""; } };
     var nodes = new Table("channel-nodes", nodeCols.concat([pausedCol]));
@@ -808,6 +811,64 @@
     }
     var peekBox = h("section", { id: "peek-box" }, h("h2", null, "Next messages"), peekForm, peekOut);
 
+    // nsqx's channel policy (nsqd's /channel/config): dead letters, TTL, limits
+    var policyFields = [
+      ["max_attempts", "Max attempts, then a dead letter", null],
+      ["dead_letter_topic", "Dead-letter topic", "text"],
+      ["dead_letter_format", "Dead-letter format", ["json", "ext"]],
+      ["message_ttl_ms", "Message TTL (ms)", null],
+      ["max_depth", "Max depth (messages)", null],
+      ["max_depth_bytes", "Max depth (bytes)", null],
+      ["overflow", "When full", ["refuse", "drop_oldest"]],
+      ["max_msgs_per_sec", "Max deliveries/s", null],
+      ["max_bytes_per_sec", "Max bytes/s", null]
+    ];
+    var policyInputs = {};
+    var policyRows = policyFields.map(function (f) {
+      var id = "policy-" + f[0].replace(/_/g, "-"), input;
+      if (Array.isArray(f[2])) {
+        input = h("select", { id: id }, f[2].map(function (v) { return h("option", { value: v }, v); }));
+      } else if (f[2] === "text") {
+        input = h("input", { type: "text", id: id, placeholder: "default" });
+      } else {
+        input = h("input", { type: "number", min: "0", id: id, placeholder: "0: off" });
+      }
+      policyInputs[f[0]] = input;
+      return h("div", { class: "policy-row" }, h("label", { for: id }, f[1]), input);
+    });
+    var policyNote = h("p", { class: "muted", id: "policy-note" });
+    var replayBtn = h("button", { type: "button", id: "replay-dead-letters" }, "Replay dead letters");
+    var policyForm = h("form", { id: "channel-policy" }, policyRows,
+      h("div", { class: "policy-row" }, h("button", { type: "submit" }, "Save"), replayBtn));
+    policyForm.addEventListener("submit", function (ev) {
+      ev.preventDefault();
+      var settings = {};
+      policyFields.forEach(function (f) { settings[f[0]] = policyInputs[f[0]].value; });
+      act("policy of " + name, api("POST", path, { action: "config", settings: settings }), loadPolicy);
+    });
+    replayBtn.addEventListener("click", function () {
+      if (!window.confirm("Queue the dead letters of " + name + " on it again?")) return;
+      act("replay dead letters of " + name, api("POST", path, { action: "replay_dead_letters" }), refresh);
+    });
+    function loadPolicy() {
+      api("GET", path + "/config").then(function (d) {
+        var ok = (d.configs || []).filter(function (c) { return !c.error; });
+        if (!ok.length) {
+          policyNote.textContent = "No node of this channel has nsqx's channel policy.";
+          return;
+        }
+        policyFields.forEach(function (f) {
+          var v = ok[0][f[0]];
+          policyInputs[f[0]].value = (v === 0 || v === "") && !Array.isArray(f[2]) ? "" : String(v);
+        });
+        policyNote.textContent = "Dead letters go to " + ok[0].dead_letters_to + ". Empty or 0: off." +
+          (ok.length < (d.configs || []).length ? " Some nodes have no policy (not nsqx)." : "");
+      }, function () { policyNote.textContent = "The policy could not be read."; });
+    }
+    var policyBox = h("section", { id: "policy-box" },
+      h("h2", null, "Dead letters, TTL and limits"), policyNote, policyForm);
+    if (CFG.is_admin) loadPolicy();
+
     var e2eBox = h("div", { id: "e2e-box" });
     var missing = h("p", { class: "alert warning", id: "not-found", hidden: true },
       "This channel does not exist (yet, or any more) on any node.");
@@ -815,7 +876,7 @@
     replace(app, title, missing, acts, ch.el,
       h("h2", null, "Nodes"), nodes.el, partSection,
       h("h2", null, "Clients ", h("span", { class: "muted", id: "client-count" })), clients.el,
-      h("h2", null, "End-to-end processing latency"), e2eBox, adminOnly(peekBox));
+      h("h2", null, "End-to-end processing latency"), e2eBox, adminOnly(peekBox), adminOnly(policyBox));
 
     var knownParts = "";
     function setPartitions(c) {

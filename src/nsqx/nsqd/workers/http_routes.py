@@ -11,9 +11,9 @@ by what it is about (:func:`route`):
   partition goes to partition 0's owner, as a publish over TCP does), whose answer is
   returned as it is;
 - a whole topic, whose partitions may be spread over the workers (its channels, pause,
-  delete, empty, tracing) and ``PUT /config/*``: sent to every worker, answered with the
-  first real error, else a success (:func:`combine`; a worker that does not host the
-  topic answers 404, which only counts when every worker does);
+  delete, empty, tracing), ``PUT /config/*`` and ``POST /drain``: sent to every worker,
+  answered with the first real error, else a success (:func:`combine`; a worker that
+  does not host the topic answers 404, which only counts when every worker does);
 - node-wide reads (``/stats``, ``/metrics``, ``/ping``, ``/info``): every worker's own
   part, merged into one node's answer by the HTTP layer (nsqx.nsqd.stats,
   nsqx.nsqd.metrics; /info is the receiver's with the node's start, the earliest);
@@ -90,12 +90,20 @@ _SPLIT_PATHS = frozenset(
         "/channel/pause",
         "/channel/unpause",
         "/channel/setorder",
+        "/channel/config",
+        "/channel/deadletter/replay",
         "/message/trace",
     }
 )
 #: every worker, always
 _EVERY_PATHS = frozenset(
-    {"/topic/pause", "/topic/unpause", "/message/trace/enable", "/message/trace/disable"}
+    {
+        "/topic/pause",
+        "/topic/unpause",
+        "/message/trace/enable",
+        "/message/trace/disable",
+        "/drain",
+    }
 )
 _NODE_READS = {"/stats": STATS, "/metrics": METRICS, "/ping": PING, "/info": INFO}
 
