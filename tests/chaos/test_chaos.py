@@ -1,5 +1,5 @@
-"""The fault-injection suite's short run (what CI runs): a leader killed, stopped, and
-isolated, and replication links with 200 ms of delay and 5 % loss, each with publishers
+"""The fault-injection suite's short run (what CI runs): a leader killed, drained
+(SIGTERM), stopped, and isolated, and replication links with 200 ms of delay and 5 % loss, each with publishers
 and consumers through it. Nothing acknowledged is lost, nothing appears that was not
 published, ordered keys stay in order, no node acknowledges after it was replaced, and
 writes resume (how fast is measured by `make chaos`, not asserted here). Needs root and
@@ -33,7 +33,7 @@ def test_short_chaos_run_keeps_every_invariant(tmp_path: Path) -> None:
     )
     print(proc.stdout[-6000:])
     verdicts = json.loads(out.read_text())
-    assert len(verdicts) == 4, proc.stderr[-3000:]
+    assert len(verdicts) == 5, proc.stderr[-3000:]
     for v in verdicts:
         failed = f"{v['scenario']}: {v['details']}"
         assert v["lost"] == 0, failed
