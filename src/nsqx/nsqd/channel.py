@@ -831,7 +831,6 @@ class Channel:
         to = min(self.log.seek_time(cutoff), self.partition.visible_end)
         if to > self.cursor:
             self.expired_count += to - self.cursor
-            self.message_count += to - self.cursor
             self.cursor = to
             self.dirty = True
 
