@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
+from nsqx.client.discovery import LookupdPoller
 from nsqx.lookupd import http_auth as lookupd_http_auth
 from nsqx.lookupd.http import LookupdHTTP
 from nsqx.lookupd.nsqlookupd import NSQLookupd
@@ -25,6 +27,7 @@ from nsqx.wire.auth import ADMIN, READ, Need
 from authserver import AuthServer, auth_server, grant
 from lookupdproc import LookupdProcess, http_request, start_lookupd, wait_until
 from nsqdproc import start_nsqd
+from rawnsq import run
 
 SECRETS: dict[str, dict[str, Any]] = {
     "subscriber": grant(
@@ -117,6 +120,51 @@ def test_the_authorization_matrix(auth: AuthServer, mode: str) -> None:
         # each good secret asked once (its answer kept for its ttl)
         asked = [q["secret"] for q in auth.queries if q["secret"] != "wrong"]
         assert sorted(asked) == sorted(set(asked))
+    finally:
+        lookupd.stop()
+
+
+async def headers_seen_by_an_open_lookupd(secret: str) -> list[str | None]:
+    """The Authorization headers a lookupd without --http-auth gets from a poller with
+    ``secret`` (an aiohttp stand-in that answers every /lookup)."""
+    seen: list[str | None] = []
+
+    async def lookup(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response({"channels": [], "producers": []})
+
+    app = web.Application()
+    app.router.add_get("/lookup", lookup)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    poller = LookupdPoller([f"127.0.0.1:{port}"], "orders", auth_secret=secret)
+    try:
+        assert await poller.lookup() is not None
+    finally:
+        await poller.close()
+        await runner.cleanup()
+    return seen
+
+
+def test_nsqx_clients_send_their_secret_to_a_lookupd_that_asks_for_it(auth: AuthServer) -> None:
+    auth.answers.update(SECRETS)
+    lookupd = started(auth, "--http-auth=read")
+    try:
+
+        async def look(secret: str | None) -> bool:
+            poller = LookupdPoller([lookupd.http_address], "orders", auth_secret=secret)
+            try:
+                return await poller.lookup() is not None
+            finally:
+                await poller.close()
+
+        assert not run(look(None))  # 401: no answer
+        assert run(look("reader"))  # asked for it on the 401, answered with it
+        # a lookupd that does not ask never sees the secret
+        assert run(headers_seen_by_an_open_lookupd("reader")) == [None]
     finally:
         lookupd.stop()
 

@@ -365,6 +365,7 @@ class Consumer:
                 self.topic,
                 timeout=self.config.lookupd_poll_timeout,
                 access="r",
+                auth_secret=self.config.auth_secret,
             )
             self._repoll = asyncio.Event()
             first = loop.create_future()

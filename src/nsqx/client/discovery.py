@@ -153,6 +153,10 @@ class LookupdPoller:
 
     ``access`` is Youzan's: ``"r"`` for consumers (every partition's node), ``"w"`` for
     producers (writable ones only); with it the lookupd is also asked for the meta.
+
+    ``auth_secret`` (the client's AUTH secret): sent as ``Authorization: Bearer`` to a
+    lookupd that answers 401 (nsqx's ``--http-auth``, docs/http-auth.md), and from then
+    on to that one; a lookupd that does not ask never sees it.
     """
 
     def __init__(
@@ -163,6 +167,7 @@ class LookupdPoller:
         timeout: float = 60.0,
         access: Literal["r", "w"] = "r",
         session: aiohttp.ClientSession | None = None,
+        auth_secret: str | None = None,
     ) -> None:
         self.urls = [lookup_url(a) for a in addresses]
         self.topic = topic
@@ -172,10 +177,20 @@ class LookupdPoller:
         #: a session given by the owner (shared by several pollers) is not closed here
         self._session = session
         self._own_session = session is None
+        self._auth_headers = (
+            {**_HEADERS, "Authorization": f"Bearer {auth_secret}"} if auth_secret else None
+        )
+        #: the lookupds that asked for the secret
+        self._asked: set[str] = set()
 
     async def _query(self, session: aiohttp.ClientSession, url: str) -> LookupResult:
-        async with session.get(url, params=self.params, headers=_HEADERS) as resp:
+        auth = self._auth_headers
+        headers = auth if auth is not None and url in self._asked else _HEADERS
+        async with session.get(url, params=self.params, headers=headers) as resp:
             text = await resp.text()
+            if resp.status == 401 and auth is not None and url not in self._asked:
+                self._asked.add(url)
+                return await self._query(session, url)
             if resp.status == 404:
                 # TOPIC_NOT_FOUND: no nsqd has the topic yet; a valid, empty answer
                 return LookupResult()

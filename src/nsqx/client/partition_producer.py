@@ -338,6 +338,7 @@ class PartitionProducer:
                     timeout=self.config.lookupd_poll_timeout,
                     access="w",
                     session=self._session,
+                    auth_secret=self.config.auth_secret,
                 )
             result = await poller.lookup()
             if result is not None:
