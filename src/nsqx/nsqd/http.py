@@ -33,6 +33,7 @@ from aiohttp import web
 from nsqx import NSQ_VERSION
 from nsqx.compiled import build_description
 from nsqx.nsqd import dead_letters as dl
+from nsqx.nsqd import http_auth
 from nsqx.nsqd import peek as pk
 from nsqx.nsqd import stats as st
 from nsqx.nsqd.channel_policy import FORMAT_EXT, ChannelPolicy, PolicyError
@@ -1517,27 +1518,10 @@ _CONFIG_ROUTE: dict[str, Handler] = {"GET": _R.config, "PUT": _R.config}
 MEMBER_PATHS = frozenset({"/partition/role", "/partition/fence", "/replication/stream"})
 
 
-#: what --http-admin-allow restricts (with PUT /config/*): every action that changes
-#: topics, channels, partitions or settings; reads and publishing stay open
-ADMIN_PATHS = frozenset(
-    {
-        "/topic/create",
-        "/topic/delete",
-        "/topic/empty",
-        "/topic/pause",
-        "/topic/unpause",
-        "/channel/create",
-        "/channel/delete",
-        "/channel/empty",
-        "/channel/pause",
-        "/channel/unpause",
-        "/channel/setoffset",
-        "/channel/setorder",
-        "/channel/deadletter/replay",
-        "/message/trace/enable",
-        "/message/trace/disable",
-        "/partition/role",
-        "/partition/fence",
-        "/drain",
-    }
-)
+#: what --http-admin-allow restricts (with PUT /config/* and POST /channel/config): every
+#: action that changes topics, channels, partitions or settings, as --http-auth
+#: classifies them (nsqx.nsqd.http_auth); reads and publishing stay open, and the
+#: replication stream is the cluster's (MEMBER_PATHS)
+ADMIN_PATHS = (http_auth.TOPIC_ACTIONS | http_auth.CHANNEL_ACTIONS | http_auth.NODE_ACTIONS) - {
+    "/replication/stream"
+}
