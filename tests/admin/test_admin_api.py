@@ -208,6 +208,30 @@ def test_channel_policy_is_set_on_every_node_and_read_back(cluster: Cluster) -> 
     assert adm.request("GET", "/api/topics/pol/c")[1]["dead_letter_count"] == 0
 
 
+def test_a_replicated_topics_channel_policy_reaches_its_followers(cluster: Cluster) -> None:
+    """nsqlookupd lists a replicated partition's leader only; the policy must be on the
+    follower too, for when it leads."""
+    status, _, body = cluster.lookupd.post(
+        "/topic/create?topic=polrep&partition_num=1&replicator=2"
+    )
+    assert status == 200, body
+    a, b = cluster.nsqds
+
+    def hosted() -> bool:
+        return all(cluster.stats(n, "polrep") for n in (a, b))
+
+    wait_until(hosted, what="the partition on both nodes")
+    for n in (a, b):
+        assert cluster.post_nsqd(n, "/channel/create?topic=polrep&channel=c") == 200
+    adm = cluster.admin
+    body_ = {"action": "config", "settings": {"max_attempts": 7}}
+    status, data = adm.request("POST", "/api/topics/polrep/c", body_)
+    assert status == 200, data
+    for n in (a, b):
+        got = cluster.nsqd_json(n, "/channel/config?topic=polrep&channel=c")
+        assert got["max_attempts"] == 7, n
+
+
 def test_create_partitioned_topic_and_see_its_partitions(cluster: Cluster) -> None:
     adm = cluster.admin
     assert adm.request("POST", "/api/topics", {"topic": "parts", "partition_num": 4})[0] == 200

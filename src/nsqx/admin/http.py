@@ -674,7 +674,14 @@ class _Handlers:
             ):
                 raise ApiError(400, "INVALID_SETTINGS")
             query |= {k: str(v) for k, v in settings.items()}
-            path = "channel/config"
+            # every node with the topic, a replicated partition's followers too (lookupd
+            # lists its leaders only): the policy must be there when one of them leads
+            everyone, partial = await self.ci.producers()
+            nodes = [p.http_address for p in everyone if any(t == topic for t, _ in p.topics)]
+            result = await self._node_action(topic, "channel/config", query, nodes=nodes or None)
+            partial.extend(result)
+            self.notify(request, "config_channel", topic, channel)
+            return _answer(partial)
         elif action == "replay_dead_letters":
             path = "channel/deadletter/replay"
         elif action in ("pause", "unpause", "empty"):
