@@ -28,10 +28,10 @@ from nsqx.wire.frames import (
     ATTEMPTS_AT,
     ID_AT,
     ID_END,
-    TIMESTAMP_AT,
     attempts_of,
     is_extended,
     record_parts,
+    timestamp_of,
     with_attempts,
 )
 from nsqx.wire.names import is_ephemeral
@@ -76,11 +76,6 @@ class Consumer(Protocol):
     def fail(self, err: ProtocolError) -> None:
         """Send an error now; a fatal one closes the connection (its partition moved)."""
         ...
-
-
-def _published(frame: bytes) -> int:
-    """A stored message's publish time (wall ns)."""
-    return int.from_bytes(frame[TIMESTAMP_AT:ATTEMPTS_AT], "big", signed=True)
 
 
 def _sample(frames: list[bytes], ids: list[bytes], rate: int) -> tuple[list[bytes], list[bytes]]:
@@ -803,7 +798,7 @@ class Channel:
 
     def _expired(self, frame: bytes) -> bool:
         """True (and counted) if the message was published longer ago than the TTL."""
-        ts = _published(frame)
+        ts = timestamp_of(frame)
         if ts >= clock.time_ns() - self.policy.message_ttl_ms * 1_000_000:
             return False
         self.expired_count += 1
@@ -823,7 +818,7 @@ class Channel:
             return
         ttl = self.policy.message_ttl_ms * 1_000_000
         cutoff = now - ttl
-        published = _published(frame)
+        published = timestamp_of(frame)
         if published >= cutoff:
             self._fresh_from = self.cursor
             self._fresh_until = published + ttl
@@ -947,7 +942,7 @@ class Channel:
             frame = get(seq)
             if frame is None or (max_attempts and attempts >= max_attempts):
                 continue
-            if oldest and _published(frame) < oldest:
+            if oldest and timestamp_of(frame) < oldest:
                 continue
             out.append((seq, frame, attempts + 1 if attempts else attempts_of(frame)))
         end = self.partition.visible_end
@@ -959,7 +954,7 @@ class Channel:
             if seq >= hi:  # the DPUBs not yet due in the next stretch
                 hi = min(end, seq + n - len(out))
                 later = {s for s, due in self.log.deferred_between(seq, hi) if due > now_ns}
-            if seq not in later and not (oldest and _published(frame) < oldest):
+            if seq not in later and not (oldest and timestamp_of(frame) < oldest):
                 out.append((seq, frame, attempts_of(frame)))
         return out
 

@@ -27,7 +27,7 @@ from nsqx.nsqd.channel_policy import FORMAT_EXT
 from nsqx.nsqd.publishing import ext_fields, pub_partition
 from nsqx.store.log import records
 from nsqx.wire.errors import ProtocolError
-from nsqx.wire.frames import ATTEMPTS_AT, ID_AT, ID_END, TIMESTAMP_AT, record_parts
+from nsqx.wire.frames import ID_AT, ID_END, record_parts, timestamp_of
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
@@ -57,7 +57,7 @@ def facts(ch: Channel, frame: bytes, attempts: int, first_ns: int, last_ns: int)
         "partition": ch.partition.id,
         "id": frame[ID_AT:ID_END].decode("ascii", "replace"),
         "attempts": attempts,
-        "timestamp": int.from_bytes(frame[TIMESTAMP_AT:ATTEMPTS_AT], "big", signed=True),
+        "timestamp": timestamp_of(frame),
         "first_delivery": first_ns,
         "last_delivery": last_ns,
         "dead_at": clock.time_ns(),

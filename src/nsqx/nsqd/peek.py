@@ -13,7 +13,7 @@ import base64
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqx.store.log import records
-from nsqx.wire.frames import ATTEMPTS_AT, ID_AT, ID_END, TIMESTAMP_AT, attempts_of, record_parts
+from nsqx.wire.frames import ID_AT, ID_END, attempts_of, record_parts, timestamp_of
 
 if TYPE_CHECKING:
     from nsqx.nsqd.channel import Channel
@@ -34,7 +34,7 @@ def message_json(part: Partition, seq: int, frame: bytes, attempts: int) -> dict
     out: dict[str, Any] = {
         "id": frame[ID_AT:ID_END].decode("ascii", "replace"),
         "attempts": attempts,
-        "timestamp": int.from_bytes(frame[TIMESTAMP_AT:ATTEMPTS_AT], "big", signed=True),
+        "timestamp": timestamp_of(frame),
         "sequence": seq,
         "offset": part.log.offset_of(seq),
         "body": body.decode("utf-8", "replace"),

@@ -328,6 +328,11 @@ def attempts_of(frame: bytes) -> int:
     return int.from_bytes(frame[ATTEMPTS_AT:ID_AT], "big")
 
 
+def timestamp_of(frame: bytes) -> int:
+    """The publish time (ns) of a whole message frame (stored or sent)."""
+    return int.from_bytes(frame[TIMESTAMP_AT:ATTEMPTS_AT], "big", signed=True)
+
+
 def with_attempts(frame: bytes, attempts: int) -> bytes:
     """The same message frame with another attempts count (redelivery)."""
     return frame[:ATTEMPTS_AT] + attempts.to_bytes(2, "big") + frame[ID_AT:]
