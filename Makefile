@@ -32,9 +32,11 @@ unit: $(STAMP) java
 	$(BIN)/pytest -q $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-# the peer clients' suites once more against a node of two workers (nsqd --workers=2)
+# the peer clients' suites once more against a node of two workers (nsqd --workers=2),
+# and again with every topic sharded over them (--worker-shards)
 compat-workers: $(STAMP)
 	NSQX_TEST_WORKERS=2 $(BIN)/pytest -q tests/compat
+	NSQX_TEST_WORKERS=2 NSQX_TEST_NSQD_ARGS=--worker-shards $(BIN)/pytest -q tests/compat
 
 test: lint typecheck unit compat-workers compiled
 

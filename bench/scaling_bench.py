@@ -337,19 +337,23 @@ class Server:
         except (OSError, urllib.error.URLError, ValueError):
             return None
         data = data.get("data", data)  # an old nsqd wraps its answer
+        found: dict[str, int] | None = None
+        # summed over the topic's entries: a partitioned or sharded topic (nsqx
+        # --worker-shards) lists one per partition
         for t in data.get("topics") or ():
             if t.get("topic_name") != topic:
                 continue
             for c in t.get("channels") or ():
                 if c.get("channel_name") == channel:
-                    return {
+                    part = {
                         "topic_depth": int(t.get("depth", 0)),
                         "topic_messages": int(t.get("message_count", 0)),
                         "depth": int(c.get("depth", 0)),
                         "in_flight": int(c.get("in_flight_count", 0)),
                         "deferred": int(c.get("deferred_count", 0)),
                     }
-        return None
+                    found = part if found is None else {k: found[k] + v for k, v in part.items()}
+        return found
 
     def stop(self) -> None:
         """SIGTERM the process group, SIGKILL what is left after 10 s; remove the data."""

@@ -54,10 +54,14 @@ def start_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
 
     ``NSQX_TEST_WORKERS=N`` in the environment runs every such nsqd with ``--workers=N``
     unless the test names its own (the compatibility suites run so against a node of
-    several workers)."""
+    several workers); ``NSQX_TEST_NSQD_ARGS`` adds its flags (space-separated) to every
+    such nsqd, after the test's own (the suites run once more with --worker-shards)."""
     workers = os.environ.get("NSQX_TEST_WORKERS")
     if workers and not any(a.startswith(("--workers", "-workers")) for a in args):
         args = (*args, f"--workers={workers}")
+    extra = os.environ.get("NSQX_TEST_NSQD_ARGS", "").split()
+    if extra:
+        args = (*args, *extra)
     cmd = [
         sys.executable,
         "-m",

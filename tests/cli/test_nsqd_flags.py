@@ -143,6 +143,7 @@ NSQX_EXTRA_FLAGS = {
     "busy-poll",
     "workers",
     "worker-handoff",
+    "worker-shards",
     "max-dpub-timeout",
     "drain-timeout",
     "cluster-secret",

@@ -287,6 +287,14 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         " subscription)",
     ),
     FlagSpec(
+        "worker-shards",
+        _B,
+        "worker_shards",
+        False,
+        "[nsqx] with --workers: give a topic of NSQ 1.3 one shard per worker, publishes"
+        " written where they arrive, a consumer naming no partition fed from every shard",
+    ),
+    FlagSpec(
         "busy-poll",
         _D,
         "busy_poll",

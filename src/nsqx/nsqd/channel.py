@@ -111,6 +111,9 @@ class Channel:
         #: Next log sequence to deliver.
         self.cursor = start
         self.clients: list[Consumer] = []
+        #: consumers told when the channel has messages and none of its consumers has
+        #: room (a fan-in's shards, nsqx.nsqd.fanin)
+        self._starving: list[Consumer] = []
         #: each client's messages in flight
         self._held: dict[Consumer, Held] = {}
         #: in flight, requeued (ahead of the log) and deferred messages. Deferred due
@@ -298,6 +301,8 @@ class Channel:
 
     def add_client(self, client: Consumer) -> None:
         self.clients.append(client)
+        if getattr(client, "wants_starved", False):
+            self._starving.append(client)
         # (its msg_timeout and sample_rate are read once: IDENTIFY comes before SUB)
         self._held[client] = self.flight.attach(client.msg_timeout, client.sample_rate)
         self._update_routing()
@@ -308,6 +313,8 @@ class Channel:
         if held is None:
             return
         self.clients.remove(client)
+        if client in self._starving:
+            self._starving.remove(client)
         ids = self.flight.detach(held, self.partition.id_base)
         if ids and self.traced:
             for mid in ids:
@@ -426,6 +433,12 @@ class Channel:
             return
         ready = self._ready()
         if not ready:
+            if self._starving and (
+                self.flight.requeued or self.partition.visible_end > self.cursor
+            ):
+                # messages and no room: a fan-in's shard asks its connection for RDY
+                for c in self._starving:
+                    c.starved()  # type: ignore[attr-defined]
             return
         # what the rate limits let go now (-1: no limit)
         limit = self._rate_room() if self._rate_limited else -1
@@ -467,10 +480,15 @@ class Channel:
                 self._send(c, held, frames, ids, len(ids) >= spare, now)
         if limit == 0:
             self._rate_room()  # (arms the timer for the next tokens)
-        elif room_left and sent and len(requeued) + self.partition.visible_end > self.cursor:
-            # a client with less room than its share left messages that another one has
-            # room for: go round again (found by tests/nsqd/test_channel_states.py)
-            self.notify()
+        elif len(requeued) + self.partition.visible_end > self.cursor:
+            if room_left and sent:
+                # a client with less room than its share left messages that another one
+                # has room for: go round again (found by tests/nsqd/test_channel_states.py)
+                self.notify()
+            elif self._starving and not room_left:
+                # every consumer full and messages left: a fan-in's shard asks for RDY
+                for c in self._starving:
+                    c.starved()  # type: ignore[attr-defined]
 
     def _send(
         self,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, cast, final
 from nsqx.nsqd import clock
 from nsqx.nsqd import protocol_v2 as pv2
 from nsqx.nsqd.auth import AuthError, AuthState
+from nsqx.nsqd.fanin import FanIn, LocalShard, fanin_wanted
 from nsqx.nsqd.guid import seq_of
 from nsqx.nsqd.protocol_v2 import STATE_CLOSING as STATE_CLOSING
 from nsqx.nsqd.protocol_v2 import STATE_INIT as STATE_INIT
@@ -132,6 +133,11 @@ class ClientV2(asyncio.Protocol):
         #: subscribed to a partition another worker owns (nsqx.nsqd.workers.proxy); a
         #: separate attribute, so that ``channel`` stays typed for the local path
         self._remote: RemoteSub | None = None
+        #: subscribed to every shard of a sharded topic (nsqx.nsqd.fanin)
+        self._fanin: FanIn | None = None
+        #: the SUB sent to another worker, while it is answered (it may come back as
+        #: a sharded topic's: then it subscribes to every shard)
+        self._sub_ev: cmd.Sub | None = None
         self.rdy = 0
         self.remote_address = ""
         self.connect_ts = int(time.time())
@@ -165,6 +171,7 @@ class ClientV2(asyncio.Protocol):
         self._route_topic = ""
         self._route_pid = 0
         self._route_owner = -1
+        self._route_gen = 0
         #: publishes of this read forwarded to their owner, waiting for its answer
         self._forwarded: list[Ticket] = []
         #: moving plain connections to their topic's owner (None: not a worker, or off)
@@ -421,6 +428,8 @@ class ClientV2(asyncio.Protocol):
         elif self._remote is not None:
             self._remote.unsubscribe()
             self._remote = None
+        elif self._fanin is not None:
+            self._leave_shards()
         log.debug("PROTOCOL(V2): [%s] exiting ioloop", self.remote_address)
 
     def pause_writing(self) -> None:
@@ -469,6 +478,8 @@ class ClientV2(asyncio.Protocol):
             self.channel.ready_changed(self, self.ready())
         elif self._remote is not None:
             self._remote.ready(self.ready())
+        elif self._fanin is not None:
+            self._fanin.ready_changed()
 
     def drain(self) -> None:
         """nsqd drains (NSQD.start_drain): a subscribed client gets no more messages and
@@ -501,9 +512,20 @@ class ClientV2(asyncio.Protocol):
             frames = _youzan_frames(channel, frames, ids, self.yz_ext, self.yz_detail)
         elif self.channel is not None and self.channel.partition.extended:
             frames = _vanilla_frames(frames)
+        return self._buffer(frames, len(ids), flush)
+
+    def shard_send(
+        self, shard: LocalShard, frames: list[bytes], ids: list[bytes], flush: bool
+    ) -> float:
+        """:meth:`send` for one shard of a fan-in (nsqx.nsqd.fanin)."""
+        if shard.channel.partition.extended:
+            frames = _vanilla_frames(frames)
+        return self._buffer(frames, len(ids), flush)
+
+    def _buffer(self, frames: list[bytes], count: int, flush: bool) -> float:
         self._out.extend(frames)
         self._out_size += sum(map(len, frames))
-        self.message_count += len(ids)
+        self.message_count += count
         # flush when the buffer is full, when the channel says the client can take no
         # more (nothing else would follow soon), or when buffering is off; otherwise
         # within the timeout
@@ -547,14 +569,55 @@ class ClientV2(asyncio.Protocol):
     def remote_refused(self) -> None:
         """The owner refused the SUB (its answer, an error, is on its way)."""
         self._remote = None
+        self._sub_ev = None
+        if self._fanin is not None:
+            self._leave_shards()
         if self.state == STATE_SUBSCRIBED:
             self.state = STATE_INIT
 
+    def remote_sharded(self, ticket: Ticket) -> None:
+        """The worker the SUB went to says its topic is sharded (made just now): this
+        connection subscribes to every shard, its answer in the place kept for it."""
+        ev, self._sub_ev = self._sub_ev, None
+        self._remote = None
+        if ev is None or self.closed:
+            ticket.answer = b""
+            ticket.on_answer(ticket, None)
+            return
+        topic = self._topics.get(ev.topic)
+        err: ProtocolError | None = None
+        if topic is None or not topic.sharded:
+            err = ProtocolError(E_TOPIC_NOT_EXIST, "")
+        else:
+            try:
+                self._subscribe_shards(ev, topic, ticket.slot, ticket.group)
+            except ProtocolError as e:
+                err = e
+        if err is not None:
+            if self.state == STATE_SUBSCRIBED:
+                self.state = STATE_INIT
+            ticket.answer = encode_error(err)
+            ticket.fatal = err.fatal
+        else:
+            ticket.answer = b""  # (the OK kept in its place)
+        ticket.on_answer(ticket, None)
+        self._tell_ready()
+
     @property
     def in_flight_count(self) -> int:
-        """Messages in flight to this client."""
+        """Messages in flight to this client (a fan-in's: from this worker's shards)."""
+        if self._fanin is not None:
+            return sum(s.held() for s in self._fanin.local())
         held = self.channel.held_by(self) if self.channel is not None else None
         return len(held) if held is not None else 0
+
+    @property
+    def remote_shards_held(self) -> int:
+        """A fan-in's: the most the other workers' shards may have in flight to it."""
+        fanin = self._fanin
+        if fanin is None:
+            return 0
+        return sum(s.committed for s in fanin.sources if not isinstance(s, LocalShard))
 
     @property
     def finish_count(self) -> int:
@@ -623,6 +686,8 @@ class ClientV2(asyncio.Protocol):
         if self._read_since_tick:
             self._read_since_tick = False
             self._last_read = now
+        if self._fanin is not None:
+            self._fanin.tick()
         hb = self.heartbeat_interval
         if hb <= 0 or self.closed:
             return
@@ -828,6 +893,26 @@ class ClientV2(asyncio.Protocol):
         self._resume_reading()
 
     def _on_sub(self, ev: cmd.Sub) -> None:
+        if self.nsqd.sharding and fanin_wanted(ev, self.settings):
+            topic = self._topics.get(ev.topic)
+            if topic is None and self._workers is not None:
+                try:
+                    # made here (this worker owns partition 0): sharded if it may be
+                    topic = self.nsqd.get_topic(ev.topic)
+                except (OSError, ValueError):
+                    topic = None
+            if topic is not None and topic.sharded:
+                slot = self._out_base + len(self._out)
+                self._out.append(_OK_FRAME)  # (a refusal of a shard replaces it)
+                try:
+                    self._subscribe_shards(ev, topic, slot, None)
+                except ProtocolError as err:
+                    self._out.pop()
+                    self._error(err)
+                    return
+                if self.nsqd.draining:
+                    self.drain()
+                return
         try:
             part, self.settings = sub_partition(self.nsqd, ev, self.settings, self.sample_rate)
             channel, late = sub_channel(self.nsqd, ev, part, self)
@@ -849,6 +934,71 @@ class ClientV2(asyncio.Protocol):
         if self.nsqd.draining:
             self.drain()  # subscribed, and told at once: nothing comes from here
 
+    def _subscribe_shards(
+        self, ev: cmd.Sub, topic: Topic, slot: int, group: AckGroup | None
+    ) -> None:
+        """Subscribe to every shard of ``topic``: this worker's here, the others'
+        through their workers, each of whose answers is held as a forwarded SUB's
+        (``group``: the read's, when it ended already). Raises the ProtocolError to
+        answer if a shard here refuses."""
+        _, self.settings = sub_partition(self.nsqd, ev, self.settings, self.sample_rate)
+        fanin = FanIn(self)
+        try:
+            for part in list(topic.partitions.values()):
+                shard = LocalShard(fanin, part.get_channel(ev.channel))
+                channel, _ = sub_channel(self.nsqd, ev._replace(partition=part.id), part, shard)
+                shard.channel = channel
+                fanin.add(shard)
+                channel.notify()  # (messages waiting and no RDY yet: it asks for some)
+        except (ProtocolError, OSError) as err:
+            fanin.close()
+            if isinstance(err, OSError):
+                raise ProtocolError("E_SUB_FAILED", f"SUB failed {err}") from None
+            raise
+        self._fanin = fanin
+        self.channel = None
+        self.state = _RULES[cmd.Sub].then
+        self.yz_ids = self.yz_ext = self.yz_detail = False
+        workers = self._workers
+        shards = workers.shards if workers is not None else None
+        if workers is not None and shards is not None:
+            for pid in shards.every(ev.topic):
+                if pid in topic.partitions:
+                    continue
+                owner = workers.owner(ev.topic, pid)
+                remote, ticket = workers.subs.subscribe(
+                    owner, self, ev, slot, self._shard_answered, pid, fanin
+                )
+                fanin.add(remote)
+                if group is None:
+                    self._forwarded.append(ticket)
+                else:
+                    ticket.group = group
+                    group.due += 1
+                    self._acks_due += 1
+
+    def _shard_answered(self, ticket: Ticket, err: BaseException | None) -> None:
+        """A shard's answer to a fan-in's SUB: an OK keeps the one kept in its place."""
+        if ticket.answer == _OK_FRAME:
+            ticket.answer = b""
+        self._forward_answered(ticket, err)
+
+    def _leave_shards(self) -> None:
+        """Unsubscribe from every shard; answers still awaited count as given."""
+        fanin, self._fanin = self._fanin, None
+        if fanin is None:
+            return
+        pending = []
+        for s in fanin.sources:
+            ticket = getattr(s, "ticket", None)
+            if ticket is not None:
+                s.ticket = None  # type: ignore[attr-defined]
+                pending.append(ticket)
+        fanin.close()
+        for ticket in pending:
+            ticket.answer = b""
+            ticket.on_answer(ticket, None)
+
     def _sub_remote(self, ev: cmd.Sub) -> bool:
         """Subscribe through the worker that owns the SUB's partition (False: this one
         owns it). As a forwarded publish, its answer is reserved and held, with all that
@@ -866,6 +1016,7 @@ class ClientV2(asyncio.Protocol):
         remote, ticket = workers.subs.subscribe(owner, self, ev, slot, self._forward_answered)
         self._forwarded.append(ticket)
         self._remote = remote
+        self._sub_ev = ev
         self.state = _RULES[cmd.Sub].then
         # the layout of ids does not depend on the partition: FIN, REQ and TOUCH behind
         # the SUB in this read are parsed as they will be sent
@@ -884,6 +1035,8 @@ class ClientV2(asyncio.Protocol):
         if channel is None:
             if self._remote is not None:
                 self._remote.fin(ids)
+            elif self._fanin is not None:
+                self._fanin_fin(ids)
             return
         for mid, reason in channel.finish(self, ids):
             self._error(ProtocolError(E_FIN_FAILED, f"FIN {mid.decode('latin-1')} failed {reason}"))
@@ -903,6 +1056,8 @@ class ClientV2(asyncio.Protocol):
         if channel is None:
             if self._remote is not None:
                 self._remote.req(mid, ev.timeout_ms, ev.id)
+            elif self._fanin is not None:
+                self._fanin_req(mid, ev.timeout_ms, ev.id)
             return
         reason = channel.requeue(self, mid, ev.timeout_ms)
         if reason:
@@ -916,11 +1071,64 @@ class ClientV2(asyncio.Protocol):
         if channel is None:
             if self._remote is not None:
                 self._remote.touch(mid, ev.id)
+            elif self._fanin is not None:
+                self._fanin_touch(mid, ev.id)
             return
         reason = channel.touch(self, mid, self.nsqd.options.max_msg_timeout)
         if reason:
             self._error(
                 ProtocolError(E_TOUCH_FAILED, f"TOUCH {ev.id.decode('latin-1')} failed {reason}")
+            )
+
+    def _fanin_fin(self, ids: list[bytes]) -> None:
+        fanin = self._fanin
+        assert fanin is not None
+        for mid in ids:
+            src = fanin.source_of(mid)
+            if isinstance(src, LocalShard):
+                failed = src.channel.finish(src, [mid])
+            elif src is not None:
+                src.fin([mid])  # type: ignore[attr-defined]
+                continue
+            else:
+                failed = [(mid, "ID not in flight")]
+            for fid, reason in failed:
+                self._error(
+                    ProtocolError(E_FIN_FAILED, f"FIN {fid.decode('latin-1')} failed {reason}")
+                )
+        fanin.freed()
+
+    def _fanin_req(self, mid: bytes, timeout_ms: int, raw_id: bytes) -> None:
+        fanin = self._fanin
+        assert fanin is not None
+        src = fanin.source_of(mid)
+        if isinstance(src, LocalShard):
+            reason = src.channel.requeue(src, mid, timeout_ms)
+        elif src is not None:
+            src.req(mid, timeout_ms, raw_id)  # type: ignore[attr-defined]
+            reason = None
+        else:
+            reason = "ID not in flight"
+        if reason:
+            self._error(
+                ProtocolError(E_REQ_FAILED, f"REQ {raw_id.decode('latin-1')} failed {reason}")
+            )
+        fanin.freed()
+
+    def _fanin_touch(self, mid: bytes, raw_id: bytes) -> None:
+        fanin = self._fanin
+        assert fanin is not None
+        src = fanin.source_of(mid)
+        if isinstance(src, LocalShard):
+            reason = src.channel.touch(src, mid, self.nsqd.options.max_msg_timeout)
+        elif src is not None:
+            src.touch(mid, raw_id)  # type: ignore[attr-defined]
+            reason = None
+        else:
+            reason = "ID not in flight"
+        if reason:
+            self._error(
+                ProtocolError(E_TOUCH_FAILED, f"TOUCH {raw_id.decode('latin-1')} failed {reason}")
             )
 
     def _on_cls(self, ev: cmd.Cls) -> None:
@@ -971,12 +1179,18 @@ class ClientV2(asyncio.Protocol):
             me = cast(cmd.MpubExt, ev)
             verb, topic, pid, bodies = "MPUB_EXT", me.topic, me.partition, me.bodies
             headers = me.headers
-        if topic == self._route_topic and pid == self._route_pid and self._route_owner >= 0:
+        if (
+            topic == self._route_topic
+            and pid == self._route_pid
+            and self._route_owner >= 0
+            and self._route_gen == workers.route_generation
+        ):
             owner = self._route_owner  # (a publisher keeps to one topic)
         else:
             owner = self._route_owner = workers.owner(topic, pid)
             self._route_topic = topic
             self._route_pid = pid
+            self._route_gen = workers.route_generation
         if owner == workers.index:
             return False
         if self._handoff_to < 0 and self._handoff is not None and self.state == STATE_INIT:
@@ -1012,6 +1226,10 @@ class ClientV2(asyncio.Protocol):
         self._handoff_to = -1
         handoff = self._handoff
         transport = self._transport
+        workers = self._workers
+        shards = workers.shards if workers is not None else None
+        if sub is None and shards is not None and shards.sharded(self._route_topic):
+            return False  # its topic became sharded meanwhile: it publishes here
         if (
             handoff is None
             or transport is None

@@ -65,6 +65,8 @@ class TopicMetadata:
     settings: dict[str, Any] | None = None
     #: local partition id -> its channels (None: partition 0 only, with ``channels``)
     partitions: dict[int, list[ChannelMetadata]] | None = None
+    #: one shard per worker (--worker-shards): ``partitions`` are its shards
+    sharded: bool = False
 
 
 def write_metadata(data_path: str, topics: list[TopicMetadata], version: str) -> None:
@@ -78,6 +80,8 @@ def write_metadata(data_path: str, topics: list[TopicMetadata], version: str) ->
         }
         if t.settings is not None:
             doc["settings"] = t.settings
+        if t.sharded:
+            doc["worker_shards"] = True
         if t.partitions is not None:
             doc["partitions"] = [
                 {"id": pid, "channels": [c.to_json() for c in chans]}
@@ -110,7 +114,12 @@ def read_metadata(data_path: str) -> list[TopicMetadata]:
         settings = t.get("settings") if isinstance(t.get("settings"), dict) else None
         topics.append(
             TopicMetadata(
-                str(t["name"]), bool(t.get("paused", False)), channels, settings, partitions
+                str(t["name"]),
+                bool(t.get("paused", False)),
+                channels,
+                settings,
+                partitions,
+                bool(t.get("worker_shards", False)),
             )
         )
     return topics
@@ -190,7 +199,7 @@ def merge_metadata(
             continue
         kept = {pid: chans for pid, chans in t.partitions.items() if not owns(t.name, pid)}
         if kept:
-            merged[t.name] = TopicMetadata(t.name, t.paused, [], t.settings, kept)
+            merged[t.name] = TopicMetadata(t.name, t.paused, [], t.settings, kept, t.sharded)
     for t in mine:
         other = merged.get(t.name)
         if other is None or other.partitions is None or t.partitions is None:
@@ -199,7 +208,12 @@ def merge_metadata(
         partitions = dict(other.partitions)
         partitions.update(t.partitions)
         merged[t.name] = TopicMetadata(
-            t.name, t.paused, [], t.settings, dict(sorted(partitions.items()))
+            t.name,
+            t.paused,
+            [],
+            t.settings,
+            dict(sorted(partitions.items())),
+            t.sharded or other.sharded,
         )
     for t in merged.values():
         # the top-level channels are the lowest partition's, so the file still reads as NSQ's

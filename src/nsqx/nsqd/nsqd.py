@@ -100,10 +100,14 @@ class NSQD:
         self.worker = worker
         #: this worker's peers and the forwarding between them (None: a single process)
         self.workers: WorkerSet | None = None
+        #: some topic may be sharded (--worker-shards, or one loaded from nsqd.dat): a
+        #: SUB naming no partition then looks for a fan-in (nsqx.nsqd.fanin)
+        self.sharding = False
         if worker is not None and worker.count > 1:
             self.workers = WorkerSet(self, worker)
             if self.workers.handoff is not None:
                 self.workers.handoff.adopt = self._adopt_client
+            self.sharding = self.workers.shards is not None
         self.parser_limits = options.parser_limits()
         self.server_limits = options.server_limits()
         self.topics: dict[str, Topic] = {}
@@ -238,7 +242,11 @@ class NSQD:
         try:
             if topic is None:
                 topic = self._new_topic(name, DEFAULT_META)
-                topic.add_partition(0)
+                shards = self.workers.shards if self.workers is not None else None
+                if shards is not None:
+                    shards.made(topic)  # one shard per worker (--worker-shards)
+                else:
+                    topic.add_partition(0)
             elif not topic.partitions:
                 topic.add_partition(0)
         except OSError as err:  # its files cannot be made: a full or read-only disk
@@ -328,8 +336,8 @@ class NSQD:
                     if not c.ephemeral
                 ]
 
-            meta = TopicMetadata(t.name, t.paused, metas(t.channels))
-            if t.meta.partitioned or list(t.partitions) != [0]:
+            meta = TopicMetadata(t.name, t.paused, metas(t.channels), sharded=t.sharded)
+            if t.meta.partitioned or t.sharded or list(t.partitions) != [0]:
                 meta.settings = t.meta.to_json()
                 meta.partitions = {pid: metas(p.channels) for pid, p in t.partitions.items()}
             topics.append(meta)
@@ -370,6 +378,8 @@ class NSQD:
                 else:
                     meta = _saved_meta(tm.name, tm.settings)
                     topic = self._new_topic(tm.name, meta)
+                    topic.sharded = tm.sharded
+                    self.sharding |= tm.sharded
                     partitions = tm.partitions
                 for pid, channels in partitions.items():
                     part = topic.add_partition(pid)
@@ -581,6 +591,8 @@ class NSQD:
             self.in_flight_count(),
         )
         self._deregistering = asyncio.get_running_loop().create_task(self.lookup.close())
+        if self.workers is not None:
+            self.workers.subs.drain_started()
         for client in list(self.clients):
             client.drain()
 
@@ -598,7 +610,10 @@ class NSQD:
         proxied to another worker, whose messages are counted there (each is waited for
         until its client closes)."""
         proxied = sum(1 for c in self.clients if c.proxied and not c.closed)
-        return self.in_flight_count() + proxied
+        # a consumer of every shard: what the other workers' shards may have in flight
+        # to it (until they confirm none)
+        shards = sum(c.remote_shards_held for c in self.clients if not c.closed)
+        return self.in_flight_count() + proxied + shards
 
     async def drain(self, timeout: float) -> bool:
         """Drain (:meth:`start_drain`) and wait until every message in flight to a

@@ -64,6 +64,9 @@ class NsqdOptions:
     #: nsqx: with workers, move a plain TCP connection to the worker that owns the topic
     #: it publishes or subscribes to (nsqx.nsqd.workers.handoff); false: forward/proxy
     worker_handoff: bool = True
+    #: nsqx: with workers, a topic of NSQ 1.3 gets one shard (partition) per worker:
+    #: publishes stay where they arrive, a consumer reads all shards (docs/workers.md)
+    worker_shards: bool = False
     #: nsqx: on SIGTERM/SIGINT, how long nsqd drains before it closes: no new
     #: deliveries, consumers told (CLOSE_WAIT), waiting for their messages in flight to
     #: be answered (0: close at once, as NSQ 1.3); see docs/drain.md

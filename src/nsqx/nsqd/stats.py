@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from nsqx import NSQ_VERSION
 from nsqx.compiled import build_description
@@ -192,6 +192,9 @@ class TopicStats:
     e2e: E2eResult
     #: None for an NSQ 1.3 topic (one partition, no extension)
     partition: PartitionInfo | None = None
+    #: a shard of a topic sharded over the workers (--worker-shards): a node's /stats
+    #: shows its shards as one topic (merge_stats_json)
+    sharded: bool = False
 
     @property
     def statsd_name(self) -> str:
@@ -230,6 +233,8 @@ class TopicStats:
                     "statsd_name": self.statsd_name,
                 }
             )
+        if self.sharded:
+            d[SHARDED_KEY] = True
         return d
 
 
@@ -246,6 +251,16 @@ def _consumer_stats(consumer: object, topic: str) -> ClientStats | None:
     connection of another worker subscribed here: its proxy says; None if it cannot)."""
     if isinstance(consumer, ClientV2):
         return client_stats(consumer, topic)
+    fanin_client = getattr(consumer, "fanin_client", None)
+    if isinstance(fanin_client, ClientV2):
+        # a connection subscribed to every shard (nsqx.nsqd.fanin): this shard's counts
+        line = client_stats(fanin_client, topic)
+        held = consumer.channel.held_by(consumer)  # type: ignore[attr-defined]
+        if held is not None:
+            line.in_flight_count = len(held)
+            line.finish_count = held.finish_count
+            line.requeue_count = held.requeue_count
+        return line
     own: Callable[[], ClientStats] | None = getattr(consumer, "client_stats", None)
     return own() if own is not None else None
 
@@ -365,6 +380,7 @@ def topic_stats(p: Partition, channels: list[ChannelStats]) -> TopicStats:
         ephemeral=t.ephemeral,
         e2e=E2eResult.merge(windows) if windows else _NO_E2E,
         partition=info,
+        sharded=t.sharded,
     )
 
 
@@ -603,6 +619,111 @@ def _topic_key(t: dict[str, Any]) -> tuple[str, int]:
     return (t["topic_name"], int(t.get("topic_partition", 0)))
 
 
+#: marks a shard's entry in a worker's part of /stats (gone from the node's answer)
+SHARDED_KEY: Final = "worker_shards"
+#: what a partition's entry adds to an NSQ 1.3 topic's (a sharded topic shows none)
+_PARTITION_KEYS = frozenset(
+    {
+        "topic_partition",
+        "partition_num",
+        "is_leader",
+        "is_multi_ordered",
+        "is_multi_part",
+        "is_ext",
+        "is_channel_auto_create_disabled",
+        "backend_start",
+        "end_offset",
+        "replication",
+        "statsd_name",
+    }
+)
+_CHANNEL_SUMS = (
+    "depth",
+    "backend_depth",
+    "in_flight_count",
+    "deferred_count",
+    "message_count",
+    "requeue_count",
+    "timeout_count",
+    "dead_letter_count",
+    "expired_count",
+    "dropped_count",
+)
+
+
+def _busier_e2e(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    return b if b.get("count", 0) > a.get("count", 0) else a
+
+
+def _merge_shards(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """A sharded topic's entries (one per shard, nsqx.nsqd.workers.shards) as the one
+    topic an NSQ 1.3 client or nsqadmin expects: figures summed, channels merged by
+    name, and a connection subscribed to every shard listed once (its messages in
+    flight and answers summed over the shards; RDY and messages sent: the largest, its
+    own worker's line)."""
+    out = {k: v for k, v in entries[0].items() if k not in _PARTITION_KEYS and k != SHARDED_KEY}
+    for key in ("depth", "backend_depth", "message_count", "message_bytes"):
+        out[key] = sum(e.get(key, 0) for e in entries)
+    out["paused"] = any(e.get("paused", False) for e in entries)
+    channels: dict[str, dict[str, Any]] = {}
+    for e in entries:
+        out["e2e_processing_latency"] = _busier_e2e(
+            out["e2e_processing_latency"], e["e2e_processing_latency"]
+        )
+        for ch in e["channels"]:
+            name = ch["channel_name"]
+            m = channels.get(name)
+            if m is None:
+                m = channels[name] = dict(ch)
+                m["clients"] = None if ch["clients"] is None else [dict(c) for c in ch["clients"]]
+                continue
+            for key in _CHANNEL_SUMS:
+                m[key] = m.get(key, 0) + ch.get(key, 0)
+            m["paused"] = m["paused"] or ch["paused"]
+            m["e2e_processing_latency"] = _busier_e2e(
+                m["e2e_processing_latency"], ch["e2e_processing_latency"]
+            )
+            m["client_count"] = max(m["client_count"], ch["client_count"])
+            if m["clients"] is None or ch["clients"] is None:
+                continue
+            by_key = {(c["client_id"], c["remote_address"]): c for c in m["clients"]}
+            for c in ch["clients"]:
+                have = by_key.get((c["client_id"], c["remote_address"]))
+                if have is None:
+                    m["clients"].append(dict(c))
+                    continue
+                for key in ("in_flight_count", "finish_count", "requeue_count"):
+                    have[key] += c[key]
+                for key in ("ready_count", "message_count"):
+                    have[key] = max(have[key], c[key])
+            m["client_count"] = len(m["clients"])
+    out["channels"] = sorted(channels.values(), key=lambda c: str(c["channel_name"]))
+    # each shard's own entry as well (nsqx's: how evenly the shards fill and drain)
+    out["shards"] = [
+        {**{k: v for k, v in e.items() if k != SHARDED_KEY}, "topic_partition": str(pid)}
+        for e in entries
+        for pid in (int(e.get("topic_partition", 0)),)
+    ]
+    return out
+
+
+def _merge_sharded(topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every sharded topic's entries merged into one, in the first one's place."""
+    if not any(t.get(SHARDED_KEY) for t in topics):
+        return topics
+    shards: dict[str, list[dict[str, Any]]] = {}
+    for t in topics:
+        if t.get(SHARDED_KEY):
+            shards.setdefault(t["topic_name"], []).append(t)
+    out = []
+    for t in topics:
+        if not t.get(SHARDED_KEY):
+            out.append(t)
+        elif shards[t["topic_name"]][0] is t:
+            out.append(_merge_shards(shards[t["topic_name"]]))
+    return out
+
+
 def merge_stats_json(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One node's JSON /stats from its workers' own (each :func:`stats_json` of the
     partitions it hosts, in worker order): the shape of a single nsqd's. Topics (one
@@ -613,7 +734,9 @@ def merge_stats_json(parts: list[dict[str, Any]]) -> dict[str, Any]:
     health = next((p["health"] for p in parts if p["health"] != "OK"), "OK")
     topic_lists = [p["topics"] for p in parts if p["topics"] is not None]
     topics = (
-        None if not topic_lists else sorted((t for ts in topic_lists for t in ts), key=_topic_key)
+        None
+        if not topic_lists
+        else _merge_sharded(sorted((t for ts in topic_lists for t in ts), key=_topic_key))
     )
     out: dict[str, Any] = {
         "version": parts[0]["version"],

@@ -43,6 +43,9 @@ class Topic:
         self.deleted = False
         #: /message/trace/enable: every message of the topic is traced
         self.trace_enabled = False
+        #: one shard per worker (--worker-shards, nsqx.nsqd.workers.shards): a consumer
+        #: that names no partition gets every local partition's messages (nsqx.nsqd.fanin)
+        self.sharded = False
         #: where this topic's files live (None: memory only)
         self.directory: str | None = None
         if not self.ephemeral:

@@ -134,6 +134,11 @@ class WorkerSet:
 
         #: subscriptions to partitions of other workers, both ways (its kinds in handlers)
         self.subs = SubProxies(self)
+        from nsqx.nsqd.workers.shards import Shards
+
+        #: topics of NSQ 1.3 with one shard per worker (made so with --worker-shards;
+        #: one sharded before stays so)
+        self.shards: Shards | None = Shards(self, nsqd.options.worker_shards)
 
     @property
     def lead(self) -> bool:
@@ -145,7 +150,14 @@ class WorkerSet:
         return f"127.0.0.1:{self.spec.internal_http_ports[index]}"
 
     def owner(self, topic: str, partition: int) -> int:
+        if partition < 0 and self.shards is not None and topic in self.shards.topics:
+            return self.index  # a sharded topic: this worker's shard
         return owner_of(topic, partition, self.count)
+
+    @property
+    def route_generation(self) -> int:
+        """Changes when where a publish naming no partition goes may have changed."""
+        return self.shards.generation if self.shards is not None else 0
 
     def owns(self, topic: str, partition: int) -> bool:
         return owner_of(topic, partition, self.count) == self.index
@@ -156,8 +168,12 @@ class WorkerSet:
         await self.links.start()
         if self.handoff is not None:
             self.handoff.start()
+        if self.shards is not None:
+            self.shards.start()
 
     async def close(self) -> None:
+        if self.shards is not None:
+            self.shards.close()
         if self.handoff is not None:
             self.handoff.close()
         await self.links.close()

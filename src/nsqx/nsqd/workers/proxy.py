@@ -25,10 +25,13 @@ proxy of that link.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
+from nsqx.nsqd import clock
 from nsqx.nsqd.client_v2 import client_frames, sub_channel, sub_layout, sub_partition
+from nsqx.nsqd.fanin import FanIn, Source, fanin_wanted
 from nsqx.nsqd.stats import ClientStats, client_stats
 from nsqx.nsqd.workers.forwarding import OK_FRAME, LinkLost, Ticket
 from nsqx.wire.errors import (
@@ -64,21 +67,59 @@ SUB_ANSWER: Final = "sub_ans"
 SUB_MSGS: Final = "sub_msgs"
 SUB_ERROR: Final = "sub_err"
 SUB_CLOSE: Final = "sub_close"
+#: a shard of a fan-in (nsqx.nsqd.fanin) has messages and no room for them
+SUB_WANT: Final = "sub_want"
+#: a shard of a fan-in has no more in flight than its lowered grant: (sid, grant)
+SUB_FREED: Final = "sub_freed"
+#: the owner drains: a fan-in's shard there sends nothing more, and its worker may
+#: exit once its messages in flight are answered (the connection stays)
+SUB_DRAINED: Final = "sub_drained"
+#: the answer's ``subscribed`` when the topic is sharded: subscribe to every shard
+SHARDED: Final = "sharded"
+#: how often an owner looks again at a lowered grant still above its messages in flight
+#: (those that time out free it without a FIN or REQ; seconds)
+FREED_CHECK = 0.05
 
 
-class RemoteSub:
-    """The origin's side: one connection's subscription held by another worker."""
+class RemoteSub(Source):
+    """The origin's side: one connection's subscription held by another worker (or,
+    in a fan-in, its subscription to one shard there)."""
 
-    __slots__ = ("_ready", "client", "link", "sid", "subs", "ticket")
-
-    def __init__(self, subs: SubProxies, link: Link, sid: int, client: ClientV2) -> None:
+    def __init__(
+        self,
+        subs: SubProxies,
+        link: Link,
+        sid: int,
+        client: ClientV2,
+        partition: int = -1,
+        fanin: FanIn | None = None,
+    ) -> None:
         self.subs = subs
         self.link = link
         self.sid = sid
         self.client = client
+        self.partition = partition
+        self.fanin = fanin
+        #: its owner drains (its worker leaving is no reason to close the connection)
+        self.drained = False
         #: the SUB's answer, until it came
         self.ticket: Ticket | None = None
         self._ready = 0
+
+    def set_grant(self, n: int) -> None:
+        """A fan-in's share of the connection's RDY for this shard."""
+        if n > self.grant:
+            self.wanting = False
+            self.committed = n
+        self.grant = n
+        self.ready(n)
+
+    def freed(self, n: int) -> None:
+        """The owner says its messages in flight are within grant ``n``."""
+        if n == self.grant:
+            self.committed = n
+            if self.fanin is not None:
+                self.fanin.freed()
 
     def ready(self, n: int) -> None:
         """The client may now have ``n`` messages in flight (0: none, closing)."""
@@ -134,6 +175,12 @@ class ProxyConsumer:
         self.yz_detail = False
         self.rdy = 0
         self.closed = False
+        #: one shard of a fan-in (nsqx.nsqd.fanin): the channel says when it starves,
+        #: and a lowered RDY is confirmed once its messages in flight are within it
+        self.fanin = False
+        self.wants_starved = False
+        self._want_sent = False
+        self._freed_due = -1
         #: messages sent to the client through it
         self.message_count = 0
         #: what /stats shows of the connection (its worker's word: TLS, AUTH, ...)
@@ -187,6 +234,27 @@ class ProxyConsumer:
         # the connection buffers them as its own (output_buffer_timeout)
         return 0.0 if flush or self.output_buffer_timeout <= 0 else self.output_buffer_timeout
 
+    def starved(self) -> None:
+        """Its channel has messages and no consumer with room (a fan-in's shard)."""
+        if not self._want_sent and not self.closed:
+            self._want_sent = True
+            self.link.send((SUB_WANT, self.sid))
+
+    def in_flight(self) -> int:
+        held = self.channel.held_by(self) if self.channel is not None else None
+        return len(held) if held is not None else 0
+
+    def check_freed(self) -> bool:
+        """Confirm a lowered RDY once within it (True: done or none due)."""
+        due = self._freed_due
+        if due < 0:
+            return True
+        if self.in_flight() > due:
+            return False
+        self._freed_due = -1
+        self.link.send((SUB_FREED, self.sid, due))
+        return True
+
     def close(self) -> None:
         """The channel is gone: the connection closes."""
         if self.closed:
@@ -220,6 +288,9 @@ class SubProxies:
         self._remote: dict[Link, dict[int, RemoteSub]] = {}
         #: the owner's: proxies of other workers' connections, by link and client id
         self._proxies: dict[Link, dict[int, ProxyConsumer]] = {}
+        #: the owner's: fan-in shards whose lowered RDY waits for messages in flight
+        self._freeing: set[ProxyConsumer] = set()
+        self._freeing_timer: asyncio.TimerHandle | None = None
         handlers: dict[str, Callable[[Link, tuple[Any, ...]], None]] = {
             SUB: self._on_sub,
             SUB_RDY: self._on_rdy,
@@ -231,6 +302,9 @@ class SubProxies:
             SUB_MSGS: self._on_msgs,
             SUB_ERROR: self._on_error,
             SUB_CLOSE: self._on_close,
+            SUB_WANT: self._on_want,
+            SUB_FREED: self._on_freed,
+            SUB_DRAINED: self._on_drained,
         }
         workers.handlers.update(handlers)
 
@@ -243,20 +317,25 @@ class SubProxies:
         ev: cmd.Sub,
         slot: int,
         on_answer: Callable[[Ticket, BaseException | None], None],
+        shard: int = -1,
+        fanin: FanIn | None = None,
     ) -> tuple[RemoteSub, Ticket]:
-        """Ask ``owner`` to subscribe ``client``; the ticket gets the SUB's answer."""
+        """Ask ``owner`` to subscribe ``client``; the ticket gets the SUB's answer.
+        ``shard`` (a fan-in's, with ``fanin``): that shard of a sharded topic."""
         link = self.workers.links.link(owner)
         subs = self._remote.get(link)
         if subs is None:
             subs = self._remote[link] = {}
             link.on_close.append(self._owner_lost)
-        remote = RemoteSub(self, link, client.id, client)
+        # a fan-in's subscriptions have ids of their own: one per shard of the connection
+        sid = client.id if shard < 0 else -((client.id << 16) | shard) - 1
+        remote = RemoteSub(self, link, sid, client, shard, fanin)
         remote.ticket = Ticket(slot, on_answer)
-        subs[client.id] = remote
+        subs[sid] = remote
         link.send(
             (
                 SUB,
-                client.id,
+                sid,
                 ev,
                 client.settings,
                 client.sample_rate,
@@ -264,6 +343,7 @@ class SubProxies:
                 client.remote_address,
                 client.output_buffer_timeout,
                 _connection_info(client),
+                shard,
             )
         )
         return remote, remote.ticket
@@ -278,6 +358,11 @@ class SubProxies:
         if remote is None or remote.ticket is None:
             return
         ticket, remote.ticket = remote.ticket, None
+        if subscribed == SHARDED:
+            # the topic is sharded (it was made just now): subscribe to every shard
+            remote.unsubscribe()
+            remote.client.remote_sharded(ticket)
+            return
         if not subscribed:
             remote.unsubscribe()
             remote.client.remote_refused()
@@ -289,7 +374,33 @@ class SubProxies:
         _, sid, data, n, flush = item
         remote = self._find(link, sid)
         if remote is not None:
+            if remote.fanin is not None:
+                remote.last_delivery = clock.monotonic()
             remote.client.remote_messages(data, n, flush)
+
+    def _on_want(self, link: Link, item: tuple[Any, ...]) -> None:
+        remote = self._find(link, item[1])
+        if remote is not None and remote.fanin is not None and not remote.wanting:
+            remote.fanin.want(remote)
+
+    def _on_drained(self, link: Link, item: tuple[Any, ...]) -> None:
+        remote = self._find(link, item[1])
+        if remote is not None:
+            remote.drained = True
+
+    def drain_started(self) -> None:
+        """This worker drains: tell each fan-in's connection that its shard here
+        stops (so that this worker leaving, once drained, does not close it)."""
+        for link, proxies in self._proxies.items():
+            for proxy in proxies.values():
+                if proxy.fanin and not proxy.closed:
+                    link.send((SUB_DRAINED, proxy.sid))
+
+    def _on_freed(self, link: Link, item: tuple[Any, ...]) -> None:
+        _, sid, n = item
+        remote = self._find(link, sid)
+        if remote is not None:
+            remote.freed(n)
 
     def _on_error(self, link: Link, item: tuple[Any, ...]) -> None:
         _, sid, frame, fatal = item
@@ -317,7 +428,13 @@ class SubProxies:
             len(subs),
         )
         err = LinkLost(f"worker {link.peer} went away")
+        draining = self.workers.nsqd.draining
         for remote in list(subs.values()):
+            if remote.fanin is not None and remote.ticket is None and (draining or remote.drained):
+                # the node stops, and that worker drained first: the connection keeps
+                # its other shards (this one's messages were answered, or go back)
+                remote.fanin.drop(remote)
+                continue
             ticket, remote.ticket = remote.ticket, None
             if ticket is not None:
                 ticket.on_answer(ticket, err)  # the connection closes unanswered
@@ -327,11 +444,25 @@ class SubProxies:
     # -- the owner's side -------------------------------------------------------------
 
     def _on_sub(self, link: Link, item: tuple[Any, ...]) -> None:
-        _, sid, ev, settings, sample_rate, msg_timeout, remote_address, obt, info = item
+        _, sid, ev, settings, sample_rate, msg_timeout, remote_address, obt, info, shard = item
         nsqd = self.workers.nsqd
+        shards = self.workers.shards
         proxy: ProxyConsumer | None = None
         try:
-            part, settings = sub_partition(nsqd, ev, settings, sample_rate)
+            if shard >= 0:
+                # one shard of a fan-in: that partition, with an NSQ 1.3 client's layout
+                if shards is None or shards.ensure(ev.topic) is None:
+                    raise ProtocolError(E_TOPIC_NOT_EXIST, "")
+                target = ev._replace(partition=shard)
+            else:
+                target = ev
+                if shards is not None and fanin_wanted(ev, settings):
+                    topic = nsqd.topics.get(ev.topic) or nsqd.get_topic(ev.topic)
+                    if topic.sharded:
+                        # (its worker heard nothing of it yet; now it has)
+                        link.send((SUB_ANSWER, sid, OK_FRAME, False, SHARDED))
+                        return
+            part, settings = sub_partition(nsqd, target, settings, sample_rate)
             if not self.workers.owns(ev.topic, part.id):
                 raise ProtocolError(E_TOPIC_NOT_EXIST, "")
             proxy = ProxyConsumer(
@@ -339,7 +470,8 @@ class SubProxies:
             )
             proxy.info = info
             proxy.yz_ids, proxy.yz_ext, proxy.yz_detail = sub_layout(ev, settings, part)
-            channel, late = sub_channel(nsqd, ev, part, proxy)
+            proxy.fanin = proxy.wants_starved = shard >= 0
+            channel, late = sub_channel(nsqd, target, part, proxy)
         except ProtocolError as err:
             link.send((SUB_ANSWER, sid, encode_error(err), err.fatal, False))
             return
@@ -353,6 +485,8 @@ class SubProxies:
             proxies = self._proxies[link] = {}
             link.on_close.append(self._origin_lost)
         proxies[sid] = proxy
+        if proxy.fanin:
+            channel.notify()  # (messages waiting and no RDY yet: it asks for some)
         if late is not None:
             link.send((SUB_ANSWER, sid, encode_error(late), late.fatal, True))
         else:
@@ -363,6 +497,7 @@ class SubProxies:
         return proxies.get(sid) if proxies is not None else None
 
     def _forget(self, proxy: ProxyConsumer) -> None:
+        self._freeing.discard(proxy)
         proxies = self._proxies.get(proxy.link)
         if proxies is not None and proxies.get(proxy.sid) is proxy:
             del proxies[proxy.sid]
@@ -373,6 +508,31 @@ class SubProxies:
         if proxy is not None and proxy.channel is not None:
             proxy.rdy = n
             proxy.channel.ready_changed(proxy, proxy.ready())
+            if proxy.fanin:
+                proxy._want_sent = False
+                proxy._freed_due = n
+                proxy.channel.notify()  # (with no room and messages, it asks again)
+                if not proxy.check_freed():
+                    self._freeing.add(proxy)
+                    self._arm_freeing()
+
+    def _arm_freeing(self) -> None:
+        if self._freeing_timer is None:
+            loop = asyncio.get_running_loop()
+            self._freeing_timer = loop.call_later(FREED_CHECK, self._check_freeing)
+
+    def _check_freeing(self) -> None:
+        self._freeing_timer = None
+        for proxy in list(self._freeing):
+            if proxy.closed or proxy.check_freed():
+                self._freeing.discard(proxy)
+        if self._freeing:
+            self._arm_freeing()
+
+    def _answered(self, proxy: ProxyConsumer) -> None:
+        """A FIN or REQ of a fan-in's shard: a lowered RDY may be met now."""
+        if proxy in self._freeing and proxy.check_freed():
+            self._freeing.discard(proxy)
 
     def _on_fin(self, link: Link, item: tuple[Any, ...]) -> None:
         _, sid, ids = item
@@ -382,6 +542,8 @@ class SubProxies:
         for mid, reason in proxy.channel.finish(proxy, ids):
             err = ProtocolError(E_FIN_FAILED, f"FIN {mid.decode('latin-1')} failed {reason}")
             proxy.fail(err)
+        if proxy.fanin:
+            self._answered(proxy)
 
     def _on_req(self, link: Link, item: tuple[Any, ...]) -> None:
         _, sid, mid, timeout_ms, raw_id = item
@@ -393,6 +555,8 @@ class SubProxies:
             proxy.fail(
                 ProtocolError(E_REQ_FAILED, f"REQ {raw_id.decode('latin-1')} failed {reason}")
             )
+        if proxy.fanin:
+            self._answered(proxy)
 
     def _on_touch(self, link: Link, item: tuple[Any, ...]) -> None:
         _, sid, mid, raw_id = item
