@@ -27,6 +27,7 @@ import pytest
 
 from nsqx.nsqd.guid import PARTITION_SHIFT
 from nsqx.nsqd.workers.ownership import owner_of
+from nsqx.spark import rangeclient
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_RESPONSE
 from workernode import raw_on, start_workers, worker_of, worker_pids
@@ -653,6 +654,10 @@ def test_stats_show_a_sharded_topic_as_one_topic(tmp_path: Path) -> None:
             assert client["ready_count"] == 4 and client["in_flight_count"] == 4, client
             assert client["message_count"] == 4, client
             assert ch["client_count"] == 1
+            # the Spark source finds the shards as partitions (and reads each)
+            address = node.http_url.removeprefix("http://")
+            found = await asyncio.to_thread(rangeclient.local_partitions, address, topic)
+            assert found == {0: None, 1: None}
             await sub.close()
 
         run(go())

@@ -585,6 +585,9 @@ class ClientV2(asyncio.Protocol):
             ticket.on_answer(ticket, None)
             return
         topic = self._topics.get(ev.topic)
+        shards = self._workers.shards if self._workers is not None else None
+        if (topic is None or not topic.sharded) and shards is not None:
+            topic = shards.learned(ev.topic)  # (the word that it is came on another link)
         err: ProtocolError | None = None
         if topic is None or not topic.sharded:
             err = ProtocolError(E_TOPIC_NOT_EXIST, "")

@@ -243,7 +243,6 @@ class FanIn:
                 return
             if s.grant == 0:
                 s.set_grant(1)
-                s.committed = max(s.committed, 1)
                 spare -= 1
         if spare > 0 and local:
             own = local[0]
@@ -340,7 +339,6 @@ class FanIn:
             if give <= 0:
                 break
             s.set_grant(s.grant + give)
-            s.committed = max(s.committed, s.grant)
             s.wanting = False
             spare -= give
 

@@ -119,14 +119,19 @@ def local_partitions(address: str, topic: str) -> dict[int, dict[str, Any] | Non
 
     Asked of nsqd's own /stats, which works with any lookupd or none: a partitioned
     topic has one entry per local partition with its ``topic_partition``; an NSQ 1.3
-    topic's entry has no such field and is partition 0.
+    topic's entry has no such field and is partition 0; a topic sharded over an nsqd's
+    workers (``--worker-shards``) is one entry with each shard's under ``shards``.
     """
     params = {"format": "json", "topic": topic, "include_clients": "false", "include_mem": "false"}
     data = json.loads(request(address, "GET", "/stats", params))
     if isinstance(data.get("data"), dict):  # the V1 envelope of older servers
         data = data["data"]
     found: dict[int, dict[str, Any] | None] = {}
+    entries = []
     for t in data.get("topics") or ():
+        shards = t.get("shards")
+        entries.extend(shards if isinstance(shards, list) else [t])
+    for t in entries:
         if t.get("topic_name") == topic:
             replication = t.get("replication")
             found[int(t.get("topic_partition") or 0)] = (

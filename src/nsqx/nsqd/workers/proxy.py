@@ -110,7 +110,8 @@ class RemoteSub(Source):
         """A fan-in's share of the connection's RDY for this shard."""
         if n > self.grant:
             self.wanting = False
-            self.committed = n
+            # (a lower grant not yet confirmed still bounds what may be in flight)
+            self.committed = max(self.committed, n)
         self.grant = n
         self.ready(n)
 
@@ -451,7 +452,9 @@ class SubProxies:
         try:
             if shard >= 0:
                 # one shard of a fan-in: that partition, with an NSQ 1.3 client's layout
-                if shards is None or shards.ensure(ev.topic) is None:
+                # (a fan-in's SUB says the topic is sharded: its word to this worker
+                # may come later, on another link)
+                if shards is None or shards.learned(ev.topic) is None:
                     raise ProtocolError(E_TOPIC_NOT_EXIST, "")
                 target = ev._replace(partition=shard)
             else:

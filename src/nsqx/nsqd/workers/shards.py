@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.workers.ownership import owner_of
+from nsqx.wire.names import is_ephemeral
 from nsqx.wire.topic_meta import DEFAULT_META
 
 if TYPE_CHECKING:
@@ -110,12 +111,19 @@ class Shards:
         self._known(topic)
         self._announce(topic, answer=True)
 
-    def ensure(self, name: str) -> Topic | None:
-        """This worker's shard of the sharded topic ``name``, made if need be (a
-        subscription from another worker can come before the word that made it)."""
-        if name not in self.topics:
+    def learned(self, name: str) -> Topic | None:
+        """Another worker answered that ``name`` is sharded (its word may come later
+        on another link): this worker's shard, made now (None: a topic of other
+        settings lives here under that name)."""
+        existing = self.workers.nsqd.topics.get(name)
+        if existing is not None and not existing.sharded and existing.partitions:
             return None
-        return self._local(name)
+        if name not in self.topics:
+            self.topics[name] = set()
+            self.generation += 1
+        topic = self._local(name)
+        self.topics[name].update(topic.partitions)
+        return topic
 
     def _local(self, name: str) -> Topic:
         nsqd = self.workers.nsqd
@@ -141,7 +149,7 @@ class Shards:
             topic.name,
             self.workers.index,
             sorted(topic.partitions),
-            topic.channel_names(),
+            [c for c in topic.channel_names() if not is_ephemeral(c)],
             answer,
         )
         links = self.workers.links
@@ -187,7 +195,9 @@ class Shards:
             return
         topic = self.workers.nsqd.topics.get(name)
         if event.kind == "create" and event.channel is not None:
-            if topic is not None and topic.sharded:
+            # (an ephemeral channel lives where its consumers are: a fan-in's SUB makes
+            # it on every shard, and it goes with them)
+            if topic is not None and topic.sharded and not is_ephemeral(event.channel):
                 item = (SHARD_CHANNEL, name, event.channel)
                 for i in range(self.workers.count):
                     if i != self.workers.index:
