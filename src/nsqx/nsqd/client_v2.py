@@ -1086,9 +1086,13 @@ class ClientV2(asyncio.Protocol):
     def _fanin_fin(self, ids: list[bytes]) -> None:
         fanin = self._fanin
         assert fanin is not None
+        over = False
         for mid in ids:
             src = fanin.source_of(mid)
             if isinstance(src, LocalShard):
+                # (a FIN frees RDY for another shard only where more than the grant
+                # was in flight: after it was lowered; a remote shard says so itself)
+                over |= src.over
                 failed = src.channel.finish(src, [mid])
             elif src is not None:
                 src.fin([mid])  # type: ignore[attr-defined]
@@ -1099,13 +1103,16 @@ class ClientV2(asyncio.Protocol):
                 self._error(
                     ProtocolError(E_FIN_FAILED, f"FIN {fid.decode('latin-1')} failed {reason}")
                 )
-        fanin.freed()
+        if over:
+            fanin.freed()
 
     def _fanin_req(self, mid: bytes, timeout_ms: int, raw_id: bytes) -> None:
         fanin = self._fanin
         assert fanin is not None
         src = fanin.source_of(mid)
+        over = False
         if isinstance(src, LocalShard):
+            over = src.over
             reason = src.channel.requeue(src, mid, timeout_ms)
         elif src is not None:
             src.req(mid, timeout_ms, raw_id)  # type: ignore[attr-defined]
@@ -1116,7 +1123,8 @@ class ClientV2(asyncio.Protocol):
             self._error(
                 ProtocolError(E_REQ_FAILED, f"REQ {raw_id.decode('latin-1')} failed {reason}")
             )
-        fanin.freed()
+        if over:
+            fanin.freed()
 
     def _fanin_touch(self, mid: bytes, raw_id: bytes) -> None:
         fanin = self._fanin

@@ -125,6 +125,9 @@ class LocalShard(Source):
         self.partition = channel.partition.id
         #: the channel tells it when it has messages and no consumer with room
         self.wants_starved = True
+        #: more in flight than granted (its grant was lowered): until it is not, each
+        #: FIN or REQ of it frees RDY for another shard
+        self.over = False
         self.remote_address = client.remote_address
         self.msg_timeout = client.msg_timeout
         self.sample_rate = client.sample_rate
@@ -156,6 +159,7 @@ class LocalShard(Source):
         if n > self.grant:
             self.wanting = False
         self.grant = n
+        self.over = self.held() > n
         self.channel.ready_changed(self, n)
         self.channel.notify()  # (with no room and messages, it asks again)
 
@@ -178,6 +182,9 @@ class FanIn:
         self.client = client
         self.sources: list[Source] = []
         self.by_partition: dict[int, Source] = {}
+        #: a hex id's first 4 characters -> its shard (they hold the partition: one
+        #: dictionary lookup per FIN rather than a parse)
+        self._by_prefix: dict[bytes, Source | None] = {}
         #: the connection's RDY as last split
         self.rdy = 0
         #: when RDY may next be taken back from a shard (clock.monotonic)
@@ -193,6 +200,7 @@ class FanIn:
         if source in self.sources:
             self.sources.remove(source)
             self.by_partition.pop(source.partition, None)
+            self._by_prefix.clear()
             self.freed()
 
     def local(self) -> list[LocalShard]:
@@ -200,10 +208,18 @@ class FanIn:
 
     def source_of(self, msg_id: bytes) -> Source | None:
         """The shard a hex message id came from (None: not one of them)."""
+        prefix = msg_id[:4]
         try:
-            return self.by_partition.get(partition_of(msg_id))
+            return self._by_prefix[prefix]
+        except KeyError:
+            pass
+        try:
+            src = self.by_partition.get(partition_of(msg_id))
         except ValueError:
             return None
+        if len(self._by_prefix) < 1024:
+            self._by_prefix[prefix] = src
+        return src
 
     # -- splitting RDY
 
@@ -272,6 +288,9 @@ class FanIn:
     def freed(self) -> None:
         """Messages in flight went down somewhere (a FIN, REQ, a timeout, a remote
         shard's confirmation): give what is now spare to the shards that want it."""
+        for s in self.sources:
+            if isinstance(s, LocalShard) and s.over:
+                s.over = s.held() > s.grant
         if any(s.wanting for s in self.sources):
             self._serve()
 
@@ -316,6 +335,11 @@ class FanIn:
                 if take > best_take:
                     best, best_take = s, take
             if best is None:
+                if not turn and source.grant == 0 and self._later is None:
+                    # nothing to take yet: look again when its turn comes
+                    due = source.wanting_since + TURN_AFTER - now
+                    loop = asyncio.get_running_loop()
+                    self._later = loop.call_later(max(due, 0.001), self._serve_later)
                 continue
             best.set_grant(best.grant - best_take)
             self.rebalance()  # (a local shard's RDY is free at once when not in flight)
@@ -357,6 +381,7 @@ class FanIn:
                 leave()
         self.sources = []
         self.by_partition = {}
+        self._by_prefix.clear()
         if self._later is not None:
             self._later.cancel()
             self._later = None
