@@ -48,8 +48,8 @@ IDLE_AFTER = 0.05
 #: a shard that asked for this long (seconds) gets RDY from busy shards too, one at a
 #: time: with a RDY below the number of busy shards, they take turns
 TURN_AFTER = 0.02
-#: RDY is taken back from busy shards at most this often (seconds): a FIN, with every
-#: shard busy, then costs a look at the spare RDY only
+#: RDY is taken back from busy shards at most this often (seconds): shards that keep
+#: asking then move RDY in steps, not at every message
 TAKE_EVERY = 0.005
 
 
