@@ -6,7 +6,7 @@ for bench/latency_bench.py), which also holds Go's ``nsqd``. Both tools open one
 connection per GOMAXPROCS, so the bench sets GOMAXPROCS to the connection count; each
 connection has one request in flight (a publish waits for its OK).
 
-Targets (``--targets``, all by default), each started by the bench on free loopback
+Targets (``--targets``; go, go-mem and nsqx by default), each started by the bench on free loopback
 ports (found by binding port 0) with a fresh temporary data directory:
 
 ``go``         Go's nsqd at its defaults (mem-queue-size 10000: a backlog goes to disk)
@@ -16,6 +16,11 @@ ports (found by binding port 0) with a fresh temporary data directory:
                nsqd without ``--workers``. An nsqd that refuses the flag is skipped with
                a line saying so. ``--nsqd-python`` picks the interpreter (default: this
                one), ``--nsqd-arg`` adds flags.
+``nsqx-sep``   for each N > 1 of ``--workers``, target ``nsqx-Np``: N separate ``nsqx nsqd``
+               processes (no ``--workers``; each its own ports and data directory), the
+               phase's connections shared out among them by hand and the rates summed:
+               what N processes give when nothing is shared, the ceiling for N workers
+               on the same machine. Not among the defaults.
 
 Phases (``--phases``, in this order), all with ``--size`` (200) byte messages, each on a
 fresh server:
@@ -50,7 +55,8 @@ also cutime + cstime for reaped ones, sampled at the start and end of the timed 
 divided by its wall time) and the load generator's cores (its rusage over the same
 window). At the end: a Markdown table (rows: targets; columns: phases; cells:
 ``msgs/s (server cores / generator cores)``, medians over the rounds) and the ratios of
-each target's rate to Go in memory (median of the per-round ratios). ``--json FILE``
+each target's rate to Go in memory and to one nsqx process, nsqx-1w (median of the
+per-round ratios), where those were measured. ``--json FILE``
 writes every measurement. A generator near its own core count, or a machine whose
 cores are all busy (server + generator), means the figure is a lower bound.
 
@@ -95,7 +101,8 @@ from typing import Any
 from urllib.parse import quote
 
 PHASES = ("mpub", "sub", "pub16", "pub64")
-TARGET_KINDS = ("go", "go-mem", "nsqx")
+TARGET_KINDS = ("go", "go-mem", "nsqx", "nsqx-sep")
+DEFAULT_KINDS = ("go", "go-mem", "nsqx")
 GO_MEM_QUEUE = 100_000_000
 #: connections and messages per publish of each phase (sub fills as mpub does)
 PHASE_LOAD = {"mpub": (16, None), "sub": (16, None), "pub16": (16, 1), "pub64": (64, 1)}
@@ -220,6 +227,8 @@ class Target:
     argv: list[str]
     kind: str
     workers: int = 1
+    #: separate server processes (nsqx-sep), the load shared out among them
+    processes: int = 1
     skipped: str | None = None
     version: str = ""
 
@@ -524,24 +533,25 @@ class Bench:
     def __init__(self, cfg: Config, log: Callable[[str], None]) -> None:
         self.cfg = cfg
         self.log = log
-        self.server: Server | None = None
+        self.servers: list[Server] = []
         self.gens: list[Generator] = []
 
     def topics(self, phase: str) -> list[str]:
         prefix = f"scale-{phase}-{secrets.token_hex(3)}"
         return [prefix] if self.cfg.topics == 1 else spread_topics(prefix, self.cfg.topics)
 
-    def start(self, argvs: list[list[str]], conns: int, server: Server) -> list[Generator]:
+    def start(self, argvs: list[list[str]], conns: int, tmp: str) -> list[Generator]:
         """One generator per argv, ``conns`` connections shared out, one start instant."""
         each = max(1, conns // len(argvs))
         start = time.time() + 0.5 + 0.01 * max(conns, len(argvs))
-        gens = [Generator(argv, each, server.tmp, start) for argv in argvs]
+        gens = [Generator(argv, each, tmp, start) for argv in argvs]
         self.gens.extend(gens)
         return gens
 
     def writers(
-        self, server: Server, topics: list[str], phase: str, seconds: float
+        self, servers: list[Server], topics: list[str], phase: str, seconds: float
     ) -> list[Generator]:
+        """bench_writer for each topic on each server (nsqx-sep: several)."""
         conns, batch = PHASE_LOAD[phase]
         argvs = [
             [
@@ -553,8 +563,9 @@ class Bench:
                 f"--runfor={seconds}s",
             ]
             for topic in topics
+            for server in servers
         ]
-        return self.start(argvs, conns, server)
+        return self.start(argvs, conns, servers[0].tmp)
 
     @staticmethod
     def wait_all(gens: list[Generator], timeout: float) -> None:
@@ -572,14 +583,20 @@ class Bench:
     def late(gens: list[Generator]) -> str | None:
         return next((x for x in (gen.late() for gen in gens) if x), None)
 
-    def measure_pub(self, server: Server, phase: str) -> dict[str, Any]:
+    @staticmethod
+    def servers_cpu(servers: list[Server]) -> tuple[float, int]:
+        """CPU seconds and processes of every server's tree, summed."""
+        cpu = [tree_cpu(s.pid) for s in servers]
+        return sum(c for c, _ in cpu), sum(n for _, n in cpu)
+
+    def measure_pub(self, servers: list[Server], phase: str) -> dict[str, Any]:
         """mpub, pub16, pub64: bench_writer(s) for --seconds, their own rates summed."""
         cfg = self.cfg
-        gens = self.writers(server, self.topics(phase), phase, cfg.seconds)
+        gens = self.writers(servers, self.topics(phase), phase, cfg.seconds)
         gens[0].wait_start()
-        s0, _ = tree_cpu(server.pid)
+        s0, _ = self.servers_cpu(servers)
         self.wait_all(gens, cfg.seconds + 60)
-        s1, procs = tree_cpu(server.pid)
+        s1, procs = self.servers_cpu(servers)
         rate, msgs = self.results(gens)
         wall = max(gen.end for gen in gens) - gens[0].start
         return {
@@ -592,32 +609,35 @@ class Bench:
             "generator_late": self.late(gens),
         }
 
-    def sub_stats(self, server: Server, topics: list[str]) -> dict[str, int] | None:
-        """The topics' /stats figures summed (None while one of them is not listed)."""
+    def sub_stats(self, servers: list[Server], topics: list[str]) -> dict[str, int] | None:
+        """The topics' /stats figures summed over the servers (None while one of them is
+        not listed)."""
         total: dict[str, int] = {}
-        for topic in topics:
-            st = server.stats(topic, CHANNEL)
-            if st is None:
-                return None
-            for key, value in st.items():
-                total[key] = total.get(key, 0) + value
+        for server in servers:
+            for topic in topics:
+                st = server.stats(topic, CHANNEL)
+                if st is None:
+                    return None
+                for key, value in st.items():
+                    total[key] = total.get(key, 0) + value
         return total
 
-    def measure_sub(self, server: Server) -> dict[str, Any]:
+    def measure_sub(self, servers: list[Server]) -> dict[str, Any]:
         """Fill a channel (untimed), then time bench_reader consuming it."""
         cfg = self.cfg
         topics = self.topics("sub")
-        for topic in topics:
-            for path in (
-                f"/topic/create?topic={topic}",
-                f"/channel/create?topic={topic}&channel={CHANNEL}",
-            ):
-                http_get(server.http + path, "POST")
-        fill = self.writers(server, topics, "sub", cfg.fill_seconds)
+        for server in servers:
+            for topic in topics:
+                for path in (
+                    f"/topic/create?topic={topic}",
+                    f"/channel/create?topic={topic}&channel={CHANNEL}",
+                ):
+                    http_get(server.http + path, "POST")
+        fill = self.writers(servers, topics, "sub", cfg.fill_seconds)
         self.wait_all(fill, cfg.fill_seconds + 60)
         _, published = self.results(fill)
         # every message in the channel (the topic hands its queue over to it) before timing
-        st = self.sub_stats(server, topics)
+        st = self.sub_stats(servers, topics)
         deadline = time.monotonic() + 60
         while st is not None and (st["topic_depth"] or st["depth"] < st["topic_messages"]):
             if time.monotonic() > deadline:
@@ -626,7 +646,7 @@ class Bench:
                 )
                 break
             time.sleep(POLL)
-            st = self.sub_stats(server, topics)
+            st = self.sub_stats(servers, topics)
         # a worker's partial view (fewer messages than were published) cannot tell a drain
         complete = st is not None and st["topic_messages"] >= 0.99 * published
         backlog = st["depth"] if st is not None and complete else published
@@ -641,15 +661,16 @@ class Bench:
                 f"--runfor={cfg.seconds}s",
             ]
             for topic in topics
+            for server in servers
         ]
-        gens = self.start(argvs, PHASE_LOAD["sub"][0], server)
+        gens = self.start(argvs, PHASE_LOAD["sub"][0], servers[0].tmp)
         gens[0].wait_start()
-        s0, _ = tree_cpu(server.pid)
+        s0, _ = self.servers_cpu(servers)
         drained_at: float | None = None
         limit = time.monotonic() + cfg.seconds + 60
         while not all([gen.poll() for gen in gens]):
             if complete:
-                st = self.sub_stats(server, topics)
+                st = self.sub_stats(servers, topics)
                 # every message sent: bench_reader keeps its last FINs in its write buffer
                 # (up to --runfor), so in_flight_count does not go to 0 before it ends
                 if st is not None and not (st["depth"] or st["deferred"]):
@@ -661,7 +682,7 @@ class Bench:
                 raise BenchError(f"bench_reader still running after {cfg.seconds + 60:g} s")
             time.sleep(POLL)
         end = drained_at if drained_at is not None else max(gen.end for gen in gens)
-        s1, procs = tree_cpu(server.pid)
+        s1, procs = self.servers_cpu(servers)
         wall = end - gens[0].start
         if drained_at is not None:
             for gen in gens:
@@ -683,23 +704,29 @@ class Bench:
         }
 
     def run_one(self, target: Target, phase: str, rnd: int) -> dict[str, Any] | None:
-        server = self.server = Server(target, self.cfg.startup_timeout)
+        servers = self.servers = [
+            Server(target, self.cfg.startup_timeout) for _ in range(target.processes)
+        ]
         try:
             try:
-                server.start()
+                for server in servers:
+                    server.start()
             except Refused as why:
                 target.skipped = f"this nsqd refuses --workers={target.workers} ({why})"
                 self.log(f"skip {target.name}: {target.skipped}")
                 return None
             load = os.getloadavg()[0]
-            r = self.measure_sub(server) if phase == "sub" else self.measure_pub(server, phase)
-            server.check_alive()
+            sub = phase == "sub"
+            r = self.measure_sub(servers) if sub else self.measure_pub(servers, phase)
+            for server in servers:
+                server.check_alive()
         finally:
             for gen in self.gens:
                 gen.kill()
             self.gens = []
-            server.stop()
-            self.server = None
+            for server in servers:
+                server.stop()
+            self.servers = []
         r.update(round=rnd + 1, phase=phase, target=target.name, loadavg_1m=round(load, 2))
         return r
 
@@ -721,8 +748,8 @@ class Bench:
     def close(self) -> None:
         for gen in self.gens:
             gen.kill()
-        if self.server is not None:
-            self.server.stop()
+        for server in self.servers:
+            server.stop()
 
 
 # --- reporting --------------------------------------------------------------------------
@@ -776,28 +803,30 @@ def tables(cfg: Config) -> str:
             gen = _median([r["generator_cores"] for r in got])
             cells.append(f"{rate:,.0f} ({srv:.1f} / {gen:.1f})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines.append("")
-    base = "go-mem"
-    if base not in names:
-        lines.append("no ratios: Go's nsqd in memory (go-mem) was not measured")
-        return "\n".join(lines)
-    lines += [
-        f"rate / {base}'s rate, median of the per-round ratios",
-        "",
-        "| target | " + " | ".join(phases) + " |",
-        "|---|" + "---:|" * len(phases),
-    ]
-    for name in names:
-        cells = []
-        for phase in phases:
-            by_round = {r["round"]: r["msgs_per_s"] for r in rs(base, phase)}
-            ratios = [
-                r["msgs_per_s"] / by_round[r["round"]]
-                for r in rs(name, phase)
-                if by_round.get(r["round"])
-            ]
-            cells.append(f"{_median(ratios):.2f}" if ratios else "-")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    # ratios to Go in memory (the issue's reference) and to one nsqx process (what
+    # workers, or separate processes, add on this machine)
+    bases = [b for b in ("go-mem", "nsqx-1w") if b in names]
+    if not bases:
+        lines += ["", "no ratios: neither go-mem nor nsqx-1w was measured"]
+    for base in bases:
+        lines += [
+            "",
+            f"rate / {base}'s rate, median of the per-round ratios",
+            "",
+            "| target | " + " | ".join(phases) + " |",
+            "|---|" + "---:|" * len(phases),
+        ]
+        for name in names:
+            cells = []
+            for phase in phases:
+                by_round = {r["round"]: r["msgs_per_s"] for r in rs(base, phase)}
+                ratios = [
+                    r["msgs_per_s"] / by_round[r["round"]]
+                    for r in rs(name, phase)
+                    if by_round.get(r["round"])
+                ]
+                cells.append(f"{_median(ratios):.2f}" if ratios else "-")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -858,6 +887,11 @@ def make_targets(
                 t.skipped = f"no Go nsqd at {go_nsqd} (give --go-dir)"
                 log(f"skip {kind}: {t.skipped}")
             targets.append(t)
+        elif kind == "nsqx-sep":
+            argv = [python, "-m", "nsqx", "nsqd", *nsqd_args]
+            for n in workers:
+                if n > 1:
+                    targets.append(Target(f"nsqx-{n}p", argv, "nsqx", 1, processes=n))
         else:
             for n in workers:
                 flag = [f"--workers={n}"] if n > 1 else []
@@ -880,8 +914,9 @@ def parse_args(argv: Sequence[str] | None, log: Callable[[str], None]) -> Config
     )
     p.add_argument(
         "--targets",
-        default=",".join(TARGET_KINDS),
-        help="comma list among go,go-mem,nsqx (nsqx: one target per --workers N)",
+        default=",".join(DEFAULT_KINDS),
+        help="comma list among go,go-mem,nsqx,nsqx-sep (nsqx: one target per --workers N; "
+        "nsqx-sep: N separate processes for each N > 1 of --workers)",
     )
     p.add_argument("--nsqd-python", default=sys.executable, metavar="PATH")
     p.add_argument(

@@ -41,11 +41,14 @@ def worker_pids(node: NsqdProcess) -> dict[int, int]:
 
 
 def start_workers(data_path: Path, *args: str, workers: int = 2) -> NsqdProcess:
-    """``nsqx nsqd --workers=N ARGS`` on free ports, returned once every worker started
-    (the node killed if they do not)."""
+    """``nsqx nsqd --workers=N ARGS`` on free ports, returned once every worker said it
+    started, its listeners and its handoff socket bound (the node killed if they do
+    not): a connection that lands on one worker before another is up cannot move there,
+    and a test of moving would see it stay."""
     node = start_nsqd(data_path, f"--workers={workers}", *args)
+    said = f"WORKERS: {workers} workers started"
     try:
-        wait_for(lambda: len(worker_pids(node)) == workers, what=f"{workers} workers")
+        wait_for(lambda: any(said in line for line in list(node.log)), 30.0, f"{workers} workers")
     except BaseException:
         node.stop(signal.SIGKILL)
         raise

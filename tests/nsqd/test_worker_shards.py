@@ -74,6 +74,12 @@ def topic_entries(node: NsqdProcess, topic: str) -> list[dict[str, Any]]:
     return [t for t in doc.get("topics") or [] if t["topic_name"] == topic]
 
 
+def http_body(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        body: bytes = resp.read()
+    return body
+
+
 def shard_stats(node: NsqdProcess, topic: str) -> dict[int, dict[str, Any]]:
     """``topic``'s /stats entries by partition: a sharded topic is one entry, its shards
     under ``shards``; a topic of one partition, that one."""
@@ -406,6 +412,19 @@ def test_req_touch_and_fin_of_the_other_workers_shard(tmp_path: Path) -> None:
             assert m.body == b"after"
             sub.send(c.fin(m.id) + c.nop())
             assert await sub.nothing_for(0.2)
+
+            # FINs of both shards and an unknown id in one read: each shard's finished,
+            # one error for the unknown one, nothing back after the 1 s timeout
+            await pub_on(node, 0, topic, [b"x0", b"y0"])
+            await pub_on(node, 1, topic, [b"x1", b"y1"])
+            batch = await sub.messages(4)
+            assert {shard_of(m.id) for m in batch} == {0, 1}
+            unknown_here = b"%016x" % ((shard_on(topic, 0) << PARTITION_SHIFT) | 999_998)
+            ids = [m.id for m in batch]
+            sub.send(b"".join(c.fin(i) for i in [*ids[:2], unknown_here, *ids[2:]]))
+            err = await sub.error()
+            assert err.startswith(b"E_FIN_FAILED") and unknown_here in err, err
+            assert await sub.nothing_for(1.5), "a FIN of the batch was lost"
             await sub.close()
 
         run(go())
@@ -626,7 +645,9 @@ def test_one_worker_on_a_sharded_directory_serves_every_shards_messages(
 def test_stats_show_a_sharded_topic_as_one_topic(tmp_path: Path) -> None:
     """NSQ 1.3's /stats shape: one entry for the topic (no partition fields), its
     figures the sum of its shards', its channel once, and a connection subscribed to
-    every shard listed once, with its RDY and all its messages in flight."""
+    every shard listed once, with its RDY and all its messages in flight; two such
+    connections, one on each worker, are two clients in /stats with or without the
+    clients' lines and in /metrics."""
     node = start_sharded(tmp_path)
     topic = "stated"
     try:
@@ -635,8 +656,10 @@ def test_stats_show_a_sharded_topic_as_one_topic(tmp_path: Path) -> None:
             seed = await make_sharded(node, topic)
             await pub_on(node, 0, topic, [b"a0", b"a1"])
             await pub_on(node, 1, topic, [b"b0", b"b1", b"b2"])
-            sub = await Raw.connect(node.tcp_address)
+            sub = await raw_on(node, 0)
             await sub.subscribe(topic, "c", rdy=4)
+            idle = await raw_on(node, 1)
+            await idle.subscribe(topic, "c")  # (RDY 0: takes nothing)
             got = [await sub.message() for _ in range(4)]
             assert len({m.body for m in got} - {seed}) >= 3
 
@@ -650,15 +673,26 @@ def test_stats_show_a_sharded_topic_as_one_topic(tmp_path: Path) -> None:
             (ch,) = entry["channels"]
             assert ch["channel_name"] == "c"
             assert ch["depth"] == 2 and ch["in_flight_count"] == 4, ch
-            (client,) = ch["clients"]
+            [client] = [cl for cl in ch["clients"] if cl["ready_count"]]
             assert client["ready_count"] == 4 and client["in_flight_count"] == 4, client
             assert client["message_count"] == 4, client
-            assert ch["client_count"] == 1
+            assert len(ch["clients"]) == ch["client_count"] == 2
+            # each connection counted once, though each is subscribed to both shards
+            url = f"{node.http_url}/stats?format=json&topic={topic}&include_clients=false"
+            doc = json.loads(await asyncio.to_thread(http_body, url))
+            [brief] = [t for t in doc["topics"] if t["topic_name"] == topic]
+            assert brief["channels"][0]["client_count"] == 2, brief
+            metrics = (await asyncio.to_thread(http_body, f"{node.http_url}/metrics")).decode()
+            line = f'nsq_channel_clients{{channel="c",topic="{topic}"}} 2.0'
+            assert line in metrics.splitlines(), [
+                x for x in metrics.splitlines() if x.startswith("nsq_channel_clients")
+            ]
             # the Spark source finds the shards as partitions (and reads each)
             address = node.http_url.removeprefix("http://")
             found = await asyncio.to_thread(rangeclient.local_partitions, address, topic)
             assert found == {0: None, 1: None}
             await sub.close()
+            await idle.close()
 
         run(go())
     except BaseException:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, cast, final
 from nsqx.nsqd import clock
 from nsqx.nsqd import protocol_v2 as pv2
 from nsqx.nsqd.auth import AuthError, AuthState
-from nsqx.nsqd.fanin import FanIn, LocalShard, fanin_wanted
+from nsqx.nsqd.fanin import FanIn, LocalShard, Source, fanin_wanted
 from nsqx.nsqd.guid import seq_of
 from nsqx.nsqd.protocol_v2 import STATE_CLOSING as STATE_CLOSING
 from nsqx.nsqd.protocol_v2 import STATE_INIT as STATE_INIT
@@ -1086,19 +1086,30 @@ class ClientV2(asyncio.Protocol):
     def _fanin_fin(self, ids: list[bytes]) -> None:
         fanin = self._fanin
         assert fanin is not None
-        over = False
+        # the FINs of a read, one batch per shard: a channel's finish costs about as
+        # much for one id as for a hundred (profiled: one call per id made consuming
+        # through shards take twice the CPU per message)
+        source_of = fanin.source_of
+        by_source: dict[Source | None, list[bytes]] = {}
         for mid in ids:
-            src = fanin.source_of(mid)
+            src = source_of(mid)
+            batch = by_source.get(src)
+            if batch is None:
+                by_source[src] = [mid]
+            else:
+                batch.append(mid)
+        over = False
+        for src, batch in by_source.items():
             if isinstance(src, LocalShard):
                 # (a FIN frees RDY for another shard only where more than the grant
                 # was in flight: after it was lowered; a remote shard says so itself)
                 over |= src.over
-                failed = src.channel.finish(src, [mid])
+                failed = src.channel.finish(src, batch)
             elif src is not None:
-                src.fin([mid])  # type: ignore[attr-defined]
+                src.fin(batch)  # type: ignore[attr-defined]
                 continue
             else:
-                failed = [(mid, "ID not in flight")]
+                failed = [(mid, "ID not in flight") for mid in batch]
             for fid, reason in failed:
                 self._error(
                     ProtocolError(E_FIN_FAILED, f"FIN {fid.decode('latin-1')} failed {reason}")

@@ -116,6 +116,10 @@ def partition_of(msg_id: bytes) -> int:
 class LocalShard(Source):
     """The connection's consumer in a shard of its own worker (a channel's Consumer)."""
 
+    #: one shard of a connection that reads them all: /stats counts the connection on
+    #: shard 0 only
+    fans_in = True
+
     def __init__(self, fanin: FanIn, channel: Channel) -> None:
         client = fanin.client
         self.fanin = fanin

@@ -334,7 +334,11 @@ def channel_stats(ch: Channel, include_clients: bool = True) -> ChannelStats:
         message_count=ch.message_count,
         requeue_count=ch.requeue_count,
         timeout_count=ch.timeout_count,
-        client_count=len(ch.clients),
+        # a connection that reads every shard of a sharded topic (nsqx.nsqd.fanin) is
+        # counted on shard 0 only, so that the node's sum counts each connection once
+        client_count=sum(
+            1 for c in ch.clients if ch.partition.id == 0 or not getattr(c, "fans_in", False)
+        ),
         clients=[
             line for c in ch.clients if (line := _consumer_stats(c, ch.topic.name)) is not None
         ]
@@ -683,7 +687,7 @@ def _merge_shards(entries: list[dict[str, Any]]) -> dict[str, Any]:
             m["e2e_processing_latency"] = _busier_e2e(
                 m["e2e_processing_latency"], ch["e2e_processing_latency"]
             )
-            m["client_count"] = max(m["client_count"], ch["client_count"])
+            m["client_count"] += ch["client_count"]  # (each connection at its worker)
             if m["clients"] is None or ch["clients"] is None:
                 continue
             by_key = {(c["client_id"], c["remote_address"]): c for c in m["clients"]}

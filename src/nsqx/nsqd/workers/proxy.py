@@ -187,6 +187,12 @@ class ProxyConsumer:
         #: what /stats shows of the connection (its worker's word: TLS, AUTH, ...)
         self.info: dict[str, Any] = {}
 
+    @property
+    def fans_in(self) -> bool:
+        """One shard of a connection that reads them all: /stats counts the connection
+        on shard 0 only."""
+        return self.fanin
+
     def client_stats(self) -> ClientStats:
         """The connection's line in its channel's /stats, as a local client's."""
         s = self.settings
