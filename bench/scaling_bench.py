@@ -784,49 +784,48 @@ def tables(cfg: Config) -> str:
     def rs(name: str, phase: str) -> list[dict[str, Any]]:
         return [r for r in cfg.results if r["target"] == name and r["phase"] == phase]
 
+    def table(title: str, cell: Callable[[str, str], str]) -> list[str]:
+        """A Markdown table under ``title``: a row per target, a column per phase."""
+        rows = [
+            "| " + " | ".join([name, *(cell(name, phase) for phase in phases)]) + " |"
+            for name in names
+        ]
+        header = ["| target | " + " | ".join(phases) + " |", "|---|" + "---:|" * len(phases)]
+        return [title, "", *header, *rows]
+
+    def figures(name: str, phase: str) -> str:
+        got = rs(name, phase)
+        if not got:
+            return "-"
+        rate = _median([r["msgs_per_s"] for r in got])
+        srv = _median([r["server_cores"] for r in got])
+        gen = _median([r["generator_cores"] for r in got])
+        return f"{rate:,.0f} ({srv:.1f} / {gen:.1f})"
+
+    def ratio_to(base: str) -> Callable[[str, str], str]:
+        def cell(name: str, phase: str) -> str:
+            by_round = {r["round"]: r["msgs_per_s"] for r in rs(base, phase)}
+            ratios = [
+                r["msgs_per_s"] / by_round[r["round"]]
+                for r in rs(name, phase)
+                if by_round.get(r["round"])
+            ]
+            return f"{_median(ratios):.2f}" if ratios else "-"
+
+        return cell
+
     how = "median of the rounds" if cfg.rounds > 1 else "one round"
-    lines = [
-        f"msgs/s (server cores / load generator cores), {how}; {os.cpu_count()} CPUs",
-        "",
-        "| target | " + " | ".join(phases) + " |",
-        "|---|" + "---:|" * len(phases),
-    ]
-    for name in names:
-        cells = []
-        for phase in phases:
-            got = rs(name, phase)
-            if not got:
-                cells.append("-")
-                continue
-            rate = _median([r["msgs_per_s"] for r in got])
-            srv = _median([r["server_cores"] for r in got])
-            gen = _median([r["generator_cores"] for r in got])
-            cells.append(f"{rate:,.0f} ({srv:.1f} / {gen:.1f})")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines = table(
+        f"msgs/s (server cores / load generator cores), {how}; {os.cpu_count()} CPUs", figures
+    )
     # ratios to Go in memory (the issue's reference) and to one nsqx process (what
     # workers, or separate processes, add on this machine)
     bases = [b for b in ("go-mem", "nsqx-1w") if b in names]
     if not bases:
         lines += ["", "no ratios: neither go-mem nor nsqx-1w was measured"]
     for base in bases:
-        lines += [
-            "",
-            f"rate / {base}'s rate, median of the per-round ratios",
-            "",
-            "| target | " + " | ".join(phases) + " |",
-            "|---|" + "---:|" * len(phases),
-        ]
-        for name in names:
-            cells = []
-            for phase in phases:
-                by_round = {r["round"]: r["msgs_per_s"] for r in rs(base, phase)}
-                ratios = [
-                    r["msgs_per_s"] / by_round[r["round"]]
-                    for r in rs(name, phase)
-                    if by_round.get(r["round"])
-                ]
-                cells.append(f"{_median(ratios):.2f}" if ratios else "-")
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        title = f"rate / {base}'s rate, median of the per-round ratios"
+        lines += ["", *table(title, ratio_to(base))]
     return "\n".join(lines)
 
 
