@@ -74,6 +74,12 @@ def topic_entries(node: NsqdProcess, topic: str) -> list[dict[str, Any]]:
     return [t for t in doc.get("topics") or [] if t["topic_name"] == topic]
 
 
+def http_post(url: str) -> bytes:
+    with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10) as r:
+        body: bytes = r.read()
+    return body
+
+
 def http_body(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as resp:
         body: bytes = resp.read()
@@ -637,6 +643,86 @@ def test_one_worker_on_a_sharded_directory_serves_every_shards_messages(
         raise
     finally:
         single.stop(signal.SIGKILL)
+
+
+def test_a_topic_made_before_is_sharded_at_a_start_with_the_flag(tmp_path: Path) -> None:
+    """A topic made without --worker-shards (one partition, a backlog, a paused channel)
+    is sharded when the node starts with the flag: its partition 0, backlog and cursors
+    are partition 0's owner's shard, the other shard is made empty with the topic's
+    channels and their pause; every message, old and new, is consumed once."""
+    topic = "older"
+    plain = start_workers(tmp_path, HTTP)
+    try:
+
+        async def before() -> None:
+            await asyncio.to_thread(http_post, f"{plain.http_url}/topic/create?topic={topic}")
+            for ch in ("c", "p"):
+                url = f"{plain.http_url}/channel/create?topic={topic}&channel={ch}"
+                await asyncio.to_thread(http_post, url)
+            await asyncio.to_thread(
+                http_post, f"{plain.http_url}/channel/pause?topic={topic}&channel=p"
+            )
+            await pub_on(plain, 0, topic, [b"old0", b"old1"])
+            await pub_on(plain, 1, topic, [b"old2"])
+            # and a paused topic: its new shard is paused too
+            await pub_on(plain, 1, "older-paused", [b"held"])
+            await asyncio.to_thread(http_post, f"{plain.http_url}/topic/pause?topic=older-paused")
+
+        run(before())
+    except BaseException:
+        dump(plain)
+        raise
+    finally:
+        plain.stop()
+    assert "worker_shards" not in dat_topic(tmp_path, topic)
+
+    node = start_sharded(tmp_path)
+    try:
+
+        async def after() -> None:
+            shards = await until(
+                lambda: shard_stats(node, topic), lambda s: set(s) == {0, 1}, "two shards"
+            )
+            depths = {p: (channel_stats(sh, "c") or {}).get("depth") for p, sh in shards.items()}
+            assert depths == {0: 3, 1: 0}, depths
+            for p in (0, 1):
+                paused = {ch["channel_name"]: ch["paused"] for ch in shards[p]["channels"]}
+                assert paused == {"c": False, "p": True}, (p, shards[p])
+            other = await until(
+                lambda: shard_stats(node, "older-paused"), lambda s: set(s) == {0, 1}, "shards"
+            )
+            assert [other[p]["paused"] for p in (0, 1)] == [True, True], other
+            new = [b"new0", b"new1"]
+            await pub_on(node, 0, topic, new[:1])
+            await pub_on(node, 1, topic, new[1:])
+            # each written where its connection is; the old backlog stays in shard 0
+            counts = {p: sh["message_count"] for p, sh in shard_stats(node, topic).items()}
+            assert counts == {0: 1, 1: 1}, counts
+            want = {b"old0", b"old1", b"old2", *new}
+            sub = await subscribed(node, topic, "c")
+            sub.send(c.rdy(10))
+            got, from_shards = await receive_all(sub, want)
+            assert sorted(got) == sorted(want) and from_shards == {0, 1}
+            paused = await subscribed(node, topic, "p")
+            paused.send(c.rdy(10))
+            assert await paused.nothing_for(0.5), "a paused channel's shard delivered"
+            await asyncio.to_thread(
+                http_post, f"{node.http_url}/channel/unpause?topic={topic}&channel=p"
+            )
+            got, _ = await receive_all(paused, want)
+            assert sorted(got) == sorted(want)
+            for raw in (sub, paused):
+                raw.send(c.nop())
+                assert await raw.nothing_for(0.3)
+                await raw.close()
+
+        run(after())
+        assert dat_topic(tmp_path, topic).get("worker_shards") is True
+    except BaseException:
+        dump(node)
+        raise
+    finally:
+        node.stop()
 
 
 # -- 7. without --worker-shards: one partition ----------------------------------------

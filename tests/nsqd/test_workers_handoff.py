@@ -32,6 +32,7 @@ from workernode import (
     socket_holder,
     start_workers,
     topics_spread,
+    wait_for,
     worker_of,
     worker_pids,
 )
@@ -123,6 +124,37 @@ def test_a_subscriber_moves_with_its_sub_and_the_rdy_behind_it(node: NsqdProcess
         assert (again.id, again.attempts) == (second.id, 2)
         raw.send(c.fin(again.id))
         assert await raw.nothing_for(0.5)
+        await producer.close()
+        await raw.close()
+
+    run(go())
+
+
+def test_a_sub_waits_for_its_owners_restarted_worker_and_moves_there(node: NsqdProcess) -> None:
+    """Worker 1 dies; a SUB to its topic on worker 0 meanwhile is held until the new
+    worker 1 is up, then moves there (proxied, it would stay so for good)."""
+    topic = owned_by(1)
+
+    async def go() -> None:
+        raw = await landed_on(node, 0)
+        old = worker_pids(node)[1]
+        os.kill(old, signal.SIGKILL)
+        exited = f"worker 1 (pid {old}) exited"
+        await asyncio.to_thread(
+            wait_for, lambda: any(exited in line for line in list(node.log)), 20.0, exited
+        )
+        raw.send(c.sub(topic, "ch") + c.rdy(5))
+        assert await raw.frame(timeout=30) == (FRAME_RESPONSE, b"OK")
+        assert worker_pids(node)[1] != old
+        await until_held_by(node, raw, 1)
+        assert any("SUB waits for worker 1" in line for line in list(node.log))
+        producer = Producer(f"127.0.0.1:{node.tcp_port}")
+        await producer.connect()
+        await producer.publish(topic, b"after")
+        m = await raw.message()
+        assert m.body == b"after"
+        raw.send(c.fin(m.id) + c.nop())
+        assert await raw.nothing_for(0.3)
         await producer.close()
         await raw.close()
 

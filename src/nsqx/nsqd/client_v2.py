@@ -78,6 +78,11 @@ log = logging.getLogger("nsqx.nsqd")
 #: reads of one connection whose answers may wait for their acknowledgement at once
 #: (replication round trips, fsyncs) before it stops reading
 MAX_ACK_GROUPS: Final = 32
+#: a SUB whose connection could not move to its partition's worker (starting or
+#: restarting) tries again this often (seconds), for at most OWNER_WAIT seconds, before
+#: it is proxied (it would stay so, each delivery crossing a link)
+OWNER_RETRY: Final = 0.05
+OWNER_WAIT: Final = 30.0
 
 _OK_FRAME: Final = encode_response(OK)
 # (compiled: a Final alias is a C static; ``cmd.Mpub`` would be a module lookup per read)
@@ -180,6 +185,10 @@ class ClientV2(asyncio.Protocol):
         self._handoff_to = -1
         #: moved already (a connection moves once), or adopted from another worker
         self._handed = False
+        #: the last move could go but the owner's worker did not take it (not started)
+        self._move_failed = False
+        #: a SUB waits for its owner's worker to take the connection until then (0: not)
+        self._owner_wait_until = 0.0
         #: the current read's events and the place of the one executing (a SUB moves
         #: with what follows it)
         self._events: list[cmd.Event] = _NO_EVENTS
@@ -824,7 +833,8 @@ class ClientV2(asyncio.Protocol):
         return True
 
     def _hold(self, ev: object | None) -> None:
-        """Stop executing commands (and reading) until the auth server answers."""
+        """Stop executing commands (and reading) until the auth server answers (or the
+        worker a SUB moves the connection to is up)."""
         self._halt = True
         self._held = [cast(cmd.Event, ev)] if ev is not None else []
         if self._transport is not None:
@@ -1012,8 +1022,11 @@ class ClientV2(asyncio.Protocol):
         owner = workers.owner(ev.topic, ev.partition)
         if owner == workers.index:
             return False
-        if self._handoff is not None and self._hand_off(owner, ev):
-            return True
+        if self._handoff is not None:
+            if self._hand_off(owner, ev):
+                return True
+            if self._move_failed and self._wait_for_owner(owner, ev):
+                return True
         slot = self._out_base + len(self._out)
         self._out.append(_OK_FRAME)  # (a placeholder: the owner's answer replaces it)
         remote, ticket = workers.subs.subscribe(owner, self, ev, slot, self._forward_answered)
@@ -1241,11 +1254,39 @@ class ClientV2(asyncio.Protocol):
             self._pub_pending = len(bodies)
         return True
 
+    def _wait_for_owner(self, owner: int, ev: cmd.Sub) -> bool:
+        """The SUB could not move its connection to worker ``owner``: that worker is
+        starting (restarted after it died: its clients reconnect meanwhile) or its
+        queue is full. Hold the SUB, with what follows it, and try again shortly: its
+        answer waits for that worker either way, and a subscription proxied now would
+        stay proxied. False: it waited long enough (it goes proxied)."""
+        if self.nsqd.draining:
+            return False  # (proxied, it is told at once that nothing comes)
+        now = clock.monotonic()
+        if self._owner_wait_until == 0.0:
+            self._owner_wait_until = now + OWNER_WAIT
+            log.info(
+                "PROTOCOL(V2): [%s] SUB waits for worker %d to take the connection",
+                self.remote_address,
+                owner,
+            )
+        elif now >= self._owner_wait_until:
+            return False
+        self._hold(ev)
+        asyncio.get_running_loop().call_later(OWNER_RETRY, self._retry_sub)
+        return True
+
+    def _retry_sub(self) -> None:
+        if not self.closed and self._held is not None:
+            self._release()
+
     def _hand_off(self, owner: int, sub: cmd.Sub | None) -> bool:
         """Move this connection to worker ``owner`` (nsqx.nsqd.workers.handoff), if it
         is plain and nothing of it is in flight: every answer written, nothing read and
-        not executed. ``sub``: the SUB that moves it, executed there. False: it stays."""
+        not executed. ``sub``: the SUB that moves it, executed there. False: it stays
+        (``_move_failed``: it could have gone, but that worker did not take it)."""
         self._handoff_to = -1
+        self._move_failed = False
         handoff = self._handoff
         transport = self._transport
         workers = self._workers
@@ -1300,8 +1341,9 @@ class ClientV2(asyncio.Protocol):
         if not sent and partial:
             self.parser.feed(partial)  # (an incomplete command: no events)
         if not sent:
-            # (the owner's queue is full: many connections move at once) the next
-            # forwarded publish tries again
+            # (the owner's queue is full: many connections move at once; or its worker
+            # is starting) the next forwarded publish tries again, a SUB waits
+            self._move_failed = True
             return False
         self._handed = True  # once: later publishes elsewhere are forwarded
         log.debug("PROTOCOL(V2): [%s] moved to worker %d", self.remote_address, owner)

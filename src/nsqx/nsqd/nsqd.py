@@ -373,7 +373,10 @@ class NSQD:
                         if not tm.partitions:
                             continue
                 if tm.partitions is None:
-                    topic = self.get_topic(tm.name)
+                    # (not get_topic: a topic loaded is not made; whether it becomes
+                    # sharded is decided once its channels and pauses are loaded,
+                    # nsqx.nsqd.workers.shards)
+                    topic = self._new_topic(tm.name, DEFAULT_META)
                     partitions = {0: tm.channels}
                 else:
                     meta = _saved_meta(tm.name, tm.settings)

@@ -11,7 +11,8 @@ messages, so nothing a client of it relies on changes; a Youzan client sees the 
 as the topic's partitions on this node.
 
 Who decides: the owner of partition 0, where a topic of NSQ 1.3 is made today. It makes
-a new topic of default settings (not ephemeral) as sharded and tells the other workers
+a new topic of default settings (not ephemeral) as sharded, shards such a topic loaded
+from nsqd.dat at its start (its partition 0 is shard 0), and tells the other workers
 (:data:`SHARDS`), which make their shards at once, with the topic's channels. A channel
 made on one shard is made on all (:data:`SHARD_CHANNEL`). Until a worker heard of the
 topic its publishes and subscriptions go to partition 0's owner as before, which is
@@ -37,8 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nsqx.nsqd")
 
-#: (SHARDS, topic, worker index, its shards, its channels, answer): a worker holds
-#: these shards of a sharded topic; ``answer``: the receiver sends its own back
+#: (SHARDS, topic, worker index, its shards, its channels, answer, paused, paused
+#: channels): a worker holds these shards of a sharded topic; ``answer``: the receiver
+#: sends its own back; the pause states are taken by a shard or channel made by it
 SHARDS: Final = "shards"
 #: (SHARD_CHANNEL, topic, channel): a channel of a sharded topic was made
 SHARD_CHANNEL: Final = "shard_ch"
@@ -66,9 +68,20 @@ class Shards:
         workers.handlers[SHARD_CHANNEL] = self._on_channel
 
     def start(self) -> None:
-        """Follow the topology; tell the others of the sharded topics loaded here."""
+        """Follow the topology; shard the topics of NSQ 1.3 loaded here (with
+        --worker-shards), and tell the others of the sharded topics loaded here."""
         nsqd = self.workers.nsqd
         nsqd.watchers.append(self._topology)
+        became = [
+            t for t in nsqd.topics.values() if self._may_shard(t) and list(t.partitions) == [0]
+        ]
+        for topic in became:
+            # its partition 0 (its backlog, channels and cursors) is this worker's shard;
+            # the other workers make theirs, empty, when they hear of it below
+            topic.sharded = True
+            log.info("TOPIC(%s): sharded over %d workers", topic.name, self.workers.count)
+        if became:
+            nsqd.persist_metadata()
         for topic in nsqd.topics.values():
             if topic.sharded:
                 self._known(topic)
@@ -94,16 +107,22 @@ class Shards:
         pids.update(self.topics.get(name, ()))
         return sorted(pids)
 
+    def _may_shard(self, topic: Topic) -> bool:
+        """A topic as NSQ 1.3 makes one (default settings, not ephemeral, not sharded
+        yet) whose partition 0 this worker owns (it decides), with --worker-shards."""
+        workers = self.workers
+        return (
+            self.enabled
+            and not topic.sharded
+            and not topic.ephemeral
+            and topic.meta == DEFAULT_META
+            and owner_of(topic.name, 0, workers.count) == workers.index
+        )
+
     def made(self, topic: Topic) -> None:
         """``topic`` was just made here, new, as NSQ 1.3 makes a topic: shard it if this
         worker owns partition 0 (it decides), and tell the others."""
-        workers = self.workers
-        if (
-            not self.enabled
-            or topic.ephemeral
-            or topic.meta != DEFAULT_META
-            or owner_of(topic.name, 0, workers.count) != workers.index
-        ):
+        if not self._may_shard(topic):
             topic.add_partition(0)
             return
         topic.sharded = True
@@ -151,6 +170,15 @@ class Shards:
             sorted(topic.partitions),
             [c for c in topic.channel_names() if not is_ephemeral(c)],
             answer,
+            topic.paused,
+            sorted(
+                {
+                    name
+                    for part in topic.partitions.values()
+                    for name, ch in part.channels.items()
+                    if ch.paused and not ch.ephemeral
+                }
+            ),
         )
         links = self.workers.links
         for i in range(self.workers.count):
@@ -164,7 +192,7 @@ class Shards:
                 link.send(item)
 
     def _on_shards(self, link: Link, item: tuple[Any, ...]) -> None:
-        _, name, index, pids, channels, answer = item
+        _, name, index, pids, channels, answer, paused, paused_channels = item
         nsqd = self.workers.nsqd
         existing = nsqd.topics.get(name)
         if existing is not None and not existing.sharded and existing.partitions:
@@ -176,9 +204,24 @@ class Shards:
         if not known:
             self.generation += 1
         known.update(pids)
+        own = self.own(name)
+        new_shard = existing is None or own not in existing.partitions
         topic = self._local(name)
+        # a shard made now takes the topic's pause, and a channel made now the channel's
+        # (an existing topic sharded at start may have been paused): what an HTTP pause
+        # did after reached every worker anyway
+        paused_here = new_shard and paused and not topic.paused
+        if paused_here:
+            topic.pause()
         for channel in channels:
+            missing = [p for p in topic.partitions.values() if channel not in p.channels]
             topic.get_channel(channel)
+            if channel in paused_channels:
+                for part in missing:
+                    part.channels[channel].pause()
+                    paused_here = True
+        if paused_here:
+            nsqd.persist_metadata()
         known.update(topic.partitions)
         if answer:
             self._announce(topic, answer=False, to=index)
