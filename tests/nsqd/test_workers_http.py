@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -213,6 +214,28 @@ def test_publishes_land_once_and_stats_show_one_node(node: NsqdProcess) -> None:
         assert series == [f'nsq_topic_messages_total{{topic="{topic}"}} 5.0']
     assert sum(ln.startswith("nsq_info{") for ln in lines) == 1
     assert [ln for ln in lines if ln.startswith("nsq_topics ")] == ["nsq_topics 10.0"]
+
+
+def test_deferred_and_binary_publishes_reach_the_owner(node: NsqdProcess) -> None:
+    """/pub?defer and /mpub?binary taken by either worker (a publish to another worker's
+    partition goes over the link, as a TCP one) land once in the owner's partition."""
+    topics = topics_spread(10)[:6]
+    assert {owner_of(t, 0, 2) for t in topics} == {0, 1}
+    two = struct.pack(">I", 2) + b"".join(struct.pack(">I", 2) + m for m in (b"b0", b"b1"))
+    for topic in topics:
+        assert http(node, "POST", f"/topic/create?topic={topic}")[0] == 200
+        assert http(node, "POST", f"/channel/create?topic={topic}&channel=c")[0] == 200
+        for _ in range(3):  # (fresh connections: whichever worker takes each)
+            status, body, _ = http(node, "POST", f"/pub?topic={topic}&defer=60000", b"later")
+            assert (status, body) == (200, b"OK")
+            status, body, _ = http(node, "POST", f"/mpub?topic={topic}&binary=true", two)
+            assert (status, body) == (200, b"OK")
+    doc = stats(node)
+    assert sorted(t["topic_name"] for t in doc["topics"]) == sorted(topics)
+    for t in doc["topics"]:
+        assert t["message_count"] == 9, t
+        (ch,) = t["channels"]
+        assert (ch["depth"], ch["deferred_count"]) == (6, 3), t
 
 
 def test_producers_of_every_worker_are_listed(node: NsqdProcess) -> None:

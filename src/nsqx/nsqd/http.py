@@ -24,7 +24,7 @@ import re
 import socket
 from array import array
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_plus, urlencode
 
@@ -45,6 +45,7 @@ from nsqx.nsqd.replication.leader import CommitFailed
 from nsqx.nsqd.replication.replica import StaleEpoch
 from nsqx.nsqd.replication.state import ReplicaRole
 from nsqx.nsqd.workers import http_routes as wr
+from nsqx.nsqd.workers.forwarding import V_DPUB, V_MPUB, V_PUB, Ticket
 from nsqx.store.log import MessageLog, RangeFramesOut
 from nsqx.wire import members
 from nsqx.wire import replication as rp
@@ -111,6 +112,22 @@ _CHANNEL_KEYS = frozenset({"topic", "channel", "partition"})
 
 #: how long POST /partition/role waits for a new leadership's confirmation (seconds)
 CONFIRM_WAIT = 1.0
+
+
+#: publishes a worker sends to their partition's owner over the link (not as HTTP)
+_LINK_PUBLISHES = frozenset({"/pub", "/mpub"})
+
+
+@dataclass(frozen=True, slots=True)
+class _HttpPublish:
+    """An HTTP publish, read and checked: its topic, body as sent, messages, defer and
+    partition (-1: none named)."""
+
+    topic: str
+    raw: bytes
+    bodies: list[bytes]
+    defer_ms: int
+    partition: int
 
 
 class HTTPError(Exception):
@@ -459,6 +476,13 @@ class HTTPServer:
             info = infos[router.index]
             info["start_time"] = min(i["start_time"] for i in infos)
             return ok_json(info)
+        if kind == wr.OWNER and request.method == "POST" and request.path in _LINK_PUBLISHES:
+            read = self._read_pub if request.path == "/pub" else self._read_mpub
+            pub = await read(request, params)
+            self._check_publishable()
+            if pub.bodies:
+                return await self._publish_on_link(router, r.worker, request, pub)
+            return await router.forward(r.worker, request, pub.raw)
         body = await self._body_to_forward(request)
         if kind == wr.OWNER:
             return await router.forward(r.worker, request, body)
@@ -618,6 +642,15 @@ class HTTPServer:
         )
 
     async def pub(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
+        pub = await self._read_pub(request, params)
+        self._check_publishable()
+        await self._publish(pub.topic, pub.bodies, pub.defer_ms, pub.partition)
+        return ok_text()
+
+    async def _read_pub(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> _HttpPublish:
+        """POST /pub's message, checked as nsqd checks it (in its order)."""
         limit = self.nsqd.options.max_msg_size
         if (request.content_length or 0) > limit:
             raise HTTPError(413, "MSG_TOO_BIG")
@@ -635,10 +668,7 @@ class HTTPServer:
             defer_ms = int(text)
             if not 0 <= defer_ms <= self.nsqd.options.dpub_limit() * 1000:
                 raise HTTPError(400, "INVALID_DEFER")
-        pid = _int_param(params, "partition", -1)
-        self._check_publishable()
-        await self._publish(name, [body], defer_ms, pid)
-        return ok_text()
+        return _HttpPublish(name, body, [body], defer_ms, _int_param(params, "partition", -1))
 
     def _pub_partition(self, name: str, pid: int) -> Partition:
         """Where an HTTP publish goes: as PUB over TCP (a topic that does not exist is
@@ -687,6 +717,18 @@ class HTTPServer:
                 raise HTTPError(503, E_FAILED_ON_NOT_LEADER) from None
 
     async def mpub(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
+        pub = await self._read_mpub(request, params)
+        self._check_publishable()
+        if pub.bodies:
+            await self._publish(pub.topic, pub.bodies, 0, pub.partition)
+        else:
+            self._pub_partition(pub.topic, pub.partition)
+        return ok_text()
+
+    async def _read_mpub(
+        self, request: web.BaseRequest, params: dict[str, list[str]]
+    ) -> _HttpPublish:
+        """POST /mpub's messages, checked as nsqd checks them (in its order)."""
         o = self.nsqd.options
         if (request.content_length or 0) > o.max_body_size:
             raise HTTPError(413, "BODY_TOO_BIG")
@@ -705,13 +747,38 @@ class HTTPServer:
             bodies = [line for line in body.split(b"\n") if line]
             if any(len(b) > o.max_msg_size for b in bodies):
                 raise HTTPError(413, "MSG_TOO_BIG")
-        pid = _int_param(params, "partition", -1)
-        self._check_publishable()
-        if bodies:
-            await self._publish(name, bodies, 0, pid)
-        else:
-            self._pub_partition(name, pid)
-        return ok_text()
+        return _HttpPublish(name, body, bodies, 0, _int_param(params, "partition", -1))
+
+    async def _publish_on_link(
+        self, router: wr.HttpRouter, owner: int, request: web.BaseRequest, pub: _HttpPublish
+    ) -> web.StreamResponse:
+        """An HTTP publish to another worker's partition, sent to it over the link as a
+        TCP publish is (one frame per loop turn for every connection's, acknowledged
+        as its own), rather than as an HTTP request: a third of the work. What the
+        owner refuses (nothing was written) or fails to write is sent again as the HTTP
+        request, so that the answer is the one a single nsqd's handler gives."""
+        workers = router.workers
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[tuple[bytes | None, BaseException | None]]
+        answered = loop.create_future()
+
+        def on_answer(ticket: Ticket, err: BaseException | None) -> None:
+            if not answered.done():
+                answered.set_result((ticket.answer, err))
+
+        verb = V_MPUB if request.path == "/mpub" else V_DPUB if pub.defer_ms else V_PUB
+        workers.forward(
+            owner, 0, on_answer, verb, pub.topic, pub.partition, pub.bodies, pub.defer_ms
+        )
+        answer, err = await answered
+        if err is not None:
+            raise wr.WorkerUnavailable(str(err))  # (LinkLost: it died before it answered)
+        if answer == b"":
+            return ok_text()
+        if answer is None:  # written, but not held by the ISR
+            raise HTTPError(503, E_FAILED_ON_NOT_LEADER)
+        # refused, or its write failed: as an HTTP request, for a single nsqd's answer
+        return await router.forward(owner, request, pub.raw)
 
     # range reads (nsqx): stateless reads of a partition by sequence, for Spark
 
