@@ -19,7 +19,8 @@ import signal
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,19 @@ HTTP = "--http-address=127.0.0.1:0"
 def dump(node: NsqdProcess) -> None:
     """The node's log's tail, for a failed test's captured output."""
     print("".join(node.log[-60:]))
+
+
+@contextmanager
+def logged(node: NsqdProcess, sig: int = signal.SIGTERM) -> Iterator[NsqdProcess]:
+    """A test's body against ``node``: the node's log's tail printed if it fails, the
+    node stopped (``sig``) either way."""
+    try:
+        yield node
+    except BaseException:
+        dump(node)
+        raise
+    finally:
+        node.stop(sig)
 
 
 def start_sharded(data_path: Path, *args: str) -> NsqdProcess:
@@ -202,7 +216,7 @@ def test_publishers_of_a_new_topic_publish_where_they_are(tmp_path: Path) -> Non
     0's owner as a forwarded publisher of an unsharded topic is."""
     node = start_sharded(tmp_path)
     topic = "fresh"
-    try:
+    with logged(node):
 
         async def go() -> None:
             raws = [await raw_on(node, w) for w in (0, 1) for _ in range(4)]
@@ -218,18 +232,13 @@ def test_publishers_of_a_new_topic_publish_where_they_are(tmp_path: Path) -> Non
                 await raw.close()
 
         run(go())
-    except BaseException:
-        dump(node)
-        raise
-    finally:
-        node.stop()
 
 
 def test_publishes_spread_over_the_shards_and_each_is_consumed_once(tmp_path: Path) -> None:
     node = start_sharded(tmp_path)
     topic = "spread"
     per_conn = 8
-    try:
+    with logged(node, signal.SIGKILL):
 
         async def go() -> None:
             seed = await make_sharded(node, topic)
@@ -271,11 +280,6 @@ def test_publishes_spread_over_the_shards_and_each_is_consumed_once(tmp_path: Pa
             await sub.close()
 
         run(go())
-    except BaseException:
-        dump(node)
-        raise
-    finally:
-        node.stop(signal.SIGKILL)
 
 
 # -- 2. RDY is a bound over every shard ------------------------------------------------
@@ -284,7 +288,7 @@ def test_publishes_spread_over_the_shards_and_each_is_consumed_once(tmp_path: Pa
 def test_rdy_bounds_the_messages_in_flight_over_all_shards(tmp_path: Path) -> None:
     node = start_sharded(tmp_path)
     topic = "bounded"
-    try:
+    with logged(node, signal.SIGKILL):
 
         async def go() -> None:
             seed = await make_sharded(node, topic)
@@ -355,11 +359,6 @@ def test_rdy_bounds_the_messages_in_flight_over_all_shards(tmp_path: Path) -> No
             await sub.close()
 
         run(go())
-    except BaseException:
-        dump(node)
-        raise
-    finally:
-        node.stop(signal.SIGKILL)
 
 
 # -- 3. REQ, TOUCH and FIN of the other worker's shard --------------------------------
@@ -368,7 +367,7 @@ def test_rdy_bounds_the_messages_in_flight_over_all_shards(tmp_path: Path) -> No
 def test_req_touch_and_fin_of_the_other_workers_shard(tmp_path: Path) -> None:
     node = start_sharded(tmp_path)
     topic = "remote"
-    try:
+    with logged(node, signal.SIGKILL):
 
         async def go() -> None:
             seed = await make_sharded(node, topic)
@@ -434,11 +433,6 @@ def test_req_touch_and_fin_of_the_other_workers_shard(tmp_path: Path) -> None:
             await sub.close()
 
         run(go())
-    except BaseException:
-        dump(node)
-        raise
-    finally:
-        node.stop(signal.SIGKILL)
 
 
 # -- 4. pynsq -------------------------------------------------------------------------
@@ -450,7 +444,7 @@ def test_a_pynsq_reader_with_max_in_flight_1_gets_every_shards_messages(
     nsq = pytest.importorskip("nsq")
     node = start_sharded(tmp_path)
     topic = "pynsq"
-    try:
+    with logged(node, signal.SIGKILL):
 
         async def go() -> None:
             seed = await make_sharded(node, topic)
@@ -489,11 +483,6 @@ def test_a_pynsq_reader_with_max_in_flight_1_gets_every_shards_messages(
             assert shards == {0, 1}
 
         run(go())
-    except BaseException:
-        dump(node)
-        raise
-    finally:
-        node.stop(signal.SIGKILL)
 
 
 # -- 5. a worker killed while publishers publish --------------------------------------
@@ -503,7 +492,7 @@ def test_a_killed_worker_keeps_every_acknowledged_message_of_its_shard(tmp_path:
     # the owner of shard 0 (it made the topic sharded) is the one killed
     topic = next(t for t in (f"killed{i}" for i in range(50)) if owner_of(t, 0, 2) == 1)
     node = start_sharded(tmp_path)
-    try:
+    with logged(node, signal.SIGKILL):
 
         async def go() -> None:
             seed = await make_sharded(node, topic)
@@ -562,11 +551,6 @@ def test_a_killed_worker_keeps_every_acknowledged_message_of_its_shard(tmp_path:
             await sub.close()
 
         run(go(), timeout=100)
-    except BaseException:
-        dump(node)
-        raise
-    finally:
-        node.stop(signal.SIGKILL)
 
 
 # -- 6. the directory restarted with one worker ---------------------------------------
@@ -577,7 +561,7 @@ def test_one_worker_on_a_sharded_directory_serves_every_shards_messages(
 ) -> None:
     topic = "reopened"
     node = start_sharded(tmp_path)
-    try:
+    with logged(node, signal.SIGKILL):
 
         async def go() -> tuple[set[bytes], set[bytes]]:
             seed = await make_sharded(node, topic)
@@ -609,15 +593,10 @@ def test_one_worker_on_a_sharded_directory_serves_every_shards_messages(
 
         left, finished = run(go())
         assert node.stop() == 0
-    except BaseException:
-        dump(node)
-        raise
-    finally:
-        node.stop(signal.SIGKILL)
     assert dat_topic(tmp_path, topic).get("worker_shards") is True
 
     single = start_nsqd(tmp_path, "--workers=1")
-    try:
+    with logged(single, signal.SIGKILL):
 
         async def again() -> None:
             sub = await Raw.connect(single.tcp_address)
@@ -638,11 +617,6 @@ def test_one_worker_on_a_sharded_directory_serves_every_shards_messages(
             await sub.close()
 
         run(again())
-    except BaseException:
-        dump(single)
-        raise
-    finally:
-        single.stop(signal.SIGKILL)
 
 
 def test_a_topic_made_before_is_sharded_at_a_start_with_the_flag(tmp_path: Path) -> None:
@@ -652,7 +626,7 @@ def test_a_topic_made_before_is_sharded_at_a_start_with_the_flag(tmp_path: Path)
     channels and their pause; every message, old and new, is consumed once."""
     topic = "older"
     plain = start_workers(tmp_path, HTTP)
-    try:
+    with logged(plain):
 
         async def before() -> None:
             await asyncio.to_thread(http_post, f"{plain.http_url}/topic/create?topic={topic}")
@@ -669,15 +643,10 @@ def test_a_topic_made_before_is_sharded_at_a_start_with_the_flag(tmp_path: Path)
             await asyncio.to_thread(http_post, f"{plain.http_url}/topic/pause?topic=older-paused")
 
         run(before())
-    except BaseException:
-        dump(plain)
-        raise
-    finally:
-        plain.stop()
     assert "worker_shards" not in dat_topic(tmp_path, topic)
 
     node = start_sharded(tmp_path)
-    try:
+    with logged(node):
 
         async def after() -> None:
             shards = await until(
@@ -718,11 +687,6 @@ def test_a_topic_made_before_is_sharded_at_a_start_with_the_flag(tmp_path: Path)
 
         run(after())
         assert dat_topic(tmp_path, topic).get("worker_shards") is True
-    except BaseException:
-        dump(node)
-        raise
-    finally:
-        node.stop()
 
 
 # -- 7. without --worker-shards: one partition ----------------------------------------
@@ -736,7 +700,7 @@ def test_stats_show_a_sharded_topic_as_one_topic(tmp_path: Path) -> None:
     clients' lines and in /metrics."""
     node = start_sharded(tmp_path)
     topic = "stated"
-    try:
+    with logged(node):
 
         async def go() -> None:
             seed = await make_sharded(node, topic)
@@ -781,17 +745,12 @@ def test_stats_show_a_sharded_topic_as_one_topic(tmp_path: Path) -> None:
             await idle.close()
 
         run(go())
-    except BaseException:
-        dump(node)
-        raise
-    finally:
-        node.stop()
 
 
 def test_without_worker_shards_a_topic_keeps_one_partition(tmp_path: Path) -> None:
     node = start_workers(tmp_path, HTTP)
     topic = "unsharded"
-    try:
+    with logged(node, signal.SIGKILL):
 
         async def go() -> None:
             raws = [await Raw.connect(node.tcp_address) for _ in range(16)]
@@ -821,9 +780,4 @@ def test_without_worker_shards_a_topic_keeps_one_partition(tmp_path: Path) -> No
 
         run(go())
         assert node.stop() == 0
-    except BaseException:
-        dump(node)
-        raise
-    finally:
-        node.stop(signal.SIGKILL)
     assert not dat_topic(tmp_path, topic).get("worker_shards")

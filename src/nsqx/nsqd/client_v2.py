@@ -189,6 +189,8 @@ class ClientV2(asyncio.Protocol):
         self._move_failed = False
         #: a SUB waits for its owner's worker to take the connection until then (0: not)
         self._owner_wait_until = 0.0
+        #: _held already holds the rest of the read (a SUB waiting for its owner took it)
+        self._held_whole = False
         #: the current read's events and the place of the one executing (a SUB moves
         #: with what follows it)
         self._events: list[cmd.Event] = _NO_EVENTS
@@ -302,7 +304,8 @@ class ClientV2(asyncio.Protocol):
                     return
                 # an auth query is running: the rest of this read waits for its answer
                 assert self._held is not None
-                self._held.extend(events[i + 1 :])
+                if not self._held_whole:
+                    self._held.extend(events[i + 1 :])
                 break
         published = bool(self._awaiting) or bool(self._forwarded)
         if published:
@@ -890,7 +893,8 @@ class ClientV2(asyncio.Protocol):
                     return
                 # waiting again (an expired authorization met on the way)
                 assert self._held is not None
-                self._held.extend(held[i + 1 :])
+                if not self._held_whole:
+                    self._held.extend(held[i + 1 :])
                 if self._awaiting or self._forwarded:
                     self._await_acks()
                 else:
@@ -1272,11 +1276,18 @@ class ClientV2(asyncio.Protocol):
             )
         elif now >= self._owner_wait_until:
             return False
+        # the SUB and what followed it in its read (it moves with them), held whole
+        events, i = self._events, self._event_i
+        rest = events[i + 1 :] if 0 <= i < len(events) and events[i] is ev else []
         self._hold(ev)
+        assert self._held is not None
+        self._held.extend(rest)
+        self._held_whole = True
         asyncio.get_running_loop().call_later(OWNER_RETRY, self._retry_sub)
         return True
 
     def _retry_sub(self) -> None:
+        self._held_whole = False
         if not self.closed and self._held is not None:
             self._release()
 
