@@ -6,8 +6,8 @@ for bench/latency_bench.py), which also holds Go's ``nsqd``. Both tools open one
 connection per GOMAXPROCS, so the bench sets GOMAXPROCS to the connection count; each
 connection has one request in flight (a publish waits for its OK).
 
-Targets (``--targets``; go, go-mem and nsqx by default), each started by the bench on free loopback
-ports (found by binding port 0) with a fresh temporary data directory:
+Targets (``--targets``; go, go-mem and nsqx by default), each started by the bench on
+free loopback ports (found by binding port 0) with a fresh temporary data directory:
 
 ``go``         Go's nsqd at its defaults (mem-queue-size 10000: a backlog goes to disk)
 ``go-mem``     Go's nsqd with ``--mem-queue-size=100000000`` (everything in memory)

@@ -1277,8 +1277,8 @@ class ClientV2(asyncio.Protocol):
         elif now >= self._owner_wait_until:
             return False
         # the SUB and what followed it in its read (it moves with them), held whole
-        events, i = self._events, self._event_i
-        rest = events[i + 1 :] if 0 <= i < len(events) and events[i] is ev else []
+        # (_hand_off found the SUB at _events[_event_i] before it tried the move)
+        rest = self._events[self._event_i + 1 :]
         self._hold(ev)
         assert self._held is not None
         self._held.extend(rest)

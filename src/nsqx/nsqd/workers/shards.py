@@ -210,8 +210,8 @@ class Shards:
         # a shard made now takes the topic's pause, and a channel made now the channel's
         # (an existing topic sharded at start may have been paused): what an HTTP pause
         # did after reached every worker anyway
-        paused_here = new_shard and paused and not topic.paused
-        if paused_here:
+        changed = new_shard and paused and not topic.paused
+        if changed:
             topic.pause()
         for channel in channels:
             missing = [p for p in topic.partitions.values() if channel not in p.channels]
@@ -219,8 +219,8 @@ class Shards:
             if channel in paused_channels:
                 for part in missing:
                     part.channels[channel].pause()
-                    paused_here = True
-        if paused_here:
+                    changed = True
+        if changed:
             nsqd.persist_metadata()
         known.update(topic.partitions)
         if answer:
