@@ -15,11 +15,13 @@ import json
 import os
 import re
 import signal
+import socket
 import struct
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
@@ -216,26 +218,111 @@ def test_publishes_land_once_and_stats_show_one_node(node: NsqdProcess) -> None:
     assert [ln for ln in lines if ln.startswith("nsq_topics ")] == ["nsq_topics 10.0"]
 
 
+def kept(node: NsqdProcess) -> HTTPConnection:
+    """A keep-alive connection to the node's HTTP address."""
+    return HTTPConnection("127.0.0.1", node.http_port, timeout=30)
+
+
+def ask(
+    conn: HTTPConnection, method: str, path: str, body: bytes | None = None
+) -> tuple[int, bytes, dict[str, str]]:
+    """One request on a kept connection."""
+    conn.request(method, path, body=body)
+    resp = conn.getresponse()
+    return resp.status, resp.read(), dict(resp.headers)
+
+
+def one_on_each_worker(node: NsqdProcess) -> dict[int, HTTPConnection]:
+    """Kept connections, one taken by each worker (a first GET /ping is answered where
+    it arrived, and says which worker that is: such a connection never moves)."""
+    conns: dict[int, HTTPConnection] = {}
+    for _ in range(100):
+        conn = kept(node)
+        status, _, headers = ask(conn, "GET", "/ping")
+        assert status == 200
+        index = int(headers[WORKER])
+        if index in conns:
+            conn.close()
+        else:
+            conns[index] = conn
+        if len(conns) == 2:
+            return conns
+    raise AssertionError("a hundred connections landed on one worker")
+
+
 def test_deferred_and_binary_publishes_reach_the_owner(node: NsqdProcess) -> None:
-    """/pub?defer and /mpub?binary taken by either worker (a publish to another worker's
-    partition goes over the link, as a TCP one) land once in the owner's partition."""
+    """/pub?defer and /mpub?binary land once in the owner's partition: on fresh
+    connections (moved to the owner), and on connections kept by each worker, whose
+    publishes to the other worker's partitions go over the link, as a TCP one's."""
     topics = topics_spread(10)[:6]
     assert {owner_of(t, 0, 2) for t in topics} == {0, 1}
     two = struct.pack(">I", 2) + b"".join(struct.pack(">I", 2) + m for m in (b"b0", b"b1"))
+    conns = one_on_each_worker(node)
     for topic in topics:
         assert http(node, "POST", f"/topic/create?topic={topic}")[0] == 200
         assert http(node, "POST", f"/channel/create?topic={topic}&channel=c")[0] == 200
-        for _ in range(3):  # (fresh connections: whichever worker takes each)
+        for _ in range(2):  # (fresh connections: whichever worker takes each)
             status, body, _ = http(node, "POST", f"/pub?topic={topic}&defer=60000", b"later")
             assert (status, body) == (200, b"OK")
             status, body, _ = http(node, "POST", f"/mpub?topic={topic}&binary=true", two)
             assert (status, body) == (200, b"OK")
+        for index, conn in conns.items():
+            status, body, headers = ask(conn, "POST", f"/pub?topic={topic}&defer=60000", b"l")
+            assert (status, body, headers[WORKER]) == (200, b"OK", str(index))
+            status, body, headers = ask(conn, "POST", f"/mpub?topic={topic}&binary=true", two)
+            assert (status, body, headers[WORKER]) == (200, b"OK", str(index))
     doc = stats(node)
     assert sorted(t["topic_name"] for t in doc["topics"]) == sorted(topics)
     for t in doc["topics"]:
-        assert t["message_count"] == 9, t
+        assert t["message_count"] == 12, t
         (ch,) = t["channels"]
-        assert (ch["depth"], ch["deferred_count"]) == (6, 3), t
+        assert (ch["depth"], ch["deferred_count"]) == (8, 4), t
+
+
+def read_answer(f: Any) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP answer read from a socket's file (its body by Content-Length)."""
+    status = int(f.readline().split()[1])
+    headers: dict[str, str] = {}
+    while (line := f.readline().decode().strip()) != "":
+        key, _, value = line.partition(":")
+        headers[key.strip().lower()] = value.strip()
+    return status, headers, f.read(int(headers["content-length"]))
+
+
+def test_a_publishers_connection_moves_to_its_topics_owner(node: NsqdProcess) -> None:
+    """A kept connection whose first request publishes to another worker's partition
+    is moved there (nsqx.nsqd.workers.http_handoff): whichever worker took it, every
+    answer on it comes from the owner, with the requests written with the first one.
+    It moves once: its publishes to the other worker's topic then go over the link."""
+    topics = topics_spread(10)
+    topic = next(t for t in topics if owner_of(t, 0, 2) == 1)
+    other = next(t for t in topics if owner_of(t, 0, 2) == 0)
+    # 16 connections: without the move, about half would be answered by worker 0
+    for _ in range(16):
+        conn = kept(node)
+        for i in range(3):
+            status, body, headers = ask(conn, "POST", f"/pub?topic={topic}", f"m{i}".encode())
+            assert (status, body, headers[WORKER]) == (200, b"OK", "1")
+        status, body, headers = ask(conn, "POST", f"/mpub?topic={other}", b"a\nb\n")
+        assert (status, body, headers[WORKER]) == (200, b"OK", "1")
+        conn.close()
+    # two publishes and a ping in one write: all read by the worker that took it, all
+    # answered in order by the owner
+    for _ in range(8):
+        with socket.create_connection(("127.0.0.1", node.http_port), timeout=30) as sock:
+            sent = b"".join(
+                f"POST /pub?topic={topic} HTTP/1.1\r\nHost: n\r\nContent-Length: 2\r\n\r\n"
+                f"p{i}".encode()
+                for i in range(2)
+            )
+            sock.sendall(sent + b"GET /ping HTTP/1.1\r\nHost: n\r\n\r\n")
+            f = sock.makefile("rb")
+            for expected in (b"OK", b"OK", b"OK"):
+                status, headers, body = read_answer(f)
+                assert (status, body, headers[WORKER.lower()]) == (200, expected, "1")
+    doc = stats(node)
+    counts = {t["topic_name"]: t["message_count"] for t in doc["topics"]}
+    assert (counts[topic], counts[other]) == (16 * 3 + 8 * 2, 16 * 2)
 
 
 def test_producers_of_every_worker_are_listed(node: NsqdProcess) -> None:

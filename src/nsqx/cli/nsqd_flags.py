@@ -283,8 +283,8 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "worker_handoff",
         True,
         "[nsqx] with --workers: move a plain TCP connection to the worker that owns the"
-        " topic it publishes or subscribes to (false: forward its publishes, proxy its"
-        " subscription)",
+        " topic it publishes or subscribes to, and an HTTP one to the owner of its first"
+        " request's publish (false: forward its publishes, proxy its subscription)",
     ),
     FlagSpec(
         "worker-shards",

@@ -46,6 +46,7 @@ from nsqx.nsqd.replication.replica import StaleEpoch
 from nsqx.nsqd.replication.state import ReplicaRole
 from nsqx.nsqd.workers import http_routes as wr
 from nsqx.nsqd.workers.forwarding import V_DPUB, V_MPUB, V_PUB, Ticket
+from nsqx.nsqd.workers.http_handoff import FirstRequest, FirstRequestSite
 from nsqx.store.log import MessageLog, RangeFramesOut
 from nsqx.wire import members
 from nsqx.wire import replication as rp
@@ -116,6 +117,7 @@ CONFIRM_WAIT = 1.0
 
 #: publishes a worker sends to their partition's owner over the link (not as HTTP)
 _LINK_PUBLISHES = frozenset({"/pub", "/mpub"})
+_LINK_PUBLISH_PATHS = frozenset({b"/pub", b"/mpub"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,13 +294,27 @@ class HTTPServer:
         return await self.start_socket(sock, ssl_context)
 
     async def start_socket(
-        self, sock: socket.socket, ssl_context: ssl.SSLContext | None = None
+        self,
+        sock: socket.socket,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        node_address: bool = False,
     ) -> tuple[str, int]:
-        """Serve on a bound socket (a worker's, inherited from its supervisor)."""
+        """Serve on a bound socket (a worker's, inherited from its supervisor).
+
+        ``node_address``: the node's plain HTTP address, where a connection whose first
+        request publishes to another worker's partition moves there
+        (nsqx.nsqd.workers.http_handoff).
+        """
         runner = await self._started_runner()
         scheme = "HTTPS" if ssl_context is not None else "HTTP"
         bound = sock.getsockname()
-        site = web.SockSite(runner, sock, ssl_context=ssl_context, backlog=1024)
+        handoff = self.nsqd.workers.handoff if self.nsqd.workers is not None else None
+        site: web.BaseSite
+        if node_address and ssl_context is None and handoff is not None:
+            site = FirstRequestSite(runner, sock, self._first_request_owner, handoff, 1024)
+        else:
+            site = web.SockSite(runner, sock, ssl_context=ssl_context, backlog=1024)
         await site.start()
         self._sites.append(site)
         log.info("%s: listening on %s:%d", scheme, bound[0], bound[1])
@@ -313,6 +329,46 @@ class HTTPServer:
             self._runner = web.ServerRunner(server, shutdown_timeout=1.0)
             await self._runner.setup()
         return self._runner
+
+    def adopt(self, sock: socket.socket, first: bytes) -> None:
+        """Serve an HTTP connection another worker moved here, whose first bytes
+        (``first``) it read (nsqx.nsqd.workers.http_handoff)."""
+        server = self._runner.server if self._runner is not None else None
+        if server is None:
+            sock.close()  # closing: as a connection not yet accepted would be
+            return
+        self.nsqd.spawn(self._adopted(server, sock, first))
+
+    @staticmethod
+    async def _adopted(server: web.Server, sock: socket.socket, first: bytes) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.connect_accepted_socket(
+                lambda: FirstRequest(server, None, None, first), sock=sock
+            )
+        except OSError as err:  # closed by its client meanwhile
+            log.debug("HTTP: could not adopt a moved connection: %s", err)
+            sock.close()
+
+    def _first_request_owner(self, line: bytes) -> int:
+        """The worker that owns what the request line ``line`` publishes to, when that
+        is another worker (else -1: answered here)."""
+        router = self._router
+        method, _, rest = line.partition(b" ")
+        if router is None or method != b"POST":
+            return -1
+        target, _, _version = rest.partition(b" ")
+        path, _, query = target.partition(b"?")
+        if path not in _LINK_PUBLISH_PATHS:
+            return -1
+        try:
+            params = parse_query(query.decode("latin-1"))
+        except HTTPError:
+            return -1  # its error, where it arrived
+        r = wr.route(router.workers, path.decode(), "POST", params)
+        if r.kind == wr.OWNER and r.worker != router.index:
+            return r.worker
+        return -1
 
     async def close(self) -> None:
         """Stop listening and close connections (in-flight requests get a second)."""

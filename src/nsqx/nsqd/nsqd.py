@@ -41,6 +41,7 @@ from nsqx.nsqd.tls import build_server_context
 from nsqx.nsqd.topic import Topic
 from nsqx.nsqd.tracer import Tracer
 from nsqx.nsqd.workers.forwarding import WorkerSet
+from nsqx.nsqd.workers.http_handoff import HTTP_STATE
 from nsqx.nsqd.workers.spec import WorkerSpec
 from nsqx.store.data_format import DataFormatError, open_data_dir
 from nsqx.store.disklog import remove_file
@@ -217,6 +218,9 @@ class NSQD:
 
     def _adopt_client(self, sock: socket.socket, state: dict[str, Any]) -> None:
         """Serve a client connection another worker moved here (its topic is ours)."""
+        if HTTP_STATE in state:
+            self.http.adopt(sock, state[HTTP_STATE])
+            return
         client = ClientV2(self)
         client.adopt(state)
         self.spawn(self._adopted(sock, client))
@@ -480,7 +484,9 @@ class NSQD:
                 self.tcp_address = (name[0], name[1])
             self._servers.append(server)
         if spec.http_fd >= 0:
-            self.http_address = await self.http.start_socket(socket.socket(fileno=spec.http_fd))
+            self.http_address = await self.http.start_socket(
+                socket.socket(fileno=spec.http_fd), node_address=True
+            )
         if spec.internal_http_fd >= 0:
             await self.http.start_socket(socket.socket(fileno=spec.internal_http_fd))
         if spec.https_fd >= 0 and self.tls_context is not None:
