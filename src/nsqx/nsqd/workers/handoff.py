@@ -58,6 +58,8 @@ class Handoff:
         self._sock: socket.socket | None = None
         self._out: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: workers whose last send failed: said once, not at every retry of a wait
+        self._failing: set[int] = set()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -97,8 +99,11 @@ class Handoff:
                 handoff_address(self.prefix, peer),
             )
         except OSError as err:  # its queue is full (EAGAIN), it is gone (ECONNREFUSED)
-            log.debug("WORKERS: could not hand a connection to worker %d: %s", peer, err)
+            if peer not in self._failing:
+                self._failing.add(peer)
+                log.debug("WORKERS: could not hand a connection to worker %d: %s", peer, err)
             return False
+        self._failing.discard(peer)
         return True
 
     def _readable(self) -> None:
