@@ -188,3 +188,25 @@ def test_a_moved_connection_is_served_at_once_with_its_first_bytes(sock: socket.
     proto.connection_made(transport)
     (handler,) = server.made
     assert transport.protocol is handler and handler.data == REQUEST
+
+
+def test_connections_before_their_first_line_are_known_to_their_site(
+    sock: socket.socket,
+) -> None:
+    """The site closes, when it stops, the connections aiohttp was not given yet."""
+    pending: set[FirstRequest] = set()
+    server = Server()
+    conns = []
+    for _ in range(3):
+        proto = FirstRequest(
+            cast(web.Server, server), lambda line: -1, cast(Handoff, Moves()), pending=pending
+        )
+        transport = Transport(sock)
+        proto.connection_made(transport)
+        conns.append((proto, transport))
+    assert pending == {p for p, _ in conns}
+    conns[0][0].data_received(REQUEST)  # served: aiohttp's now
+    conns[1][0].connection_lost(None)
+    assert pending == {conns[2][0]}
+    conns[2][0].close()
+    assert conns[2][1].closed and not conns[0][1].closed

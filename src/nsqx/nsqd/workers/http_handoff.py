@@ -49,7 +49,7 @@ class FirstRequest(asyncio.Protocol):
     bytes that worker read (``first``), before anything else is read from it.
     """
 
-    __slots__ = ("_buf", "_decide", "_handoff", "_server", "_transport")
+    __slots__ = ("_buf", "_decide", "_handoff", "_pending", "_server", "_transport")
 
     def __init__(
         self,
@@ -57,17 +57,22 @@ class FirstRequest(asyncio.Protocol):
         decide: Decide | None,
         handoff: Handoff | None,
         first: bytes = b"",
+        pending: set[FirstRequest] | None = None,
     ) -> None:
         self._server = server
         self._decide = decide
         self._handoff = handoff
         self._buf = first
         self._transport: asyncio.Transport | None = None
+        #: the site's connections not yet given to aiohttp (closed when it stops)
+        self._pending = pending
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         if self._decide is None:
             self._serve()
+        elif self._pending is not None:
+            self._pending.add(self)
 
     def data_received(self, data: bytes) -> None:
         buf = self._buf + data if self._buf else data
@@ -88,9 +93,18 @@ class FirstRequest(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._transport = None  # before its first request line: nothing to answer
+        if self._pending is not None:
+            self._pending.discard(self)
+
+    def close(self) -> None:
+        """Close the connection (its server stops before it sent a request line)."""
+        if self._transport is not None:
+            self._transport.close()
 
     def _serve(self) -> Any:
         """Give the connection to aiohttp's protocol, with the bytes read so far."""
+        if self._pending is not None:
+            self._pending.discard(self)
         transport = self._transport
         if transport is None or transport.is_closing():
             return None
@@ -123,6 +137,8 @@ class FirstRequest(asyncio.Protocol):
             transport.resume_reading()
             return False
         log.debug("HTTP: moved a connection to worker %d", owner)
+        if self._pending is not None:
+            self._pending.discard(self)
         self._buf = b""
         self._transport = None
         # only this process's descriptor closes: the socket lives on at the owner
@@ -134,7 +150,7 @@ class FirstRequestSite(web.SockSite):
     """aiohttp's site on a bound socket, whose connections start with
     :class:`FirstRequest`."""
 
-    __slots__ = ("_decide", "_handoff")
+    __slots__ = ("_decide", "_handoff", "_pending")
 
     def __init__(
         self, runner: web.BaseRunner, sock: Any, decide: Decide, handoff: Handoff, backlog: int
@@ -142,13 +158,22 @@ class FirstRequestSite(web.SockSite):
         super().__init__(runner, sock, backlog=backlog)
         self._decide = decide
         self._handoff = handoff
+        self._pending: set[FirstRequest] = set()
 
     async def start(self) -> None:
         await web.BaseSite.start(self)  # registers the site with its runner
         server = self._runner.server
         assert server is not None
-        decide, handoff = self._decide, self._handoff
+        decide, handoff, pending = self._decide, self._handoff, self._pending
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: FirstRequest(server, decide, handoff), sock=self._sock, backlog=self._backlog
+            lambda: FirstRequest(server, decide, handoff, pending=pending),
+            sock=self._sock,
+            backlog=self._backlog,
         )
+
+    async def stop(self) -> None:
+        # aiohttp closes the connections it was given; these it was not, yet
+        await super().stop()
+        for conn in list(self._pending):
+            conn.close()
