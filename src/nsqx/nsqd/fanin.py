@@ -31,7 +31,7 @@ FIN, REQ and TOUCH go to the shard in the message id's high bits (nsqx.nsqd.guid
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
 from nsqx.nsqd import clock
 from nsqx.nsqd.guid import PARTITION_SHIFT
@@ -42,6 +42,11 @@ if TYPE_CHECKING:
     from nsqx.wire import commands as cmd
     from nsqx.wire.errors import ProtocolError
     from nsqx.wire.identify import ClientSettings
+
+#: a message id as a client sees it: 16 hex characters, whose first 4 hold its shard
+#: (the partition, above bit PARTITION_SHIFT, with two bits of the sequence)
+HEX_ID_LEN: Final = 16
+SHARD_PREFIX_LEN: Final = 4
 
 #: a shard that delivered nothing for this long (seconds) gives its RDY to one that asks
 IDLE_AFTER = 0.05
@@ -212,7 +217,7 @@ class FanIn:
 
     def source_of(self, msg_id: bytes) -> Source | None:
         """The shard a hex message id came from (None: not one of them)."""
-        prefix = msg_id[:4]
+        prefix = msg_id[:SHARD_PREFIX_LEN]
         try:
             return self._by_prefix[prefix]
         except KeyError:
