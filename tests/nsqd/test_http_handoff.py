@@ -210,3 +210,14 @@ def test_connections_before_their_first_line_are_known_to_their_site(
     assert pending == {conns[2][0]}
     conns[2][0].close()
     assert conns[2][1].closed and not conns[0][1].closed
+
+
+@pytest.mark.parametrize("first", [b"GET /stats", b"\x16\x03\x01\x02\x00\x01", b"POSTX"])
+def test_what_cannot_start_a_publish_goes_to_aiohttp_at_once(
+    sock: socket.socket, first: bytes
+) -> None:
+    """No wait for a whole line: a TLS hello on the plain port gets aiohttp's 400 now."""
+    proto, _, server, lines = connect(sock, owner=1)
+    proto.data_received(first)
+    (handler,) = server.made
+    assert (lines, handler.data) == ([], first)

@@ -685,3 +685,15 @@ def test_a_range_read_streams_from_the_owner(node: NsqdProcess) -> None:
             status, body, headers = http(node, "GET", path)
             assert (status, body) == want[:2]
             assert headers["Content-Type"] == "application/octet-stream"
+
+
+def test_bytes_that_start_no_request_get_an_answer_at_once(node: NsqdProcess) -> None:
+    """What cannot be an HTTP request (a TLS hello on the plain port, a line that never
+    ends) is refused by either worker as by a single nsqd (400), with no wait for a
+    line's end, and the node goes on serving."""
+    for junk in (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03", b"BREW /pot"):
+        for _ in range(4):  # (on whichever worker each lands)
+            with socket.create_connection(("127.0.0.1", node.http_port), timeout=30) as sock:
+                sock.sendall(junk)
+                assert re.match(rb"HTTP/1\.[01] 400 ", sock.recv(4096))
+    assert http(node, "POST", "/pub?topic=after", b"m")[:2] == (200, b"OK")

@@ -36,6 +36,9 @@ HTTP_STATE: Final = "http"
 #: where it arrived (aiohttp refuses lines past 8190 bytes anyway)
 FIRST_LINE_LIMIT: Final = 8192
 
+#: the only method of a publish (a connection that starts otherwise is served here)
+_POST: Final = b"POST "
+
 #: the worker that answers a request line (``b"POST /pub?topic=t HTTP/1.1"``), or -1
 #: for this one
 Decide = Callable[[bytes], int]
@@ -79,7 +82,10 @@ class FirstRequest(asyncio.Protocol):
         self._buf = buf
         end = buf.find(b"\r\n", 0, FIRST_LINE_LIMIT)
         if end < 0 and len(buf) < FIRST_LINE_LIMIT:
-            return  # the request line is not whole yet
+            if buf[:5] == _POST[: len(buf)]:
+                return  # maybe a publish: its request line is not whole yet
+            self._serve()  # not one (another method, TLS on the plain port): aiohttp's
+            return
         decide = self._decide
         owner = decide(buf[:end]) if decide is not None and end >= 0 else -1
         if owner >= 0 and self._move(owner):
