@@ -117,7 +117,8 @@ CONFIRM_WAIT = 1.0
 
 #: publishes a worker sends to their partition's owner over the link (not as HTTP)
 _LINK_PUBLISHES = frozenset({"/pub", "/mpub"})
-_LINK_PUBLISH_PATHS = frozenset({b"/pub", b"/mpub"})
+#: (as a request line has them: nsqx.nsqd.workers.http_handoff)
+_LINK_PUBLISH_PATHS = frozenset(p.encode() for p in _LINK_PUBLISHES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,25 +331,14 @@ class HTTPServer:
             await self._runner.setup()
         return self._runner
 
-    def adopt(self, sock: socket.socket, first: bytes) -> None:
-        """Serve an HTTP connection another worker moved here, whose first bytes
-        (``first``) it read (nsqx.nsqd.workers.http_handoff)."""
+    def adopted(self, first: bytes) -> Callable[[], asyncio.Protocol] | None:
+        """The protocol factory for an HTTP connection another worker moved here, whose
+        first bytes (``first``) it read (nsqx.nsqd.workers.http_handoff); None while
+        this API is closed."""
         server = self._runner.server if self._runner is not None else None
         if server is None:
-            sock.close()  # closing: as a connection not yet accepted would be
-            return
-        self.nsqd.spawn(self._adopted(server, sock, first))
-
-    @staticmethod
-    async def _adopted(server: web.Server, sock: socket.socket, first: bytes) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            await loop.connect_accepted_socket(
-                lambda: FirstRequest(server, None, None, first), sock=sock
-            )
-        except OSError as err:  # closed by its client meanwhile
-            log.debug("HTTP: could not adopt a moved connection: %s", err)
-            sock.close()
+            return None
+        return lambda: FirstRequest(server, None, None, first)
 
     def _first_request_owner(self, line: bytes) -> int:
         """The worker that owns what the request line ``line`` publishes to, when that

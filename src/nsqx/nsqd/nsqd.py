@@ -217,20 +217,25 @@ class NSQD:
         task.add_done_callback(self._tasks.discard)
 
     def _adopt_client(self, sock: socket.socket, state: dict[str, Any]) -> None:
-        """Serve a client connection another worker moved here (its topic is ours)."""
+        """Serve a client connection another worker moved here (its topic is ours): a
+        TCP client with what it negotiated, or an HTTP one with the bytes read of it."""
         if HTTP_STATE in state:
-            self.http.adopt(sock, state[HTTP_STATE])
+            factory = self.http.adopted(state[HTTP_STATE])
+            if factory is None:
+                sock.close()  # closing: as a connection not yet accepted would be
+            else:
+                self.spawn(self._adopted(sock, factory))
             return
         client = ClientV2(self)
         client.adopt(state)
-        self.spawn(self._adopted(sock, client))
+        self.spawn(self._adopted(sock, lambda: client))
 
-    async def _adopted(self, sock: socket.socket, client: ClientV2) -> None:
+    async def _adopted(self, sock: socket.socket, factory: Callable[[], asyncio.Protocol]) -> None:
         loop = asyncio.get_running_loop()
         try:
-            await loop.connect_accepted_socket(lambda: client, sock=sock)
+            await loop.connect_accepted_socket(factory, sock=sock)
         except OSError as err:  # closed by its client meanwhile
-            log.debug("TCP: could not adopt a moved connection: %s", err)
+            log.debug("WORKERS: could not adopt a moved connection: %s", err)
             sock.close()
 
     def next_client_id(self) -> int:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import Final, cast
 
 from aiohttp import web
 
@@ -107,7 +108,7 @@ class FirstRequest(asyncio.Protocol):
         if self._transport is not None:
             self._transport.close()
 
-    def _serve(self) -> Any:
+    def _serve(self) -> asyncio.Protocol | None:
         """Give the connection to aiohttp's protocol, with the bytes read so far."""
         if self._pending is not None:
             self._pending.discard(self)
@@ -159,7 +160,12 @@ class FirstRequestSite(web.SockSite):
     __slots__ = ("_decide", "_handoff", "_pending")
 
     def __init__(
-        self, runner: web.BaseRunner, sock: Any, decide: Decide, handoff: Handoff, backlog: int
+        self,
+        runner: web.BaseRunner,
+        sock: socket.socket,
+        decide: Decide,
+        handoff: Handoff,
+        backlog: int,
     ) -> None:
         super().__init__(runner, sock, backlog=backlog)
         self._decide = decide
