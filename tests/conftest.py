@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,9 +70,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+_RUN_TMP: str | None = None
+
+
+def _temp_in_one_folder() -> None:
+    """Every temporary file of the run (``mkdtemp`` data paths of in-process nsqds, the
+    servers' own, those of the processes started) goes under one folder removed at the
+    end: thousands of small data folders a run left behind filled a shared /tmp. pytest's
+    own ``tmp_path`` keeps its root and retention (failed tests' folders stay)."""
+    global _RUN_TMP
+    root = tempfile.gettempdir()
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", root)
+    _RUN_TMP = tempfile.mkdtemp(prefix="nsqx-run-", dir=root)
+    tempfile.tempdir = _RUN_TMP
+    os.environ["TMPDIR"] = _RUN_TMP
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _RUN_TMP is not None:
+        shutil.rmtree(_RUN_TMP, ignore_errors=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """`make compiled` (tests/compiled_build.py) must test the compiled modules, not the
-    source: with NSQX_EXPECT_COMPILED=1 every module of the list has to load compiled."""
+    """All temporary files in one folder (`_temp_in_one_folder`). `make compiled`
+    (tests/compiled_build.py) must test the compiled modules, not the source: with
+    NSQX_EXPECT_COMPILED=1 every module of the list has to load compiled."""
+    _temp_in_one_folder()
     if os.environ.get("NSQX_EXPECT_COMPILED") != "1":
         return
     from nsqx.compiled import COMPILED_MODULES, compiled_modules
