@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from nsqx.nsqd.fanin import IDLE_AFTER
 from nsqx.nsqd.guid import PARTITION_SHIFT
 from nsqx.nsqd.workers.ownership import owner_of
 from nsqx.spark import rangeclient
@@ -356,6 +357,55 @@ def test_rdy_bounds_the_messages_in_flight_over_all_shards(tmp_path: Path) -> No
             assert len(seen) == len(set(seen))
             sub.send(b"".join(c.fin(m.id) for m in held) + c.nop())
             assert await sub.nothing_for(0.3)
+            await sub.close()
+
+        run(go())
+
+
+def test_a_batching_consumer_gets_its_batch_when_rdy_moves_to_another_shard(
+    tmp_path: Path,
+) -> None:
+    """A consumer that FINs only once RDY's worth arrived holds what the other worker's
+    shard sent it. When that shard's RDY is taken for this worker's shard's messages,
+    what it holds counts for what it is (its owner says so over the link), not for the
+    RDY it had: the batch fills from this worker's shard. Before, the other shard's old
+    RDY was kept until the messages held were finished, so the batch waited for them to
+    time out (here 5 minutes)."""
+    node = start_sharded(tmp_path, "--msg-timeout=300s")
+    topic = "batches"
+    here, there = shard_on(topic, 0), shard_on(topic, 1)
+    with logged(node, signal.SIGKILL):
+
+        async def go() -> None:
+            seed = await make_sharded(node, topic)
+            sub = await raw_on(node, 0)
+            await sub.subscribe(topic, "c", rdy=1)
+            m = await sub.message()
+            assert m.body == seed
+            sub.send(c.fin(m.id))
+
+            # a batch of 3: 2 come from the other worker's shard and are held
+            sub.send(c.rdy(3))
+            await pub_on(node, 1, topic, [b"t0", b"t1"])
+            held = await sub.messages(2)
+            assert {shard_of(m.id) for m in held} == {there}
+            # (that shard delivered nothing for a while: all of its RDY may be taken)
+            await asyncio.sleep(IDLE_AFTER * 2)
+            await pub_on(node, 0, topic, [b"h0", b"h1", b"h2"])
+            try:
+                third = await sub.message(timeout=10)
+            except AssertionError:
+                raise AssertionError(
+                    "a batch of 3 with 2 held: no third message in 10 s;"
+                    f" {await asyncio.to_thread(rdy_picture, node, topic, 'c')}"
+                ) from None
+            assert shard_of(third.id) == here
+            assert await sub.nothing_for(0.3), "a 4th message in flight with RDY 3"
+            held.append(third)
+            sub.send(b"".join(c.fin(m.id) for m in held))
+            rest = await sub.messages(2)
+            got = {m.body for m in [*held, *rest]}
+            assert got == {b"t0", b"t1", b"h0", b"h1", b"h2"}
             await sub.close()
 
         run(go())

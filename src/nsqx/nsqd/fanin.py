@@ -21,9 +21,11 @@ messages in flight are below its grant. Grants follow the messages:
   when all are busy (another worker's shard: a quarter of an even share; this worker's:
   the rest, so that most deliveries take no hop); with a RDY below the number of busy
   shards they take turns;
-- RDY taken back is reused only once the shard confirmed that its messages in flight
-  are within the lower grant (a local shard is looked at; a remote one answers over the
-  link), so the messages in flight over all shards never pass the connection's RDY.
+- RDY taken back is reused as the shard's messages in flight go down (a local shard's
+  are looked at; a remote one reports its count over the link, each time it went down,
+  until it is within the lower grant), so the messages in flight over all shards never
+  pass the connection's RDY, and messages a consumer holds count for what they are (a
+  consumer that finishes a batch only once RDY's worth arrived gets the rest).
 
 FIN, REQ and TOUCH go to the shard in the message id's high bits (nsqx.nsqd.guid).
 """
@@ -84,8 +86,8 @@ class Source:
     partition: int
     #: the RDY it may use now
     grant = 0
-    #: an upper bound of its messages in flight (a remote shard's, until it confirms
-    #: a lower grant, is the grant before)
+    #: an upper bound of its messages in flight (a remote shard's, after its grant was
+    #: lowered, is the grant before until it reports fewer in flight)
     committed = 0
     #: when it last delivered (clock.monotonic)
     last_delivery = 0.0

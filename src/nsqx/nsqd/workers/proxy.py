@@ -69,7 +69,9 @@ SUB_ERROR: Final = "sub_err"
 SUB_CLOSE: Final = "sub_close"
 #: a shard of a fan-in (nsqx.nsqd.fanin) has messages and no room for them
 SUB_WANT: Final = "sub_want"
-#: a shard of a fan-in has no more in flight than its lowered grant: (sid, grant)
+#: a shard of a fan-in whose RDY was lowered has at most ``count`` in flight:
+#: (sid, the RDY's number, count); sent at once, as its messages in flight go down,
+#: and last when they are within that RDY
 SUB_FREED: Final = "sub_freed"
 #: the owner drains: a fan-in's shard there sends nothing more, and its worker may
 #: exit once its messages in flight are answered (the connection stays)
@@ -105,6 +107,8 @@ class RemoteSub(Source):
         #: the SUB's answer, until it came
         self.ticket: Ticket | None = None
         self._ready = 0
+        #: how many RDYs were sent: the owner's SUB_FREED names the one it answers
+        self._rdy_sent = 0
 
     def set_grant(self, n: int) -> None:
         """A fan-in's share of the connection's RDY for this shard."""
@@ -115,10 +119,14 @@ class RemoteSub(Source):
         self.grant = n
         self.ready(n)
 
-    def freed(self, n: int) -> None:
-        """The owner says its messages in flight are within grant ``n``."""
-        if n == self.grant:
-            self.committed = n
+    def freed(self, rdy_number: int, count: int) -> None:
+        """The owner says it has at most ``count`` messages in flight, under the RDY
+        numbered ``rdy_number`` (one sent since may let it deliver more: ignored)."""
+        if rdy_number == self._rdy_sent and count < self.committed:
+            # (the count, not only the grant once within it: a consumer that holds its
+            # messages until RDY's worth arrived would otherwise wait for a timeout
+            # while what it holds still counts as the old grant)
+            self.committed = max(count, self.grant)
             if self.fanin is not None:
                 self.fanin.freed()
 
@@ -126,7 +134,8 @@ class RemoteSub(Source):
         """The client may now have ``n`` messages in flight (0: none, closing)."""
         if n != self._ready:
             self._ready = n
-            self.link.send((SUB_RDY, self.sid, n))
+            self._rdy_sent += 1
+            self.link.send((SUB_RDY, self.sid, n, self._rdy_sent))
 
     def fin(self, ids: list[bytes]) -> None:
         self.link.send((SUB_FIN, self.sid, ids))
@@ -177,11 +186,14 @@ class ProxyConsumer:
         self.rdy = 0
         self.closed = False
         #: one shard of a fan-in (nsqx.nsqd.fanin): the channel says when it starves,
-        #: and a lowered RDY is confirmed once its messages in flight are within it
+        #: and under a lowered RDY it reports its messages in flight as they go down
         self.fanin = False
         self.wants_starved = False
         self._want_sent = False
-        self._freed_due = -1
+        #: the number of the last RDY (the origin's), and the in-flight count last
+        #: reported under it (-1: nothing to report: the RDY was not lowered, or it is met)
+        self._rdy_number = 0
+        self._reported = -1
         #: messages sent to the client through it
         self.message_count = 0
         #: what /stats shows of the connection (its worker's word: TLS, AUTH, ...)
@@ -252,14 +264,18 @@ class ProxyConsumer:
         return len(held) if held is not None else 0
 
     def check_freed(self) -> bool:
-        """Confirm a lowered RDY once within it (True: done or none due)."""
-        due = self._freed_due
-        if due < 0:
+        """Report the messages in flight under a lowered RDY each time they went down,
+        the last time once within it (True: done or nothing due)."""
+        reported = self._reported
+        if reported < 0:
             return True
-        if self.in_flight() > due:
+        count = self.in_flight()
+        if count < reported:
+            self.link.send((SUB_FREED, self.sid, self._rdy_number, count))
+            self._reported = count
+        if count > self.rdy:
             return False
-        self._freed_due = -1
-        self.link.send((SUB_FREED, self.sid, due))
+        self._reported = -1
         return True
 
     def close(self) -> None:
@@ -404,10 +420,10 @@ class SubProxies:
                     link.send((SUB_DRAINED, proxy.sid))
 
     def _on_freed(self, link: Link, item: tuple[Any, ...]) -> None:
-        _, sid, n = item
+        _, sid, number, count = item
         remote = self._find(link, sid)
         if remote is not None:
-            remote.freed(n)
+            remote.freed(number, count)
 
     def _on_error(self, link: Link, item: tuple[Any, ...]) -> None:
         _, sid, frame, fatal = item
@@ -512,14 +528,16 @@ class SubProxies:
             del proxies[proxy.sid]
 
     def _on_rdy(self, link: Link, item: tuple[Any, ...]) -> None:
-        _, sid, n = item
+        _, sid, n, number = item
         proxy = self._proxy(link, sid)
         if proxy is not None and proxy.channel is not None:
             proxy.rdy = n
             proxy.channel.ready_changed(proxy, proxy.ready())
             if proxy.fanin:
                 proxy._want_sent = False
-                proxy._freed_due = n
+                proxy._rdy_number = number
+                # (above any count: the first check reports the count at once)
+                proxy._reported = 1 << 62
                 proxy.channel.notify()  # (with no room and messages, it asks again)
                 if not proxy.check_freed():
                     self._freeing.add(proxy)
