@@ -411,6 +411,57 @@ def test_a_batching_consumer_gets_its_batch_when_rdy_moves_to_another_shard(
         run(go())
 
 
+def test_a_shard_that_ran_out_gives_up_its_ask_for_rdy(tmp_path: Path) -> None:
+    """The other worker's shard asks for RDY (messages and no room), then sends what it
+    had as the consumer finishes some: it says it has nothing left, so the RDY it holds
+    can go to this worker's shard when that one has messages. Before, its old ask stood
+    and kept its RDY from the shard that asked next: a consumer that finishes a batch
+    of 2 got 1 and waited (found by a random search of consumers)."""
+    node = start_sharded(tmp_path, "--msg-timeout=300s")
+    topic = "asks"
+    here, there = shard_on(topic, 0), shard_on(topic, 1)
+    with logged(node, signal.SIGKILL):
+
+        async def go() -> None:
+            seed = await make_sharded(node, topic)
+            sub = await raw_on(node, 0)
+            await sub.subscribe(topic, "c", rdy=1)
+            m = await sub.message()
+            assert m.body == seed
+            sub.send(c.fin(m.id))
+
+            # the other shard gets all of RDY 2 and asks for more while 2 are held
+            sub.send(c.rdy(2))
+            await pub_on(node, 1, topic, [b"t0", b"t1", b"t2"])
+            held = await sub.messages(2)
+            assert {shard_of(m.id) for m in held} == {there}
+            # one finished: its last message comes, and it has nothing left
+            sub.send(c.fin(held.pop(0).id))
+            held.append(await sub.message())
+            assert shard_of(held[-1].id) == there
+            sub.send(b"".join(c.fin(m.id) for m in held))
+
+            # batches of 2 from this worker's shard
+            await pub_on(node, 0, topic, [b"h0", b"h1", b"h2"])
+            got: list[bytes] = []
+            while len(got) < 2:
+                try:
+                    batch = [await sub.message(timeout=10)]
+                    batch.append(await sub.message(timeout=10))
+                except AssertionError:
+                    raise AssertionError(
+                        "a batch of 2: no second message in 10 s;"
+                        f" {await asyncio.to_thread(rdy_picture, node, topic, 'c')}"
+                    ) from None
+                assert {shard_of(m.id) for m in batch} == {here}
+                got += [m.body for m in batch]
+                sub.send(b"".join(c.fin(m.id) for m in batch))
+            assert set(got) <= {b"h0", b"h1", b"h2"}
+            await sub.close()
+
+        run(go())
+
+
 # -- 3. REQ, TOUCH and FIN of the other worker's shard --------------------------------
 
 

@@ -112,7 +112,7 @@ class Channel:
         self.cursor = start
         self.clients: list[Consumer] = []
         #: consumers told when the channel has messages and none of its consumers has
-        #: room (a fan-in's shards, nsqx.nsqd.fanin)
+        #: room, and when it has none left (a fan-in's shards, nsqx.nsqd.fanin)
         self._starving: list[Consumer] = []
         #: each client's messages in flight
         self._held: dict[Consumer, Held] = {}
@@ -433,12 +433,14 @@ class Channel:
             return
         ready = self._ready()
         if not ready:
-            if self._starving and (
-                self.flight.requeued or self.partition.visible_end > self.cursor
-            ):
-                # messages and no room: a fan-in's shard asks its connection for RDY
-                for c in self._starving:
-                    c.starved()  # type: ignore[attr-defined]
+            if self._starving:
+                if self.flight.requeued or self.partition.visible_end > self.cursor:
+                    # messages and no room: a fan-in's shard asks its connection for RDY
+                    for c in self._starving:
+                        c.starved()  # type: ignore[attr-defined]
+                else:
+                    for c in self._starving:
+                        c.sated()  # type: ignore[attr-defined]
             return
         # what the rate limits let go now (-1: no limit)
         limit = self._rate_room() if self._rate_limited else -1
@@ -489,6 +491,11 @@ class Channel:
                 # every consumer full and messages left: a fan-in's shard asks for RDY
                 for c in self._starving:
                     c.starved()  # type: ignore[attr-defined]
+        elif self._starving:
+            # nothing left: a shard that asked for RDY asks no more (else its old ask
+            # keeps the RDY it holds from a shard that has messages)
+            for c in self._starving:
+                c.sated()  # type: ignore[attr-defined]
 
     def _send(
         self,

@@ -16,7 +16,8 @@ messages in flight are below its grant. Grants follow the messages:
   rest (deliveries from it take no hop); with a RDY below the number of shards, its own
   first;
 - a shard whose channel has messages while none of its consumers can take one says so
-  (:meth:`FanIn.want`; the channel's ``starved``); spare RDY goes to it at once, else
+  (:meth:`FanIn.want`; the channel's ``starved``), and takes it back once the channel
+  has none left (``sated``: else its old ask keeps it from giving up the RDY it holds); spare RDY goes to it at once, else
   some is taken back from a shard with nothing to send, or from one above its share
   when all are busy (another worker's shard: a quarter of an even share; this worker's:
   the rest, so that most deliveries take no hop); with a RDY below the number of busy
@@ -163,6 +164,10 @@ class LocalShard(Source):
         """The channel has messages and none of its consumers has room."""
         if not self.wanting:
             self.fanin.want(self)
+
+    def sated(self) -> None:
+        """The channel has no message left."""
+        self.wanting = False
 
     # -- as a source
 

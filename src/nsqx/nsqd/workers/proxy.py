@@ -69,6 +69,8 @@ SUB_ERROR: Final = "sub_err"
 SUB_CLOSE: Final = "sub_close"
 #: a shard of a fan-in (nsqx.nsqd.fanin) has messages and no room for them
 SUB_WANT: Final = "sub_want"
+#: a shard of a fan-in that asked for RDY has no message left (its ask no longer holds)
+SUB_SATED: Final = "sub_sated"
 #: a shard of a fan-in whose RDY was lowered has at most ``count`` in flight:
 #: (sid, the RDY's number, count); sent at once, as its messages in flight go down,
 #: and last when they are within that RDY
@@ -259,6 +261,12 @@ class ProxyConsumer:
             self._want_sent = True
             self.link.send((SUB_WANT, self.sid))
 
+    def sated(self) -> None:
+        """Its channel has no message left: an ask for RDY it sent no longer holds."""
+        if self._want_sent and not self.closed:
+            self._want_sent = False
+            self.link.send((SUB_SATED, self.sid))
+
     def in_flight(self) -> int:
         held = self.channel.held_by(self) if self.channel is not None else None
         return len(held) if held is not None else 0
@@ -326,6 +334,7 @@ class SubProxies:
             SUB_ERROR: self._on_error,
             SUB_CLOSE: self._on_close,
             SUB_WANT: self._on_want,
+            SUB_SATED: self._on_sated,
             SUB_FREED: self._on_freed,
             SUB_DRAINED: self._on_drained,
         }
@@ -405,6 +414,12 @@ class SubProxies:
         remote = self._find(link, item[1])
         if remote is not None and remote.fanin is not None and not remote.wanting:
             remote.fanin.want(remote)
+
+    def _on_sated(self, link: Link, item: tuple[Any, ...]) -> None:
+        remote = self._find(link, item[1])
+        if remote is not None and remote.fanin is not None and remote.wanting:
+            remote.wanting = False
+            remote.fanin.freed()  # (the RDY it holds may go to a shard that asks)
 
     def _on_drained(self, link: Link, item: tuple[Any, ...]) -> None:
         remote = self._find(link, item[1])
