@@ -17,11 +17,11 @@ messages in flight are below its grant. Grants follow the messages:
   first;
 - a shard whose channel has messages while none of its consumers can take one says so
   (:meth:`FanIn.want`; the channel's ``starved``), and takes it back once the channel
-  has none left (``sated``: else its old ask keeps it from giving up the RDY it holds); spare RDY goes to it at once, else
-  some is taken back from a shard with nothing to send, or from one above its share
-  when all are busy (another worker's shard: a quarter of an even share; this worker's:
-  the rest, so that most deliveries take no hop); with a RDY below the number of busy
-  shards they take turns;
+  has none left (``sated``: else its old ask keeps it from giving up the RDY it holds);
+  spare RDY goes to it at once, else some is taken back from a shard with nothing to
+  send, or from one above its share when all are busy (another worker's shard: a
+  quarter of an even share; this worker's: the rest, so that most deliveries take no
+  hop); with a RDY below the number of busy shards they take turns;
 - RDY taken back is reused as the shard's messages in flight go down (a local shard's
   are looked at; a remote one reports its count over the link, each time it went down,
   until it is within the lower grant), so the messages in flight over all shards never

@@ -83,6 +83,9 @@ SHARDED: Final = "sharded"
 #: how often an owner looks again at a lowered grant still above its messages in flight
 #: (those that time out free it without a FIN or REQ; seconds)
 FREED_CHECK = 0.05
+#: a ProxyConsumer's last count reported, after a RDY: above any, so the next check
+#: reports the count at once
+_REPORT_NOW: Final = 1 << 62
 
 
 class RemoteSub(Source):
@@ -124,11 +127,12 @@ class RemoteSub(Source):
     def freed(self, rdy_number: int, count: int) -> None:
         """The owner says it has at most ``count`` messages in flight, under the RDY
         numbered ``rdy_number`` (one sent since may let it deliver more: ignored)."""
-        if rdy_number == self._rdy_sent and count < self.committed:
+        bound = max(count, self.grant)
+        if rdy_number == self._rdy_sent and bound < self.committed:
             # (the count, not only the grant once within it: a consumer that holds its
             # messages until RDY's worth arrived would otherwise wait for a timeout
             # while what it holds still counts as the old grant)
-            self.committed = max(count, self.grant)
+            self.committed = bound
             if self.fanin is not None:
                 self.fanin.freed()
 
@@ -551,8 +555,7 @@ class SubProxies:
             if proxy.fanin:
                 proxy._want_sent = False
                 proxy._rdy_number = number
-                # (above any count: the first check reports the count at once)
-                proxy._reported = 1 << 62
+                proxy._reported = _REPORT_NOW
                 proxy.channel.notify()  # (with no room and messages, it asks again)
                 if not proxy.check_freed():
                     self._freeing.add(proxy)
