@@ -362,6 +362,18 @@ def test_rdy_bounds_the_messages_in_flight_over_all_shards(tmp_path: Path) -> No
         run(go())
 
 
+async def seed_consumed_on_worker_0(node: NsqdProcess, topic: str) -> Raw:
+    """``topic`` made sharded, and a consumer of its channel ``c`` on worker 0 that
+    consumed the first message (RDY 1)."""
+    seed = await make_sharded(node, topic)
+    sub = await raw_on(node, 0)
+    await sub.subscribe(topic, "c", rdy=1)
+    m = await sub.message()
+    assert m.body == seed
+    sub.send(c.fin(m.id))
+    return sub
+
+
 def test_a_batching_consumer_gets_its_batch_when_rdy_moves_to_another_shard(
     tmp_path: Path,
 ) -> None:
@@ -377,12 +389,7 @@ def test_a_batching_consumer_gets_its_batch_when_rdy_moves_to_another_shard(
     with logged(node, signal.SIGKILL):
 
         async def go() -> None:
-            seed = await make_sharded(node, topic)
-            sub = await raw_on(node, 0)
-            await sub.subscribe(topic, "c", rdy=1)
-            m = await sub.message()
-            assert m.body == seed
-            sub.send(c.fin(m.id))
+            sub = await seed_consumed_on_worker_0(node, topic)
 
             # a batch of 3: 2 come from the other worker's shard and are held
             sub.send(c.rdy(3))
@@ -423,12 +430,7 @@ def test_a_shard_that_ran_out_gives_up_its_ask_for_rdy(tmp_path: Path) -> None:
     with logged(node, signal.SIGKILL):
 
         async def go() -> None:
-            seed = await make_sharded(node, topic)
-            sub = await raw_on(node, 0)
-            await sub.subscribe(topic, "c", rdy=1)
-            m = await sub.message()
-            assert m.body == seed
-            sub.send(c.fin(m.id))
+            sub = await seed_consumed_on_worker_0(node, topic)
 
             # the other shard gets all of RDY 2 and asks for more while 2 are held
             sub.send(c.rdy(2))
