@@ -83,7 +83,7 @@ class FirstRequest(asyncio.Protocol):
         self._buf = buf
         end = buf.find(b"\r\n", 0, FIRST_LINE_LIMIT)
         if end < 0 and len(buf) < FIRST_LINE_LIMIT:
-            if buf[:5] == _POST[: len(buf)]:
+            if buf[: len(_POST)] == _POST[: len(buf)]:
                 return  # maybe a publish: its request line is not whole yet
             self._serve()  # not one (another method, TLS on the plain port): aiohttp's
             return
