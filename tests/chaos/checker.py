@@ -11,7 +11,17 @@ reordered, acknowledged by a node after it was replaced, and how long writes sto
   by nsqlookupd's epoch history, another node already led that partition (must be 0);
 - writes resumed after: the longest stretch without any acknowledgement on a partition,
   from the fault on (a publisher keeps each partition busy all the time);
-- the epoch and ISR history of every partition.
+- the epoch and ISR history of every partition;
+- reused ids: message ids delivered with more than one body (must be 0);
+- early: deferred messages (DPUB) delivered more than EARLY_SLACK before their time, the
+  delay counted from when the publish was sent (must be 0 where the run checks
+  schedules);
+- moved back: redeliveries of a message that a consumer had finished more than
+  POSITION_WINDOW before the fault (a channel's position moved back past it; must be 0
+  where the run checks positions);
+- for a run that allows a loss window (one nsqd without --sync-before-ack: it fsyncs
+  every --sync-timeout): the lost messages acknowledged before that window, which must
+  be none; for a damaged segment: at most ``max_lost`` lost (the batch the damage hit).
 """
 
 from __future__ import annotations
@@ -46,14 +56,34 @@ class Verdict:
     writes_resumed: bool = True
     #: the cluster under test (run.py --target)
     target: str = "nsqx"
+    reused_ids: int = 0
+    early: int = 0
+    moved_back: int = 0
+    #: lost messages acknowledged before the allowed loss window (None: no window)
+    lost_outside_window: int | None = None
+    #: the most lost messages allowed (a damaged batch); None: 0, or the window's rule
+    max_lost: int | None = None
+    #: the checks beyond the first four that decide ok: "schedule", "positions"
+    strict: tuple[str, ...] = ()
+
+    @property
+    def lost_ok(self) -> bool:
+        if self.max_lost is not None:
+            return self.lost <= self.max_lost
+        if self.lost_outside_window is not None:
+            return self.lost_outside_window == 0
+        return self.lost == 0
 
     @property
     def ok(self) -> bool:
         return (
-            self.lost == 0
+            self.lost_ok
             and self.phantoms == 0
             and self.order_violations == 0
             and self.fenced_acks in (0, None)
+            and self.reused_ids == 0
+            and ("schedule" not in self.strict or self.early == 0)
+            and ("positions" not in self.strict or self.moved_back == 0)
         )
 
     def row(self) -> str:
@@ -61,7 +91,8 @@ class Verdict:
             f"{self.scenario:<34} {self.acknowledged:>8} {self.lost:>5} {self.phantoms:>8} "
             f"{self.duplicates:>5} {self.order_violations:>6} "
             f"{'n/a' if self.fenced_acks is None else self.fenced_acks:>6} "
-            f"{f'{self.resumed_after:8.2f}s' if self.writes_resumed else 'never':>9}  "
+            f"{f'{self.resumed_after:8.2f}s' if self.writes_resumed else 'never':>9} "
+            f"{self.reused_ids:>6} {self.early:>6} {self.moved_back:>6}  "
             f"{'ok' if self.ok else 'FAILED'}"
         )
 
@@ -79,6 +110,11 @@ class Verdict:
             "fenced_acks": self.fenced_acks,
             "resumed_after": round(self.resumed_after, 3),
             "writes_resumed": self.writes_resumed,
+            "reused_ids": self.reused_ids,
+            "early": self.early,
+            "moved_back": self.moved_back,
+            "lost_outside_window": self.lost_outside_window,
+            "max_lost": self.max_lost,
             "target": self.target,
             "ok": self.ok,
             "history": self.history,
@@ -88,8 +124,14 @@ class Verdict:
 
 HEADER = (
     f"{'scenario':<34} {'acked':>8} {'lost':>5} {'phantoms':>8} {'dups':>5} "
-    f"{'order':>6} {'fenced':>6} {'resumed':>9}"
+    f"{'order':>6} {'fenced':>6} {'resumed':>9} {'reused':>6} {'early':>6} {'back':>6}"
 )
+
+#: how much before its time a deferred message may come (the deferred timer's batching)
+EARLY_SLACK = 0.25
+#: how long before a fault a finished message may be delivered again (a channel's
+#: position is checkpointed and replicated twice a second; fsynced every --sync-timeout)
+POSITION_WINDOW = 2.5
 
 
 #: seconds without an acknowledgement on a partition, when publishing stops, that mean
@@ -118,6 +160,9 @@ def judge(
     *,
     fenced_known: bool = True,
     stopped_at: float | None = None,
+    loss_window: float | None = None,
+    max_lost: int | None = None,
+    strict: tuple[str, ...] = (),
 ) -> Verdict:
     """``histories``: topic -> nsqlookupd's /partition/history partitions; ``node_name``:
     node id -> host name; ``fault_at``: when the fault began (time.time).
@@ -136,6 +181,65 @@ def judge(
     for body in lost_bodies[:10]:
         s = rec.sent[body]
         details.append(f"lost {body!r}: {[(a.node, a.outcome) for a in s.attempts]}")
+    lost_outside_window = None
+    if loss_window is not None:
+        lost_outside_window = 0
+        for body in lost_bodies:
+            a = rec.sent[body].acked
+            assert a is not None
+            if a.done < fault_at - loss_window:
+                lost_outside_window += 1
+                if lost_outside_window <= 5:
+                    details.append(
+                        f"lost outside the {loss_window:g}s window: {body!r} acknowledged "
+                        f"{fault_at - a.done:.2f}s before the fault"
+                    )
+    if lost_bodies:
+        per_topic: dict[str, int] = defaultdict(int)
+        for body in lost_bodies:
+            per_topic[rec.sent[body].topic] += 1
+        details.insert(0, f"lost per topic: {dict(per_topic)}")
+
+    # reused ids: one id, several bodies
+    bodies_of: dict[tuple[str, bytes], set[bytes]] = defaultdict(set)
+    for d in rec.delivered:
+        if d.id:
+            bodies_of[(d.topic, d.id)].add(d.body)
+    reused = [(k, v) for k, v in bodies_of.items() if len(v) > 1]
+    for (topic, mid), bodies in reused[:5]:
+        details.append(f"id {mid!r} of {topic} reused: {sorted(bodies)[:3]!r}")
+
+    # early: a deferred message delivered before its time
+    early = 0
+    worst_early = 0.0
+    for d in rec.delivered:
+        s = rec.sent.get(d.body)
+        if s is None or not s.defer_ms or s.acked is None:
+            continue
+        # the earliest its time can be: the first attempt's send plus the delay
+        due = s.attempts[0].sent + s.defer_ms / 1000
+        if d.at < due - EARLY_SLACK:
+            early += 1
+            worst_early = max(worst_early, due - d.at)
+    if early:
+        details.append(f"{early} deferred deliveries early, by up to {worst_early:.2f}s")
+
+    # moved back: finished well before the fault, delivered again after it
+    moved_back = 0
+    worst_back = 0.0
+    finished: dict[bytes, float] = {}
+    for d in rec.delivered:
+        before = finished.get(d.body)
+        if before is None:
+            finished[d.body] = d.at
+        elif before < fault_at - POSITION_WINDOW and d.at >= fault_at:
+            moved_back += 1
+            worst_back = max(worst_back, fault_at - before)
+    if moved_back:
+        details.append(
+            f"{moved_back} redeliveries of messages finished before the fault, up to "
+            f"{worst_back:.1f}s before it"
+        )
     phantoms = [b for b in first if b not in rec.sent]
     for body in phantoms[:10]:
         details.append(f"phantom {body!r}")
@@ -231,4 +335,10 @@ def judge(
         history,
         details,
         writes_resumed=not stalls,
+        reused_ids=len(reused),
+        early=early,
+        moved_back=moved_back,
+        lost_outside_window=lost_outside_window,
+        max_lost=max_lost,
+        strict=strict,
     )

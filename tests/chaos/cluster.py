@@ -4,6 +4,12 @@ namespace has its own addresses), logs and data in the run's directory.
 
 The harness itself runs in the lab's hub (it entered it), so it reaches every node
 directly; faults are made between the nodes' namespaces.
+
+With ``faultfs=True`` every nsqd's data directory, and the embedded nsqlookupd's, is a
+faultfs mount (tests/faultfs: a FUSE filesystem that forgets what was not fsynced) over
+``<run dir>/<host>.disk``: :meth:`ChaosCluster.power_off` cuts the power of nodes (the
+process SIGKILLed, the unsynced writes dropped, whole or torn), :meth:`flip_bit` and
+:meth:`truncate` damage a node's files.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from typing import Any
 import aiohttp
 
 from chaos.netns import Host, Lab
+from faultfs import FaultFS
 
 NSQD_TCP, NSQD_HTTP = 4150, 4151
 LOOKUPD_TCP, LOOKUPD_HTTP = 4160, 4161
@@ -62,6 +69,12 @@ class ChaosCluster:
     lag_timeout: str | None = None
     #: nsqd data directories on a small tmpfs each (MB; 0: on the run's disk)
     tmpfs_mb: int = 0
+    #: data directories on faultfs mounts (power cuts, corruption)
+    faultfs: bool = False
+    #: more nsqd flags (--sync-before-ack ...)
+    nsqd_args: tuple[str, ...] = ()
+    #: host name -> its data directory's faultfs mount
+    mounts: dict[str, FaultFS] = field(default_factory=dict)
     nsqd: dict[str, Proc] = field(default_factory=dict)
     lookupd: dict[str, Proc] = field(default_factory=dict)
     etcd: dict[str, Proc] = field(default_factory=dict)
@@ -116,6 +129,8 @@ class ChaosCluster:
             else:
                 argv.append(f"--data-path={self.run_dir / h.name}")
                 (self.run_dir / h.name).mkdir(exist_ok=True)
+                if self.faultfs:
+                    self._mount(h.name)
             self.lookupd[h.name] = self._start(
                 Proc("nsqlookupd", h, argv, self.run_dir / f"{h.name}.log")
             )
@@ -124,6 +139,8 @@ class ChaosCluster:
             data.mkdir(exist_ok=True)
             if self.tmpfs_mb:
                 self.lab.tmpfs(str(data), self.tmpfs_mb)
+            if self.faultfs:
+                self._mount(h.name)
             argv = [
                 sys.executable,
                 "-m",
@@ -137,7 +154,19 @@ class ChaosCluster:
             ]
             if self.lag_timeout is not None:
                 argv.append(f"--replication-lag-timeout={self.lag_timeout}")
+            argv += self.nsqd_args
             self.nsqd[h.name] = self._start(Proc("nsqd", h, argv, self.run_dir / f"{h.name}.log"))
+
+    def _mount(self, name: str) -> None:
+        """A faultfs mount at the host's data directory (before its daemon starts: the
+        daemon's mount namespace, made by ip netns exec, is a copy taken at its start)."""
+        fs = FaultFS(
+            self.run_dir / f"{name}.disk",
+            self.run_dir / name,
+            log=self.run_dir / f"{name}.faultfs.log",
+        )
+        fs.mount()
+        self.mounts[name] = fs
 
     def _start(self, p: Proc) -> Proc:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -196,6 +225,69 @@ class ChaosCluster:
         self._start(p)
         self.lab.events.append((time.time(), f"restart {name}"))
 
+    # -- storage faults (faultfs) --------------------------------------------------------
+
+    def power_off(
+        self, names: list[str], mode: str = "all", seed: int | None = None
+    ) -> dict[str, Any]:
+        """Cut the power of these hosts at once: each daemon SIGKILLed, then what its
+        data directory had not made durable is lost (``mode``: all, reorder, torn,
+        torn-last; faultfs/fs.py), and the directory mounted again over what was
+        durable. The daemons stay down until :meth:`restart` (or heal_processes)."""
+        for name in names:
+            self.kill(name)
+        reports = {}
+        for i, name in enumerate(names):
+            fs = self.mounts[name]
+            report = fs.cut(mode, seed=None if seed is None else seed + i)
+            fs.mount()
+            lost = {
+                path: f"{f['size']}->{f['now']}"
+                for path, f in report["files"].items()
+                if f["size"] != f["now"]
+            }
+            self.lab.events.append(
+                (
+                    time.time(),
+                    f"power cut {name} ({mode}): {len(lost)} files shorter, "
+                    f"{report['names_pending'] - report['names_kept']} of "
+                    f"{report['names_pending']} name changes lost"
+                    + (
+                        f" (gone: {' '.join(report['lost_names'][:6])})"
+                        if report["lost_names"]
+                        else ""
+                    ),
+                )
+            )
+            reports[name] = report
+        return reports
+
+    def files(self, name: str, under: str = "", suffixes: tuple[str, ...] = (".seg",)) -> list[str]:
+        """The files of a host's data directory (paths relative to it) under ``under``
+        whose names end with one of ``suffixes``, sorted."""
+        root = self.run_dir / name
+        out = []
+        for dirpath, _dirs, names in os.walk(root / under):
+            for n in names:
+                if n.endswith(suffixes):
+                    out.append(str((Path(dirpath) / n).relative_to(root)))
+        return sorted(out)
+
+    def flip_bit(self, name: str, path: str, seed: int | None = None) -> dict[str, Any]:
+        """Flip a random bit of a host's file (``path`` relative to its data directory)."""
+        report = self.mounts[name].flip_bit(path, seed=seed)
+        self.lab.events.append(
+            (time.time(), f"flip {name}:{path} byte {report['offset']} of {report['size']}")
+        )
+        return report
+
+    def truncate(self, name: str, path: str, length: int) -> dict[str, Any]:
+        report = self.mounts[name].truncate(path, length)
+        self.lab.events.append(
+            (time.time(), f"truncate {name}:{path} at {length} of {report['size']}")
+        )
+        return report
+
     def heal_processes(self) -> None:
         """Every stopped daemon continued, every killed one started again."""
         for p in self.procs():
@@ -210,6 +302,8 @@ class ChaosCluster:
                 if p.stopped:
                     os.kill(p.proc.pid, signal.SIGCONT)
                 self.lab.stop(p.proc, grace=2.0)
+        for fs in self.mounts.values():
+            fs.close()
 
     # -- HTTP -----------------------------------------------------------------------------
 

@@ -12,7 +12,10 @@ fenced acknowledgement).
 
 Options: ``--scenario NAME`` (repeatable; a substring), ``--repeat N``, ``--short``
 (the CI set, faults scaled down), ``--scale F`` (fault durations), ``--replicator N``,
-``--keep DIR`` (keep logs and data there), ``--list``.
+``--keep DIR`` (keep logs and data there), ``--list``, ``--storage`` (only the power-loss
+and corruption scenarios, whose nodes keep their data on faultfs, tests/faultfs; they
+are skipped, with the reason, where FUSE is unavailable), ``--seed N`` (the random
+timings and cut seeds of each run; otherwise random, and printed in the timeline).
 
 ``--target youzan`` runs the same scenarios, workload and checker against Youzan's
 nsqd and nsqlookupd (tests/chaos/youzan_cluster.py; the reference binaries next to the
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import shutil
 import signal
 import sys
@@ -43,6 +47,7 @@ from chaos.netns import Lab
 from chaos.scenarios import ORDERED, PLAIN, SCENARIOS, Context, Scenario
 from chaos.workload import Workload
 from chaos.youzan_cluster import YouzanCluster
+from faultfs import unavailable as faultfs_unavailable
 
 #: seconds of traffic before the fault, and after it is undone
 WARMUP = 3.0
@@ -51,7 +56,13 @@ TARGETS = ("nsqx", "youzan")
 
 
 async def _run_one(
-    sc: Scenario, lab: Lab, cl: ChaosCluster, scale: float, log: list[str], after: float = AFTER
+    sc: Scenario,
+    lab: Lab,
+    cl: ChaosCluster,
+    scale: float,
+    log: list[str],
+    after: float = AFTER,
+    seed: int | None = None,
 ) -> Verdict:
     await cl.wait_ready()
     await cl.create_topic(PLAIN, 2, sc.replicator, ordered=False)
@@ -59,7 +70,7 @@ async def _run_one(
     if isinstance(cl, YouzanCluster):
         took = await cl.wait_writable()
         lab.events.append((time.time(), f"youzan: topics writable after {took:.1f}s"))
-    wl = Workload(cl, [(PLAIN, 2, False), (ORDERED, 2, True)])
+    wl = Workload(cl, [(PLAIN, 2, False), (ORDERED, 2, True)], deferred_ms=sc.deferred_ms)
     wl.start()
     # every partition acknowledging before the fault
     loop = asyncio.get_running_loop()
@@ -72,7 +83,10 @@ async def _run_one(
             raise RuntimeError(f"not every partition takes writes: {sorted(parts)}")
         await asyncio.sleep(0.1)
     await asyncio.sleep(WARMUP)
-    ctx = Context(lab, cl, scale)
+    if seed is None:
+        seed = random.randrange(1 << 32)
+    lab.events.append((time.time(), f"seed {seed}"))
+    ctx = Context(lab, cl, scale, random.Random(seed))
     fault_at = time.time()
     lab.events.append((fault_at, f"fault: {sc.name}"))
     await sc.inject(ctx)
@@ -94,6 +108,9 @@ async def _run_one(
         {ORDERED},
         fenced_known=not youzan,
         stopped_at=stopped_at,
+        loss_window=sc.loss_window,
+        max_lost=sc.max_lost,
+        strict=sc.strict,
     )
     if youzan:
         verdict.target = "youzan"
@@ -102,28 +119,46 @@ async def _run_one(
 
 
 async def _run_and_close(
-    sc: Scenario, lab: Lab, cl: ChaosCluster, scale: float, log: list[str], after: float = AFTER
+    sc: Scenario,
+    lab: Lab,
+    cl: ChaosCluster,
+    scale: float,
+    log: list[str],
+    after: float = AFTER,
+    seed: int | None = None,
 ) -> Verdict:
     try:
-        return await _run_one(sc, lab, cl, scale, log, after)
+        return await _run_one(sc, lab, cl, scale, log, after, seed)
     finally:
         await cl.aclose()
         log.append(lab.timeline())
 
 
 def run_scenario(
-    sc: Scenario, scale: float, keep: Path | None, target: str = "nsqx", after: float = AFTER
+    sc: Scenario,
+    scale: float,
+    keep: Path | None,
+    target: str = "nsqx",
+    after: float = AFTER,
+    seed: int | None = None,
 ) -> Verdict:
     base = Path(tempfile.mkdtemp(prefix=f"{target}-chaos-", dir=keep))
     log: list[str] = []
     with Lab() as lab:
         kind = YouzanCluster if target == "youzan" else ChaosCluster
-        cl = kind(lab, base, lookupds=sc.lookupds, tmpfs_mb=sc.tmpfs_mb)
+        cl = kind(
+            lab,
+            base,
+            lookupds=sc.lookupds,
+            tmpfs_mb=sc.tmpfs_mb,
+            faultfs=sc.faultfs,
+            nsqd_args=sc.nsqd_args,
+        )
         try:
             cl.build()
             lab.enter(lab.hub)
             try:
-                verdict = asyncio.run(_run_and_close(sc, lab, cl, scale, log, after))
+                verdict = asyncio.run(_run_and_close(sc, lab, cl, scale, log, after, seed))
             finally:
                 lab.leave()
         except Exception as err:
@@ -154,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--storage", action="store_true", help="the faultfs scenarios only")
+    ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--target", choices=TARGETS, default="nsqx")
     ap.add_argument(
         "--after",
@@ -164,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     chosen = [s for s in SCENARIOS if not args.short or s.short]
+    if args.storage:
+        chosen = [s for s in chosen if s.faultfs]
     if args.scenario:
         chosen = [s for s in chosen if any(p == s.name for p in args.scenario)] or [
             s for s in chosen if any(p in s.name for p in args.scenario)
@@ -177,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos: cannot run here: {why}", file=sys.stderr)
         return 2
     after = args.after if args.after is not None else AFTER
+    if any(s.faultfs for s in chosen):
+        why = faultfs_unavailable()
+        if why:
+            print(f"skipped: the power-loss and corruption scenarios: {why}", flush=True)
+            chosen = [s for s in chosen if not s.faultfs]
     if args.target == "youzan":
         why = youzan_cluster.unavailable()
         if why:
@@ -187,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             skip = youzan_cluster.unsupported(s.name)
             if skip:
                 print(f"skipped for youzan: {s.name}: {skip}", flush=True)
-        chosen = [s for s in chosen if not youzan_cluster.unsupported(s.name)]
+        chosen = [s for s in chosen if not youzan_cluster.unsupported(s.name) and not s.faultfs]
     scale = args.scale if args.scale is not None else (0.5 if args.short else 1.0)
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
@@ -203,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.replicator is not None:
                     sc.replicator = args.replicator
                 began = time.monotonic()
-                v = run_scenario(sc, scale, args.keep, args.target, after)
+                v = run_scenario(sc, scale, args.keep, args.target, after, args.seed)
                 verdicts.append(v)
                 print(f"{v.row()}   ({time.monotonic() - began:.0f}s)", flush=True)
                 for line in v.details[:12]:

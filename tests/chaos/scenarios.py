@@ -7,8 +7,9 @@ partitions on it too.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chaos.cluster import ChaosCluster
 from chaos.netns import Lab
@@ -23,6 +24,8 @@ class Context:
     cl: ChaosCluster
     #: how long a fault lasts (the --short run scales it down)
     scale: float = 1.0
+    #: random timings and seeds of a run (its seed is in the timeline)
+    rng: random.Random = field(default_factory=random.Random)
 
     def secs(self, long: float) -> float:
         return max(long * self.scale, 3.0)
@@ -54,6 +57,17 @@ class Scenario:
     tmpfs_mb: int = 0
     #: part of the short run CI makes
     short: bool = False
+    #: data directories on faultfs (tests/faultfs): power cuts and corruption
+    faultfs: bool = False
+    nsqd_args: tuple[str, ...] = ()
+    #: DPUB publishers with this delay (ms), checked for early deliveries
+    deferred_ms: int = 0
+    #: messages acknowledged this long before the fault may be lost (None: none may)
+    loss_window: float | None = None
+    #: at most this many may be lost (a damaged batch)
+    max_lost: int | None = None
+    #: the checks that decide the verdict besides loss, phantoms, order, fencing and ids
+    strict: tuple[str, ...] = ()
 
 
 async def leader_isolated(ctx: Context) -> None:
@@ -218,6 +232,131 @@ async def etcd_member_killed(ctx: Context) -> None:
     await ctx.run(ctx.cl.restart, member)
 
 
+# -- storage faults: nodes on faultfs -------------------------------------------------------
+
+
+async def _pick(ctx: Context, who: str) -> list[str]:
+    """The hosts a storage fault hits: "leader" (of ord:0), "follower" (of ord:0), "two"
+    (the leader and one follower), "all" (every nsqd), "lookupd+leader"."""
+    lead = await ctx.leader()
+    if who == "leader":
+        return [lead]
+    if who == "follower":
+        return [(await ctx.followers())[0]]
+    if who == "two":
+        return [lead, (await ctx.followers())[0]]
+    if who == "all":
+        return list(ctx.cl.nsqd)
+    if who == "lookupd+leader":
+        return [*ctx.cl.lookupd, lead]
+    raise ValueError(who)
+
+
+def power_cut(who: str, mode: str = "all", down: float = 3.0) -> Inject:
+    """Cut the power of ``who`` at a random moment (SIGKILL, the unsynced writes lost as
+    ``mode`` says), keep them down ``down`` s, start them again on what was durable."""
+
+    async def inject(ctx: Context) -> None:
+        await asyncio.sleep(ctx.rng.uniform(0, 2))
+        names = await _pick(ctx, who)
+        await ctx.run(ctx.cl.power_off, names, mode, ctx.rng.randrange(1 << 30))
+        await asyncio.sleep(ctx.secs(down))
+        for name in names:
+            await ctx.run(ctx.cl.restart, name)
+
+    return inject
+
+
+def _segment(ctx: Context, name: str, suffixes: tuple[str, ...] = (".seg",)) -> str:
+    """A random file of ord:0's log on ``name`` (the largest segment, for .seg alone)."""
+    files = ctx.cl.files(name, f"{ORDERED}.topic/p0", suffixes)
+    if not files:
+        files = ctx.cl.files(name, "", suffixes)
+    if not files:
+        raise RuntimeError(f"{name} has no {suffixes} file")
+    if suffixes == (".seg",):
+        root = ctx.cl.run_dir / name
+        return max(files, key=lambda f: (root / f).stat().st_size)
+    return ctx.rng.choice(files)
+
+
+def damaged(who: str, how: str, failover: bool = True, down: float = 3.0) -> Inject:
+    """``who`` (leader or follower of ord:0) is killed, one of its ord:0 segments gets a
+    flipped bit (``how`` = "flip") or is cut at a random length ("truncate") on its
+    disk, it is started again; then (``failover``) the partition's leader is killed and
+    started again 5 s later."""
+
+    async def inject(ctx: Context) -> None:
+        await asyncio.sleep(ctx.rng.uniform(0, 2))
+        (name,) = await _pick(ctx, who)
+        await ctx.run(ctx.cl.kill, name)
+        if how == "flip":
+            path = _segment(ctx, name, (".seg", ".idx"))
+            await ctx.run(ctx.cl.flip_bit, name, path, ctx.rng.randrange(1 << 30))
+        else:
+            path = _segment(ctx, name)
+            size = (ctx.cl.run_dir / name / path).stat().st_size
+            await ctx.run(ctx.cl.truncate, name, path, ctx.rng.randrange(size))
+        await asyncio.sleep(ctx.secs(down))
+        await ctx.run(ctx.cl.restart, name)
+        if failover:
+            await asyncio.sleep(ctx.secs(5))
+            lead = await ctx.leader()
+            await ctx.run(ctx.cl.kill, lead)
+            await asyncio.sleep(ctx.secs(5))
+            await ctx.run(ctx.cl.restart, lead)
+
+    return inject
+
+
+#: the checks of every storage scenario: schedules kept, positions not moved back
+_STRICT = ("schedule", "positions")
+_SYNC = ("--sync-before-ack",)
+
+
+def _power(name: str, inject: Inject, **kw: object) -> Scenario:
+    kw.setdefault("strict", _STRICT)
+    return Scenario(name, inject, faultfs=True, deferred_ms=2000, **kw)  # type: ignore[arg-type]
+
+
+#: issue 43's power-loss and corruption scenarios (docs/replication.md, "Fault injection")
+STORAGE: list[Scenario] = [
+    _power(
+        "power: one nsqd, sync-before-ack",
+        power_cut("leader"),
+        replicator=1,
+        nsqd_args=_SYNC,
+        short=True,
+    ),
+    _power("power: one nsqd, defaults", power_cut("leader"), replicator=1, loss_window=2.5),
+    _power("power: all nodes at once", power_cut("all"), short=True),
+    _power("power: all nodes, sync-before-ack", power_cut("all"), nsqd_args=_SYNC),
+    _power("power: the leader alone", power_cut("leader")),
+    _power("power: a follower alone", power_cut("follower")),
+    _power("power: two of three", power_cut("two")),
+    _power("power: lookupd and the leader", power_cut("lookupd+leader")),
+    _power(
+        "torn: one nsqd, sync-before-ack",
+        power_cut("leader", "torn"),
+        replicator=1,
+        nsqd_args=_SYNC,
+    ),
+    _power("torn: the leader alone", power_cut("leader", "torn")),
+    _power("torn: all nodes, sync-before-ack", power_cut("all", "torn"), nsqd_args=_SYNC),
+    _power("reorder: all nodes, sync-before-ack", power_cut("all", "reorder"), nsqd_args=_SYNC),
+    _power(
+        "flip: one nsqd's segment",
+        damaged("leader", "flip", failover=False),
+        replicator=1,
+        max_lost=2,
+    ),
+    _power("flip: a follower's segment, failover", damaged("follower", "flip")),
+    _power("flip: the leader's segment, failover", damaged("leader", "flip")),
+    _power("truncate: a follower's segment, failover", damaged("follower", "truncate")),
+    _power("truncate: the leader's segment, failover", damaged("leader", "truncate")),
+]
+
+
 SCENARIOS: list[Scenario] = [
     Scenario("leader killed", leader_killed, short=True),
     Scenario("leader drained (SIGTERM)", leader_drained, short=True),
@@ -242,4 +381,5 @@ SCENARIOS: list[Scenario] = [
         "etcd: lookupd stopped, leader dies", leading_lookupd_stopped_leader_killed, lookupds=3
     ),
     Scenario("etcd: a member killed", etcd_member_killed, lookupds=3),
+    *STORAGE,
 ]

@@ -7,7 +7,9 @@ frame) or unknown (no answer in time, or the connection closed). While it waits 
 the partition up again, and gives the attempt up (unknown) as soon as another node leads:
 so the time writes take to resume is the cluster's, not a client timeout's. Ordered
 topics are published per key, one message after the other (the next only once the one
-before is acknowledged), and consumed with SUB_ORDERED.
+before is acknowledged), and consumed with SUB_ORDERED. With ``deferred_ms``, one more
+publisher per partition of each unordered topic sends DPUB with that delay (its bodies
+start with ``dpub:``), so that the checker can tell a message delivered before its time.
 
 Raw protocol V2 through nsqx.wire (the sans-IO codec), not nsqx's client: every attempt
 and every answer is seen, and no client retry logic hides anything.
@@ -52,6 +54,8 @@ class Sent:
     pid: int
     key: int | None = None
     seq: int | None = None
+    #: DPUB: the delay asked for (ms)
+    defer_ms: int = 0
     attempts: list[Attempt] = field(default_factory=list)
 
     @property
@@ -70,6 +74,8 @@ class Delivery:
     node: str
     body: bytes
     attempts: int
+    #: the message id as delivered
+    id: bytes = b""
 
 
 @dataclass
@@ -147,6 +153,7 @@ class Publisher:
         name: str,
         key: int | None = None,
         timeout: float = 3.0,
+        defer_ms: int = 0,
     ) -> None:
         self.cl = cl
         self.rec = rec
@@ -155,6 +162,7 @@ class Publisher:
         self.name = name
         self.key = key
         self.timeout = timeout
+        self.defer_ms = defer_ms
         self.link: Link | None = None
         self.address: tuple[str, int] | None = None
 
@@ -167,12 +175,14 @@ class Publisher:
     async def run(self, stop: asyncio.Event) -> None:
         seq = 0
         while not stop.is_set():
-            body = (
-                f"o:{self.key}:{seq}".encode()
-                if self.key is not None
-                else f"{self.name}:{seq}".encode()
-            )
+            if self.key is not None:
+                body = f"o:{self.key}:{seq}".encode()
+            elif self.defer_ms:
+                body = f"dpub:{self.name}:{seq}".encode()
+            else:
+                body = f"{self.name}:{seq}".encode()
             sent = Sent(body, self.topic, self.pid, self.key, seq if self.key is not None else None)
+            sent.defer_ms = self.defer_ms
             self.rec.sent[body] = sent
             while not stop.is_set():
                 if await self.attempt(sent):
@@ -194,7 +204,11 @@ class Publisher:
                 return False
             self.address = address
         link = self.link
-        link.send(c.pub(self.topic, sent.body, self.pid))
+        if self.defer_ms:
+            # (DPUB names no partition: the node puts it in one it leads)
+            link.send(c.dpub(self.topic, self.defer_ms, sent.body))
+        else:
+            link.send(c.pub(self.topic, sent.body, self.pid))
         answer = asyncio.ensure_future(link.frame())
         outcome = ""
         try:
@@ -296,7 +310,15 @@ class Consumer:
                     else decode_message(data)
                 )
                 self.rec.delivered.append(
-                    Delivery(time.time(), self.topic, self.pid, link.node, msg.body, msg.attempts)
+                    Delivery(
+                        time.time(),
+                        self.topic,
+                        self.pid,
+                        link.node,
+                        msg.body,
+                        msg.attempts,
+                        bytes(msg.id),
+                    )
                 )
                 link.send(c.fin(msg.id))
             elif ftype == FRAME_ERROR:
@@ -316,6 +338,8 @@ class Workload:
     cl: ChaosCluster
     topics: list[tuple[str, int, bool]]  # (name, partitions, ordered)
     publishers_per_partition: int = 2
+    #: DPUB publishers' delay (ms); 0: none
+    deferred_ms: int = 0
     rec: Records = field(default_factory=Records)
     _pub_stop: asyncio.Event = field(default_factory=asyncio.Event)
     _con_stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -328,6 +352,11 @@ class Workload:
                 for i in range(self.publishers_per_partition):
                     key = pid + partitions * i if ordered else None
                     pub = Publisher(self.cl, self.rec, topic, pid, f"{topic}.{pid}.{i}", key)
+                    self._tasks.append(asyncio.create_task(pub.run(self._pub_stop)))
+                if self.deferred_ms and not ordered:
+                    pub = Publisher(
+                        self.cl, self.rec, topic, pid, f"{topic}.{pid}", defer_ms=self.deferred_ms
+                    )
                     self._tasks.append(asyncio.create_task(pub.run(self._pub_stop)))
                 con = Consumer(self.cl, self.rec, topic, pid, ordered)
                 self.consumers.append(con)

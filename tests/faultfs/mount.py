@@ -122,7 +122,7 @@ class FaultFS:
         there must be dead first. ``remount``: mount again at once."""
         report = self._ask({"op": "cut", "mode": mode, "seed": seed, "p": p})
         self.history.append({"cut": report})
-        self.unmount()
+        self.unmount(grace=0.2)  # nothing left to write back: no need to wait
         if remount:
             self.mount()
         return report
@@ -158,24 +158,33 @@ class FaultFS:
         self.history.append({"truncate": report})
         return report
 
-    def unmount(self, timeout: float = 30.0) -> None:
+    def unmount(self, timeout: float = 30.0, grace: float = 2.0) -> None:
         """Unmount (the daemon exits); after a cut, the backing directory holds the
-        durable state only; otherwise everything."""
+        durable state only; otherwise everything.
+
+        Processes started since the mount in other mount namespaces (``ip netns exec``
+        makes one) hold copies of it that an unmount here does not remove, and that
+        keep the daemon's connection open: the daemon is then told to stop (SIGTERM,
+        libfuse ends its loop), which ends the connection for every copy."""
         if self.proc is None:
             return
-        deadline = time.monotonic() + timeout
-        while self.proc.poll() is None:
-            if _is_mount(self.mountpoint):
-                r = subprocess.run(["umount", str(self.mountpoint)], capture_output=True)
-                if r.returncode and time.monotonic() > deadline - timeout / 2:
-                    # still busy: something outlived its SIGKILL; detach it anyway
-                    subprocess.run(["umount", "-l", str(self.mountpoint)], capture_output=True)
+        if _is_mount(self.mountpoint):
+            r = subprocess.run(["umount", str(self.mountpoint)], capture_output=True)
+            if r.returncode:
+                # busy: something still has files open there (it outlived its SIGKILL,
+                # or was never killed); detach it, the daemon is stopped below
+                subprocess.run(["umount", "-l", str(self.mountpoint)], capture_output=True)
+        try:
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.proc.terminate()
             try:
-                self.proc.wait(0.2)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                if time.monotonic() > deadline:
-                    self._stop()
-                    raise FaultFSError(f"faultfs did not unmount {self.mountpoint}") from None
+                self._stop()
+                raise FaultFSError(f"faultfs did not unmount {self.mountpoint}") from None
+        if _is_mount(self.mountpoint):
+            subprocess.run(["umount", "-l", str(self.mountpoint)], capture_output=True)
         self.proc = None
 
     def _stop(self) -> None:
@@ -191,6 +200,7 @@ class FaultFS:
             self.unmount()
         finally:
             self._stop()
+            self.proc = None
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> FaultFS:
