@@ -90,6 +90,7 @@ async def _run_one(
     fault_at = time.time()
     lab.events.append((fault_at, f"fault: {sc.name}"))
     await sc.inject(ctx)
+    fault_at = ctx.struck or fault_at
     lab.events.append((time.time(), "fault undone"))
     await asyncio.to_thread(cl.heal_processes)
     await asyncio.sleep(after)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +27,13 @@ class Context:
     scale: float = 1.0
     #: random timings and seeds of a run (its seed is in the timeline)
     rng: random.Random = field(default_factory=random.Random)
+    #: when the fault struck, where an injection waits a random time first (time.time)
+    struck: float | None = None
+
+    def strike(self) -> None:
+        """The fault strikes now (the checker measures from here)."""
+        self.struck = time.time()
+        self.lab.events.append((self.struck, "fault strikes"))
 
     def secs(self, long: float) -> float:
         return max(long * self.scale, 3.0)
@@ -259,6 +267,7 @@ def power_cut(who: str, mode: str = "all", down: float = 3.0) -> Inject:
     async def inject(ctx: Context) -> None:
         await asyncio.sleep(ctx.rng.uniform(0, 2))
         names = await _pick(ctx, who)
+        ctx.strike()
         await ctx.run(ctx.cl.power_off, names, mode, ctx.rng.randrange(1 << 30))
         await asyncio.sleep(ctx.secs(down))
         for name in names:
@@ -289,6 +298,7 @@ def damaged(who: str, how: str, failover: bool = True, down: float = 3.0) -> Inj
     async def inject(ctx: Context) -> None:
         await asyncio.sleep(ctx.rng.uniform(0, 2))
         (name,) = await _pick(ctx, who)
+        ctx.strike()
         await ctx.run(ctx.cl.kill, name)
         if how == "flip":
             path = _segment(ctx, name, (".seg", ".idx"))
@@ -316,7 +326,7 @@ _SYNC = ("--sync-before-ack",)
 
 def _power(name: str, inject: Inject, **kw: object) -> Scenario:
     kw.setdefault("strict", _STRICT)
-    return Scenario(name, inject, faultfs=True, deferred_ms=2000, **kw)  # type: ignore[arg-type]
+    return Scenario(name, inject, faultfs=True, deferred_ms=5000, **kw)  # type: ignore[arg-type]
 
 
 #: issue 43's power-loss and corruption scenarios (docs/replication.md, "Fault injection")

@@ -618,6 +618,9 @@ class ForgetfulFS(mfusepy.Operations):  # type: ignore[misc]
                 raise RuntimeError(f"already cut ({self.dead})")
             self.dead = mode
             rng = random.Random(seed)
+            # the root's entries: every directory below that was never read is moved
+            # back whole, as it was
+            self._entries(self.root, self.backing)
             numbers = sorted({n for d in self.changed for n, _, _ in d.ops})
             if mode == "reorder":
                 kept = {n for n in numbers if rng.random() < p}
@@ -798,8 +801,6 @@ class ForgetfulFS(mfusepy.Operations):  # type: ignore[misc]
                 else:
                     self._to_attic(child, at)
 
-        if self.root.entries is None:
-            self._entries(self.root, self.backing)
         walk(self.root, self.backing)
 
 
