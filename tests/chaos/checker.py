@@ -1,7 +1,8 @@
 """The verdict of one chaos run: what was acknowledged, lost, invented, duplicated,
 reordered, acknowledged by a node after it was replaced, and how long writes stopped.
 
-- lost: acknowledged and never delivered (must be 0);
+- lost: acknowledged and never delivered, or requeued and never delivered again (must
+  be 0);
 - phantoms: delivered but never published (must be 0);
 - duplicates: deliveries beyond the first (allowed: at-least-once);
 - order: for each key of an ordered topic, the first deliveries come in the order the
@@ -13,12 +14,14 @@ reordered, acknowledged by a node after it was replaced, and how long writes sto
   from the fault on (a publisher keeps each partition busy all the time);
 - the epoch and ISR history of every partition;
 - reused ids: message ids delivered with more than one body (must be 0);
-- early: deferred messages (DPUB) delivered more than EARLY_SLACK before their time, the
-  delay counted from when the publish was sent (must be 0 where the run checks
-  schedules);
+- early: deferred messages delivered more than EARLY_SLACK before their time: a DPUB's
+  delay counted from when the publish was sent, a REQ's from when it was sent (must be 0
+  where the run checks schedules);
 - moved back: redeliveries of a message that a consumer had finished more than
   POSITION_WINDOW before the fault (a channel's position moved back past it; must be 0
   where the run checks positions);
+- where the run checks it, writes must resume on every partition (a partition still
+  out of service at the end fails the run);
 - for a run that allows a loss window (one nsqd without --sync-before-ack: it fsyncs
   every --sync-timeout): the lost messages acknowledged before that window, which must
   be none; for a damaged segment: at most ``max_lost`` lost (the batch the damage hit).
@@ -31,7 +34,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos.workload import Records
+from chaos.workload import Delivery, Records
 
 
 @dataclass
@@ -63,7 +66,8 @@ class Verdict:
     lost_outside_window: int | None = None
     #: the most lost messages allowed (a damaged batch); None: 0, or the window's rule
     max_lost: int | None = None
-    #: the checks beyond the first four that decide ok: "schedule", "positions"
+    #: the checks beyond the first four that decide ok: "schedule", "positions",
+    #: "resumed" (every partition takes writes again before publishing stops)
     strict: tuple[str, ...] = ()
 
     @property
@@ -84,6 +88,7 @@ class Verdict:
             and self.reused_ids == 0
             and ("schedule" not in self.strict or self.early == 0)
             and ("positions" not in self.strict or self.moved_back == 0)
+            and ("resumed" not in self.strict or self.writes_resumed)
         )
 
     def row(self) -> str:
@@ -177,7 +182,9 @@ def judge(
     first: dict[bytes, int] = {}
     for i, d in enumerate(rec.delivered):
         first.setdefault(d.body, i)
-    lost_bodies = [s.body for s in acked if s.body not in first]
+    # lost: never finished (a message requeued with a delay must come back and be FINed)
+    finished_bodies = {d.body for d in rec.delivered if d.fin}
+    lost_bodies = [s.body for s in acked if s.body not in finished_bodies]
     for body in lost_bodies[:10]:
         s = rec.sent[body]
         details.append(f"lost {body!r}: {[(a.node, a.outcome) for a in s.attempts]}")
@@ -221,24 +228,40 @@ def judge(
         if d.at < due - EARLY_SLACK:
             early += 1
             worst_early = max(worst_early, due - d.at)
+    requeued_early = 0
+    for d in rec.delivered:
+        req = rec.requeued.get(d.body)
+        if req is None or d.at <= req[0]:
+            continue
+        due = req[0] + req[1]
+        if d.at < due - EARLY_SLACK:
+            requeued_early += 1
+            worst_early = max(worst_early, due - d.at)
+    early += requeued_early
     if early:
-        details.append(f"{early} deferred deliveries early, by up to {worst_early:.2f}s")
+        details.append(
+            f"{early} deferred deliveries early ({requeued_early} after a REQ), by up to "
+            f"{worst_early:.2f}s"
+        )
 
     # moved back: finished well before the fault, delivered again after it
     moved_back = 0
     worst_back = 0.0
-    finished: dict[bytes, float] = {}
+    finished: dict[bytes, Delivery] = {}
+    back_parts: dict[str, int] = defaultdict(int)
     for d in rec.delivered:
         before = finished.get(d.body)
         if before is None:
-            finished[d.body] = d.at
-        elif before < fault_at - POSITION_WINDOW and d.at >= fault_at:
+            if d.fin:
+                finished[d.body] = d
+        elif before.at < fault_at - POSITION_WINDOW and d.at >= fault_at:
             moved_back += 1
-            worst_back = max(worst_back, fault_at - before)
+            worst_back = max(worst_back, fault_at - before.at)
+            back_parts[f"{d.topic}:{d.pid} from {before.node} then {d.node}"] += 1
     if moved_back:
         details.append(
             f"{moved_back} redeliveries of messages finished before the fault, up to "
-            f"{worst_back:.1f}s before it"
+            f"{worst_back:.1f}s before it: {dict(back_parts)}"
         )
     phantoms = [b for b in first if b not in rec.sent]
     for body in phantoms[:10]:

@@ -319,8 +319,9 @@ def damaged(who: str, how: str, failover: bool = True, down: float = 3.0) -> Inj
     return inject
 
 
-#: the checks of every storage scenario: schedules kept, positions not moved back
-_STRICT = ("schedule", "positions")
+#: the checks of every storage scenario: schedules kept, positions not moved back,
+#: every partition back in service
+_STRICT = ("schedule", "positions", "resumed")
 _SYNC = ("--sync-before-ack",)
 
 
@@ -331,6 +332,8 @@ def _power(name: str, inject: Inject, **kw: object) -> Scenario:
 
 #: issue 43's power-loss and corruption scenarios (docs/replication.md, "Fault injection")
 STORAGE: list[Scenario] = [
+    # the control: the same cluster on faultfs, the leader SIGKILLed (its page cache kept)
+    _power("killed: the leader, no power cut", leader_killed),
     _power(
         "power: one nsqd, sync-before-ack",
         power_cut("leader"),

@@ -9,7 +9,9 @@ so the time writes take to resume is the cluster's, not a client timeout's. Orde
 topics are published per key, one message after the other (the next only once the one
 before is acknowledged), and consumed with SUB_ORDERED. With ``deferred_ms``, one more
 publisher per partition of each unordered topic sends DPUB with that delay (its bodies
-start with ``dpub:``), so that the checker can tell a message delivered before its time.
+start with ``dpub:``), and the consumers of those topics requeue every tenth message
+they are given for the first time with ``REQ <id> <requeue_ms>`` instead of finishing it,
+so that the checker can tell a message delivered before its time.
 
 Raw protocol V2 through nsqx.wire (the sans-IO codec), not nsqx's client: every attempt
 and every answer is seen, and no client retry logic hides anything.
@@ -76,12 +78,16 @@ class Delivery:
     attempts: int
     #: the message id as delivered
     id: bytes = b""
+    #: finished (FIN); False: requeued with a delay (REQ)
+    fin: bool = True
 
 
 @dataclass
 class Records:
     sent: dict[bytes, Sent] = field(default_factory=dict)
     delivered: list[Delivery] = field(default_factory=list)
+    #: body -> when it was requeued with a delay, and the delay (s)
+    requeued: dict[bytes, tuple[float, float]] = field(default_factory=dict)
 
     def acked(self) -> list[Sent]:
         return [s for s in self.sent.values() if s.acked is not None]
@@ -246,16 +252,25 @@ class Publisher:
 
 
 class Consumer:
-    """Reads one partition from its leader on channel ``c``, FINs every message."""
+    """Reads one partition from its leader on channel ``c``, FINs every message (or, with
+    ``requeue_ms``, requeues every tenth new one with that delay first)."""
 
     def __init__(
-        self, cl: ChaosCluster, rec: Records, topic: str, pid: int, ordered: bool = False
+        self,
+        cl: ChaosCluster,
+        rec: Records,
+        topic: str,
+        pid: int,
+        ordered: bool = False,
+        requeue_ms: int = 0,
     ) -> None:
         self.cl = cl
         self.rec = rec
         self.topic = topic
         self.pid = pid
         self.ordered = ordered
+        self.requeue_ms = requeue_ms
+        self._new = 0
         self.link: Link | None = None
         self.address: tuple[str, int] | None = None
 
@@ -309,18 +324,28 @@ class Consumer:
                     if self.ordered
                     else decode_message(data)
                 )
+                now = time.time()
+                requeue = False
+                if self.requeue_ms and msg.body not in self.rec.requeued:
+                    self._new += 1
+                    requeue = self._new % 10 == 0
                 self.rec.delivered.append(
                     Delivery(
-                        time.time(),
+                        now,
                         self.topic,
                         self.pid,
                         link.node,
                         msg.body,
                         msg.attempts,
                         bytes(msg.id),
+                        fin=not requeue,
                     )
                 )
-                link.send(c.fin(msg.id))
+                if requeue:
+                    self.rec.requeued[msg.body] = (now, self.requeue_ms / 1000)
+                    link.send(c.req(msg.id, self.requeue_ms))
+                else:
+                    link.send(c.fin(msg.id))
             elif ftype == FRAME_ERROR:
                 self._drop()
         self._drop()
@@ -358,7 +383,8 @@ class Workload:
                         self.cl, self.rec, topic, pid, f"{topic}.{pid}", defer_ms=self.deferred_ms
                     )
                     self._tasks.append(asyncio.create_task(pub.run(self._pub_stop)))
-                con = Consumer(self.cl, self.rec, topic, pid, ordered)
+                requeue = 3000 if self.deferred_ms and not ordered else 0
+                con = Consumer(self.cl, self.rec, topic, pid, ordered, requeue)
                 self.consumers.append(con)
                 self._tasks.append(asyncio.create_task(con.run(self._con_stop)))
 
@@ -372,7 +398,7 @@ class Workload:
         end = loop.time() + limit
         last_count, last_change = -1, loop.time()
         while loop.time() < end:
-            got = {d.body for d in self.rec.delivered}
+            got = {d.body for d in self.rec.delivered if d.fin}
             if all(s.body in got for s in self.rec.acked()):
                 break
             if len(self.rec.delivered) != last_count:
