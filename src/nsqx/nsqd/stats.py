@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from nsqx import NSQ_VERSION
 from nsqx.compiled import build_description
+from nsqx.nsqd import clock
 from nsqx.nsqd.client_v2 import STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, ClientV2
 from nsqx.nsqd.e2e import E2eResult
 
@@ -319,7 +320,7 @@ def _not_yet_due(ch: Channel) -> int:
     end = ch.partition.visible_end
     if ch.cursor >= end:
         return 0
-    now = time.time_ns()
+    now = clock.time_ns()  # (nsqd's wall clock: the one the channel compares due times with)
     return sum(1 for _, due in ch.log.deferred_between(ch.cursor, end) if due > now)
 
 
