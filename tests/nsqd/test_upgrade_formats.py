@@ -466,8 +466,21 @@ def test_a_cluster_of_a_format_keeps_its_placement_replicas_leaders_and_epochs(
                 f"repl's records on node {i}",
             )
         want_r = manifest["deliver"]["repl/0/r"]
+        records = manifest["records"]["repl/0"]
 
         async def consume() -> None:
+            # offsets, written before and after the failover, chain by raw size
+            chain = await Raw.connect(nodes[first].tcp_address)
+            await chain.identify(desired_tag="")
+            chain.send(c.sub_advanced("repl", "chain", 0, c.ConsumeStart("msgcount", 0)))
+            assert await chain.response() == b"OK"
+            chain.send(c.rdy(len(records)))
+            read = [await chain.yz_message(detail=True) for _ in range(len(records))]
+            assert [(m.internal_id, m.offset) for m in read] == [
+                (r["id"], r["offset"]) for r in records
+            ]
+            assert all(a.offset + a.raw_size == b.offset for a, b in itertools.pairwise(read))
+            await chain.close()
             sub = await Raw.connect(nodes[first].tcp_address)
             await sub.subscribe("repl", "r", rdy=100)
             msgs = await sub.messages(len(want_r))
