@@ -335,6 +335,38 @@ def test_a_full_channel_with_drop_oldest_drops_its_oldest_messages_counted() -> 
     run(go())
 
 
+def test_a_maximum_depth_counts_waiting_messages_as_stats_does_deferred_ones_kept() -> None:
+    """A DPUB not yet due is deferred, not waiting (as /stats and /channel/peek count):
+    it neither fills a channel nor is dropped as one of its oldest waiting messages."""
+
+    async def go() -> None:
+        async with served() as (nsqd, call):
+            consumer = await Raw.connect(nsqd)
+            await consumer.subscribe("dd", "c")
+            assert (await call("POST", "/channel/config?topic=dd&channel=c&max_depth=2"))[0] == 200
+            pub = await Raw.connect(nsqd)
+            pub.send(c.dpub("dd", 3_600_000, b"later"))
+            assert await pub.response() == b"OK"
+            await pub.publish("dd", b"m1")
+            await pub.publish("dd", b"m2")  # (depth 2: full now, the DPUB aside)
+            pub.send(c.pub("dd", b"m3"))
+            assert (await pub.error()).startswith(b"E_TOPIC_FULL")
+            q = "topic=dd&channel=c&overflow=drop_oldest&max_depth=1"
+            assert (await call("POST", f"/channel/config?{q}"))[0] == 200
+            ch = nsqd.topics["dd"].default_partition.channels["c"]
+            await wait_for(lambda: ch.dropped_count == 1, what="the drop")
+            _, stats = await call("GET", "/stats?format=json&topic=dd&channel=c")
+            (chs,) = stats["topics"][0]["channels"]
+            assert (chs["depth"], chs["deferred_count"], chs["dropped_count"]) == (1, 1, 1)
+            consumer.send(c.rdy(10))
+            assert [m.body for m in await consumer.messages(1)] == [b"m2"]
+            assert await consumer.nothing_for(0.1)  # (the DPUB: in an hour)
+            await pub.close()
+            await consumer.close()
+
+    run(go())
+
+
 def test_channel_config_refuses_bad_settings_clearly_and_nothing_else_is_harmed() -> None:
     async def go() -> None:
         async with served() as (nsqd, call):

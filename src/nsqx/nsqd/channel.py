@@ -278,6 +278,18 @@ class Channel:
         """Messages waiting (not in flight, not deferred)."""
         return len(self.flight.requeued) + max(self.partition.visible_end - self.cursor, 0)
 
+    def reported_depths(self) -> tuple[int, int]:
+        """(depth, deferred_count) as /stats and /channel/peek report them: NSQ defers a
+        DPUB when it is published, so one in the log that the cursor has not reached
+        and that is not due yet counts as deferred, not waiting (here it waits in the
+        log until the cursor reaches it)."""
+        end = self.partition.visible_end
+        later = 0
+        if self.cursor < end:
+            now = clock.time_ns()
+            later = sum(1 for _, due in self.log.deferred_between(self.cursor, end) if due > now)
+        return self.depth - later, self.deferred_count + later
+
     @property
     def in_flight_count(self) -> int:
         return self.flight.count
@@ -867,8 +879,11 @@ class Channel:
     def full(self) -> str:
         """Why the channel is at its maximum depth ("" if it is not)."""
         p = self.policy
+        # (the cheap count first: DPUBs not yet due are looked for only near the maximum)
         if p.max_depth and self.depth >= p.max_depth:
-            return f"channel {self.name} has {self.depth} messages (max_depth {p.max_depth})"
+            depth = self.reported_depths()[0]
+            if depth >= p.max_depth:
+                return f"channel {self.name} has {depth} messages (max_depth {p.max_depth})"
         if p.max_depth_bytes:
             waiting = self.bytes_waiting()
             if waiting >= p.max_depth_bytes:
@@ -884,29 +899,50 @@ class Channel:
         p = self.policy
         dropped = 0
         requeued = self.flight.requeued
-        if p.max_depth:
-            excess = self.depth - p.max_depth
+        if p.max_depth and self.depth > p.max_depth:
+            excess = self.reported_depths()[0] - p.max_depth
             while excess > 0 and requeued:
                 requeued.popleft()
                 excess -= 1
                 dropped += 1
-            if excess > 0:
-                to = min(self.cursor + excess, self.partition.visible_end)
-                dropped += to - self.cursor
-                self.cursor = to
+            end = self.partition.visible_end
+            while excess > 0 and self.cursor < end:
+                to = min(self.cursor + excess, end)
+                passed = self._drop_log_to(to)
+                dropped += passed
+                excess -= passed
         if p.max_depth_bytes and self.bytes_waiting() > p.max_depth_bytes:
             end = self.partition.visible_end
             log_ = self.log
             stop = log_.end_offset if end >= log_.end else log_.offset_of(end)
             if stop is not None:
                 to = min(max(log_.seek_offset(stop - p.max_depth_bytes), self.cursor), end)
-                dropped += to - self.cursor
-                self.cursor = to
+                dropped += self._drop_log_to(to)
         if not dropped:
             return False
         self.dropped_count += dropped
         self.dirty = True
         return True
+
+    def _drop_log_to(self, to: int) -> int:
+        """Move the cursor to ``to``, dropping the waiting messages passed: DPUBs not yet
+        due among them are deferred (not waiting, so not dropped), as :meth:`_take`
+        defers them. Returns how many were dropped."""
+        lo = self.cursor
+        self.cursor = to
+        later = self.log.deferred_between(lo, to)
+        if not later:
+            return to - lo
+        now_ns = clock.time_ns()
+        to_mono = clock.monotonic_ns() - now_ns
+        kept = 0
+        for seq, due in later:
+            if due > now_ns:
+                self.flight.defer(seq, 0, due + to_mono)
+                kept += 1
+        if kept:
+            self._arm_deferred()
+        return to - lo - kept
 
     def _rate_room(self) -> int:
         """How many messages the rate limits let go now (the buckets filled for the
