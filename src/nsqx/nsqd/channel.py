@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from nsqx.nsqd import clock
 from nsqx.nsqd import tracer as tr
-from nsqx.nsqd.channel_policy import NO_POLICY, OVERFLOW_DROP, ChannelPolicy
+from nsqx.nsqd.channel_policy import NO_POLICY, OVERFLOW_DROP, ChannelPolicy, ReplayMark
 from nsqx.nsqd.e2e import new_window
 from nsqx.nsqd.inflight import Held, InFlight
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
@@ -170,8 +170,9 @@ class Channel:
         #: (wall ns; the log is in publish order), so most batches need no look at it
         self._fresh_from = 0
         self._fresh_until = 0
-        #: how far /channel/deadletter/replay has looked in the dead-letter topic
-        self.replay_mark = 0
+        #: how far /channel/deadletter/replay has looked in each dead-letter topic and
+        #: partition (nsqx.nsqd.dead_letters.mark_key -> its mark); kept in nsqd.dat
+        self.replay_marks: dict[str, ReplayMark] = {}
         #: the rate limits' token buckets (messages, bytes), when they were filled
         #: (monotonic s), the mean size of a delivered message, the timer that pumps
         #: again when tokens are back

@@ -33,6 +33,17 @@ MAX_ATTEMPTS_LIMIT: Final = 65535  # attempts are a u16 on the wire
 MAX_TTL_MS: Final = 10 * 365 * 86400 * 1000
 
 
+#: how far a channel's replays have looked in one partition of a dead-letter topic: the
+#: next sequence to look at, and the publish time (ns) of the record before it, by which
+#: a topic deleted and made again is told from the one the mark was made in (0: not known)
+ReplayMark = tuple[int, int]
+
+
+def mark_key(topic: str, partition: int) -> str:
+    """The key of a channel's replay mark in one partition of a dead-letter topic."""
+    return f"{topic}:{partition}"
+
+
 class PolicyError(ValueError):
     """A setting that cannot be: its message is the HTTP error (``INVALID_<NAME>``...)."""
 

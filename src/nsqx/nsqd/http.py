@@ -1003,7 +1003,8 @@ class HTTPServer:
                 raise HTTPError(400, "DEAD_LETTER_TOPIC_ON_ANOTHER_WORKER")
             for k, v in dl.replay(self.nsqd, ch, n).items():
                 total[k] += v
-        self._persist()
+        await dl.checkpointed(self.nsqd)
+        self._persist()  # (the marks: after the letters queued again are on disk)
         return ok_json(total)
 
     async def message_get(
