@@ -105,15 +105,15 @@ class ChannelPolicy:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ChannelPolicy:
         """From nsqd.dat; unknown keys are ignored (a newer nsqx wrote them)."""
-        return NO_POLICY.updated({k: str(v) for k, v in doc.items() if k in _FIELDS})
+        return NO_POLICY.updated({k: str(v) for k, v in doc.items() if k in SETTINGS})
 
     def updated(self, values: dict[str, str]) -> ChannelPolicy:
         """This policy with ``values`` (as given over HTTP: text; "" sets a setting back
         to its default). Raises PolicyError."""
         changes: dict[str, Any] = {}
         for key, text in values.items():
-            if key not in _FIELDS:
-                raise PolicyError(f"INVALID_ARG_{key.upper()}")
+            if key not in SETTINGS:
+                raise PolicyError(f"UNKNOWN_ARG_{key.upper()}")
             default = getattr(NO_POLICY, key)
             if text == "":
                 changes[key] = default
@@ -154,4 +154,5 @@ class ChannelPolicy:
 
 
 NO_POLICY: Final = ChannelPolicy()
-_FIELDS: Final = frozenset(f.name for f in fields(ChannelPolicy))
+#: the settings' names (the parameters of POST /channel/config besides the channel's)
+SETTINGS: Final = frozenset(f.name for f in fields(ChannelPolicy))
