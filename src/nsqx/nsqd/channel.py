@@ -29,6 +29,7 @@ from nsqx.wire.frames import (
     ID_AT,
     ID_END,
     attempts_of,
+    encode_policy_notice,
     is_extended,
     record_parts,
     timestamp_of,
@@ -213,7 +214,8 @@ class Channel:
         if policy == self.policy:
             return
         log.info("CHANNEL(%s): policy %s", self.name, policy.changed_json())
-        if policy.max_attempts != self.policy.max_attempts:
+        told = policy.max_attempts != self.policy.max_attempts
+        if told:
             self._forget_sent()
             self._last_sent.clear()
         self._fresh_until = 0
@@ -229,7 +231,19 @@ class Channel:
         if policy.max_attempts:
             # (not now: while nsqd.dat loads, the dead-letter topic may not be loaded yet)
             self._loop.call_soon(self._reap)
+        if told:
+            for c in self.clients:
+                self._tell_policy(c)
         self.notify()  # (messages may die, expire, or go faster now)
+
+    def _tell_policy(self, client: Consumer) -> None:
+        """Tell a consumer that asked for it (IDENTIFY ``channel_policy``: nsqx.client)
+        the channel's max_attempts: it then leaves giving up to the channel, which makes
+        a dead letter of the message, rather than finish it after its own max_attempts
+        as go-nsq does. NSQ 1.3's clients never ask."""
+        notice = getattr(client, "notice", None)  # (a consumer that cannot: not told)
+        if notice is not None and client.settings.channel_policy:
+            notice(encode_policy_notice(self.policy.max_attempts))
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -319,6 +333,8 @@ class Channel:
         # (its msg_timeout and sample_rate are read once: IDENTIFY comes before SUB)
         self._held[client] = self.flight.attach(client.msg_timeout, client.sample_rate)
         self._update_routing()
+        if self.policy.max_attempts:
+            self._tell_policy(client)
 
     def remove_client(self, client: Consumer) -> None:
         """A client left: whatever it had in flight is queued again at once."""

@@ -678,6 +678,11 @@ class ClientV2(asyncio.Protocol):
         if err.fatal:
             self.close()
 
+    def notice(self, frame: bytes) -> None:
+        """Send a frame the client did not ask for (its channel's policy) now."""
+        self._out.append(frame)
+        self.flush()
+
     def fail(self, err: ProtocolError) -> None:
         """Send an error frame now; a fatal one closes the connection."""
         self._error(err)
