@@ -12,11 +12,13 @@ import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 
 from nsqx.nsqd.nsqd import NSQD
+from nsqx.nsqd.replication.manager import ReplicationManager
 from nsqx.wire import commands as c
 
 from rawnsq import Raw, run, start_nsqd, wait_for
@@ -192,3 +194,17 @@ def test_a_replay_mark_written_before_marks_per_topic_is_kept() -> None:
             await consumer.close()
 
     run(go())
+
+
+def test_a_leader_sends_its_followers_the_marks_of_replicated_dead_letter_topics() -> None:
+    """Marks in a replicated dead-letter topic (the same log on every replica) go with
+    the channel's state to the followers (CURSORS); those in a topic of this node alone
+    do not: each node has its own log, and its own marks, there."""
+    manager: Any = ReplicationManager.__new__(ReplicationManager)
+    replicated = SimpleNamespace(replica=object())
+    alone = SimpleNamespace(replica=None)
+    manager.nsqd = SimpleNamespace(
+        topics={"t.dead": SimpleNamespace(partitions={0: replicated, 1: alone})}
+    )
+    marks = {"t.dead:0": (3, 1), "t.dead:1": (4, 2), "t.dead:2": (1, 1), "gone:0": (1, 1)}
+    assert manager._shared_marks(marks) == {"t.dead:0": (3, 1)}

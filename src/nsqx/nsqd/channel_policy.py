@@ -44,6 +44,12 @@ def mark_key(topic: str, partition: int) -> str:
     return f"{topic}:{partition}"
 
 
+def parse_mark_key(key: str) -> tuple[str, int]:
+    """(topic, partition) of a replay mark's key ((key, -1) if it is not one)."""
+    topic, _, pid = key.rpartition(":")
+    return (topic, int(pid)) if topic and pid.isascii() and pid.isdigit() else (key, -1)
+
+
 class PolicyError(ValueError):
     """A setting that cannot be: its message is the HTTP error (``INVALID_<NAME>``...)."""
 

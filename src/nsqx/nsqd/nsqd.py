@@ -328,6 +328,14 @@ class NSQD:
 
     # -- metadata ---------------------------------------------------------------------
 
+    def metadata_changed(self) -> None:
+        """PartitionHost's: nsqd.dat is written again (a failure is logged: the next
+        write has it)."""
+        try:
+            self.persist_metadata()
+        except OSError:
+            log.exception("failed to persist metadata")
+
     def persist_metadata(self) -> None:
         """Write nsqd.dat: non-ephemeral topics and channels and their paused state, and
         a partitioned topic's settings and local partitions."""
