@@ -23,7 +23,7 @@ from nsqx.wire.frames import CHANNEL_POLICY, FRAME_RESPONSE
 from workernode import raw_on, start_workers
 
 from nsqdproc import GO_NSQD, start_go_nsqd
-from rawnsq import run, start_nsqd, wait_for
+from rawnsq import Raw, run, start_nsqd, wait_for
 
 
 def addr(nsqd: NSQD) -> str:
@@ -178,6 +178,38 @@ def test_a_consumer_on_another_worker_than_its_channel_is_told_too(tmp_path: Pat
                 (FRAME_RESPONSE, b"OK"),
                 (FRAME_RESPONSE, CHANNEL_POLICY + b'{"max_attempts":4}'),
             ]
+            await raw.close()
+
+        run(body())
+    finally:
+        node.stop(signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers need Linux")
+def test_a_consumer_fed_from_every_shard_is_told_by_each(tmp_path: Path) -> None:
+    """--worker-shards: a plain SUB reads every worker's shard of the topic (a fan-in),
+    each shard's channel tells it its policy (here and through the other worker); the
+    SUB's answer comes first, once every shard said OK."""
+    node = start_workers(tmp_path, "--worker-shards", "--http-address=127.0.0.1:0")
+    try:
+
+        async def body() -> None:
+            seed = await Raw.connect(node.tcp_address)
+            await seed.publish("sh", b"seed")  # (made: sharded over both workers)
+            await seed.close()
+            async with aiohttp.ClientSession() as http:
+                for q in (
+                    "/channel/create?topic=sh&channel=c",
+                    "/channel/config?topic=sh&channel=c&max_attempts=4",
+                ):
+                    async with http.post(node.http_url + q) as r:
+                        assert r.status == 200, await r.text()
+            raw = await Raw.connect(node.tcp_address)
+            await raw.identify(channel_policy=True)
+            raw.send(cmd.sub("sh", "c"))
+            frames = [await raw.frame() for _ in range(3)]
+            notice = (FRAME_RESPONSE, CHANNEL_POLICY + b'{"max_attempts":4}')
+            assert frames == [(FRAME_RESPONSE, b"OK"), notice, notice]
             await raw.close()
 
         run(body())

@@ -52,7 +52,9 @@ class Consumer(Protocol):
 
     A consumer tells its channel how many messages it may have in flight (its RDY; 0
     while it cannot take any: closing, or its output backed up) with
-    :meth:`Channel.ready_changed`, each time that changes; it starts at 0."""
+    :meth:`Channel.ready_changed`, each time that changes; it starts at 0. One that can
+    send its client a frame unasked has ``notice(frame)``: the channel tells a client
+    that asked for it (IDENTIFY ``channel_policy``) its max_attempts."""
 
     #: for logs and traces
     remote_address: str
