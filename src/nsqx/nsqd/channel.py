@@ -216,8 +216,8 @@ class Channel:
         if policy == self.policy:
             return
         log.info("CHANNEL(%s): policy %s", self.name, policy.changed_json())
-        told = policy.max_attempts != self.policy.max_attempts
-        if told:
+        attempts_changed = policy.max_attempts != self.policy.max_attempts
+        if attempts_changed:
             self._forget_sent()
             self._last_sent.clear()
         self._fresh_until = 0
@@ -233,7 +233,7 @@ class Channel:
         if policy.max_attempts:
             # (not now: while nsqd.dat loads, the dead-letter topic may not be loaded yet)
             self._loop.call_soon(self._reap)
-        if told:
+        if attempts_changed:  # (its consumers that asked are told)
             for c in self.clients:
                 self._tell_policy(c)
         self.notify()  # (messages may die, expire, or go faster now)

@@ -985,7 +985,7 @@ class HTTPServer:
         if target is None or not target.meta.ext:
             raise HTTPError(
                 400,
-                f"DEAD_LETTER_TOPIC_NOT_EXT: create it first with "
+                "DEAD_LETTER_TOPIC_NOT_EXT: create it first with "
                 f"POST /topic/create?topic={name}&extend=true",
             )
 
