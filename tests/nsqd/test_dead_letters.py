@@ -395,6 +395,12 @@ def test_channel_config_refuses_bad_settings_clearly_and_nothing_else_is_harmed(
                 (f"{base}&max_depth=10&overflow=oldest", 400, "INVALID_OVERFLOW"),
                 ("/channel/config?topic=bad&channel=nope&max_attempts=3", 404, "CHANNEL_NOT_FOUND"),
                 ("/channel/config?topic=nope&channel=c", 404, "TOPIC_NOT_FOUND"),
+                (f"{base}&partition=5&max_attempts=3", 404, "PARTITION_NOT_FOUND"),
+                (
+                    "/channel/deadletter/replay?topic=bad&channel=c&partition=5",
+                    404,
+                    "PARTITION_NOT_FOUND",
+                ),
                 ("/channel/deadletter/replay?topic=bad&channel=c&n=0", 400, "INVALID_N"),
             ]
             for path, status, message in cases:
