@@ -38,7 +38,7 @@ from nsqx.nsqd.nsqd import NSQD
 from nsqx.wire import commands as c
 from nsqx.wire.range import decode_range
 
-from lookupdproc import LookupdProcess, start_lookupd, wait_until
+from lookupdproc import LookupdProcess, http_request, start_lookupd, wait_until
 from nsqdproc import NsqdProcess, start_nsqd
 from rawnsq import Raw, run
 from rawnsq import start_nsqd as start_inprocess
@@ -195,7 +195,10 @@ def test_each_node_of_a_format_delivers_everything_at_its_time(fmt: str, tmp_pat
     manifest = manifest_of(fmt)
     dirs = sorted((FIXTURES / f"upgrade_{fmt}").glob("nsqd*"))
     assert dirs, fmt
-    for i, src in enumerate(dirs):
+    for src in dirs:
+        i = int(src.name.removeprefix("nsqd"))
+        if i in manifest.get("sharded_nodes", []):
+            continue  # (a node of workers: test_a_sharded_node_of_a_format)
         data = tmp_path / src.name
         shutil.copytree(src, data)
         if "durable" not in manifest["features"]:
@@ -497,6 +500,44 @@ def test_a_cluster_of_a_format_keeps_its_placement_replicas_leaders_and_epochs(
         lookupd.stop(signal.SIGKILL)
 
 
+SHARDED_FORMATS = [f for f in FORMATS if manifest_of(f).get("sharded_nodes")]
+
+
+@pytest.mark.parametrize("fmt", SHARDED_FORMATS)
+def test_a_sharded_node_of_a_format_delivers_from_every_shard(fmt: str, tmp_path: Path) -> None:
+    """A node that ran as two workers with --worker-shards comes back so: each shard
+    holds its records, a consumer fed from every shard gets what was left (the two in
+    flight at the stop again, with their attempts), the DPUB held and counted."""
+    manifest = manifest_of(fmt)
+    (i,) = manifest["sharded_nodes"]
+    data = tmp_path / f"nsqd{i}"
+    shutil.copytree(FIXTURES / f"upgrade_{fmt}" / f"nsqd{i}", data)
+    node = start_nsqd(data, "--http-address=127.0.0.1:0", "--workers=2", "--worker-shards")
+    try:
+        for pid in (0, 1):
+            assert range_read(node, "sharded", pid) == manifest["records"][f"sharded/{pid}"]
+        now = manifest["deliver"]["sharded/*/c"]
+        later = manifest["deliver_later"]["sharded/*/c"]
+
+        async def consume() -> None:
+            sub = await Raw.connect(node.tcp_address)
+            await sub.subscribe("sharded", "c", rdy=100)
+            msgs = await sub.messages(len(now))
+            got = [(int(m.id, 16), m.body.decode(), m.attempts) for m in msgs]
+            assert sorted(got) == sorted(expected(now))
+            sub.send(c.fin_many([m.id for m in msgs]))
+            assert await sub.nothing_for(0.2)  # the DPUB is not due
+            await sub.close()
+
+        run(consume())
+        status, _, body = http_request(f"{node.http_url}/stats?format=json&topic=sharded")
+        assert status == 200
+        (topic,) = json.loads(body)["topics"]
+        assert [ch["deferred_count"] for ch in topic["channels"]] == [len(later)]
+    finally:
+        node.stop(signal.SIGKILL)
+
+
 def write_leader(lookupd: LookupdProcess) -> int | None:
     status, _, body = lookupd.get("/lookup?topic=repl&access=w", headers=V1)
     if status != 200:
@@ -505,10 +546,10 @@ def write_leader(lookupd: LookupdProcess) -> int | None:
     return int(info["tcp_port"]) if info else None
 
 
-def range_read(node: NsqdProcess, topic: str) -> list[dict[str, Any]]:
+def range_read(node: NsqdProcess, topic: str, pid: int = 0) -> list[dict[str, Any]]:
     from nsqx.spark import rangeclient
 
-    params = {"topic": topic, "partition": 0, "start": 0, "max_messages": 10_000}
+    params = {"topic": topic, "partition": pid, "start": 0, "max_messages": 10_000}
     res = decode_range(rangeclient.request(f"127.0.0.1:{node.http_port}", "GET", "/range", params))
     return [
         {
