@@ -162,7 +162,7 @@ async def main(opts: dict[str, Any]) -> int:
 
 TOOL = Tool(
     "bench",
-    "bench_writer",
+    "nsqx bench",
     FLAGS,
     "Measure an nsqd's throughput, as NSQ's bench_writer and bench_reader.",
     EXAMPLES,

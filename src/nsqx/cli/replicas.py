@@ -141,7 +141,7 @@ async def main(opts: dict[str, Any]) -> int:
 
 TOOL = Tool(
     "replicas",
-    "replicas",
+    "nsqx replicas",
     FLAGS,
     "Show replicated partitions (leader, ISR, lag); drain a node or move a leader.",
     EXAMPLES,

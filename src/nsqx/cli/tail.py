@@ -88,36 +88,57 @@ async def main(opts: dict[str, Any]) -> int:
     done = asyncio.Event()
     shown = 0
     flush_pending = False
+    #: stdout's reader went away (``nsqx tail | head -1``): stop, quietly
+    out_closed = False
     loop = asyncio.get_running_loop()
     # progress and the summary only where they cannot mix with the messages
     quiet = sys.stdout.isatty()
     progress = Progress("nsqx tail", "messages", 0 if quiet else opts["progress_interval"])
 
+    def stop() -> None:
+        done.set()
+        for consumer in consumers:
+            consumer.set_max_in_flight(0)  # RDY 0: no more deliveries
+
+    def closed() -> None:
+        nonlocal out_closed
+        out_closed = True
+        stop()
+
     def flush() -> None:
         nonlocal flush_pending
         flush_pending = False
-        out.flush()
+        if out_closed:
+            return
+        try:
+            out.flush()
+        except BrokenPipeError:
+            closed()
 
     def handler_for(topic: str) -> Any:
         prefix = topic.encode() + b" | " if opts["print_topic"] else b""
 
         def handle(msg: Message) -> None:
             nonlocal shown, flush_pending
-            if total and shown >= total:
-                # more arrived than asked for: give them back without a backoff
+            if out_closed or (total and shown >= total):
+                # more arrived than asked for (or nobody reads): give them back without
+                # a backoff
+                msg.requeue(0, backoff=False)
+                return
+            try:
+                out.write(prefix + msg.body + b"\n")
+            except BrokenPipeError:
+                closed()
                 msg.requeue(0, backoff=False)
                 return
             shown += 1
             progress.add()
-            out.write(prefix + msg.body + b"\n")
             if not flush_pending:
                 # one flush per batch of messages, so a pipe sees them promptly
                 flush_pending = True
                 loop.call_soon(flush)
             if total and shown >= total:
-                done.set()
-                for consumer in consumers:
-                    consumer.set_max_in_flight(0)  # RDY 0: no more deliveries
+                stop()
 
         return handle
 
@@ -147,6 +168,8 @@ async def main(opts: dict[str, Any]) -> int:
             flush()
         finally:
             await progress.stop("" if quiet else "nsqx tail: {count} messages in {seconds:.1f}s")
+    if out_closed:
+        raise BrokenPipeError  # nsqx's main ends quietly
     return 0
 
 

@@ -36,6 +36,7 @@ import aiohttp
 
 from nsqx import NSQ_VERSION, __version__
 from nsqx.cli.goflags import FlagError, FlagSet, FlagSpec, HelpRequested, Kind, parse_go_bool
+from nsqx.cli.version import version_line
 from nsqx.client import Config, ConfigError, NSQError
 from nsqx.client.conn import split_address
 from nsqx.clusterinfo.info import http_base
@@ -129,6 +130,7 @@ class Tool:
     """One command-line tool: its name, Go name, flags, summary, examples and main."""
 
     name: str
+    #: the Go tool's name (``nsq_tail``), or nsqx's for a tool Go has not: in --version
     go_name: str
     flags: tuple[FlagSpec, ...]
     summary: str
@@ -155,7 +157,7 @@ def run_tool(tool: Tool, argv: Sequence[str]) -> int:
         print(f"{prog}: {err} (see `{prog} --help`)", file=sys.stderr)
         return 2
     if parsed.get("version", False):
-        print(f"{tool.go_name} v{NSQ_VERSION} (nsqx {__version__})")
+        print(version_line(tool.go_name))
         return 0
     values = tool.flagset.resolve(parsed)
     opts = {**tool.flagset.defaults(), **values}
@@ -172,10 +174,8 @@ def run_tool(tool: Tool, argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         status = 130
     except BrokenPipeError:
-        # the reader went away (tail | head): not an error worth a traceback
-        with contextlib.suppress(OSError):
-            sys.stdout = open("/dev/null", "w")  # noqa: SIM115 - silence the exit flush
-        status = 0
+        # the reader went away (tail | head): nsqx's main ends quietly
+        raise
     except OSError as err:
         error = str(err)
     finally:

@@ -16,6 +16,7 @@ import sys
 
 from nsqx.admin import AdminOptions, NSQAdmin
 from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
+from nsqx.cli.version import version_line
 from nsqx.lookupd.nsqlookupd import NSQLookupd
 from nsqx.lookupd.options import LookupdOptions
 from nsqx.nsqd.nsqd import NSQD
@@ -142,7 +143,11 @@ def run_up(argv: list[str]) -> int:
     parser.add_argument("--lookupd-tcp-port", type=int, default=4160)
     parser.add_argument("--lookupd-http-port", type=int, default=4161)
     parser.add_argument("--admin-http-port", type=int, default=4171)
-    args = parser.parse_args(argv)
+    parser.add_argument("--version", action="version", version=version_line("nsqx up"))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, --version, a bad flag: argparse's exit status
+        return done.code if isinstance(done.code, int) else 2
     setup_logging("info", "[nsqx] ")
     logging.getLogger("nsqx").setLevel(logging.WARNING)
     install_event_loop_policy()
