@@ -17,6 +17,8 @@ import sys
 from typing import Any
 
 from nsqx.cli.toolbase import (
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     CONSUMER_OPT,
     LOOKUPD_HTTP,
     MAX_IN_FLIGHT,
@@ -27,6 +29,7 @@ from nsqx.cli.toolbase import (
     Progress,
     Tool,
     ToolError,
+    auth_secret,
     check_lookupds,
     check_name,
     check_nsqds,
@@ -47,6 +50,8 @@ FLAGS = (
     NSQD_TCP,
     LOOKUPD_HTTP,
     CONSUMER_OPT,
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     PROGRESS,
 )
 
@@ -73,16 +78,18 @@ async def main(opts: dict[str, Any]) -> int:
     max_in_flight = opts["max_in_flight"]
     if total and total < max_in_flight:
         max_in_flight = total  # don't ask for more messages than we want
+    secret = auth_secret(opts)
     config = client_config(
         opts["consumer_opt"],
         "consumer-opt",
+        secret,
         user_agent=user_agent("nsq_tail"),
         max_in_flight=max_in_flight,
     )
     if opts["nsqd_tcp_address"]:
-        await check_nsqds(opts["nsqd_tcp_address"])
+        await check_nsqds(opts["nsqd_tcp_address"], config=config)
     else:
-        await check_lookupds(opts["lookupd_http_address"])
+        await check_lookupds(opts["lookupd_http_address"], secret=secret, topic=topics[0])
 
     out = sys.stdout.buffer
     done = asyncio.Event()
