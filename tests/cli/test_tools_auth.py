@@ -41,6 +41,8 @@ class Secured:
     auth: AuthServer
     lookupd: LookupdProcess
     nsqd: NsqdProcess
+    #: an nsqlookupd without --http-auth that the nsqd registers with too
+    open_lookupd: LookupdProcess
 
     @property
     def tcp(self) -> str:
@@ -78,22 +80,26 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secured]:
         auth.answers.update(SECRETS)
         flags = [f"--auth-http-address={auth.address}", "--http-auth=all"]
         lookupd = start_lookupd(*flags)
+        open_lookupd = start_lookupd()
         try:
             nsqd = start_nsqd(
                 tmp_path_factory.mktemp("nsqd"),
                 "--http-address=127.0.0.1:0",
                 "--broadcast-address=127.0.0.1",
                 f"--lookupd-tcp-address={lookupd.tcp_address}",
+                f"--lookupd-tcp-address={open_lookupd.tcp_address}",
                 *flags,
             )
         except BaseException:
             lookupd.stop(signal.SIGKILL)
+            open_lookupd.stop(signal.SIGKILL)
             raise
         try:
-            yield Secured(auth, lookupd, nsqd)
+            yield Secured(auth, lookupd, nsqd, open_lookupd)
         finally:
             nsqd.stop(signal.SIGKILL)
             lookupd.stop(signal.SIGKILL)
+            open_lookupd.stop(signal.SIGKILL)
 
 
 def nsqx(
@@ -153,6 +159,27 @@ def test_a_refused_secret_is_one_line(secured: Secured) -> None:
     done = nsqx("pub", "--topic=t", f"--nsqd-tcp-address={secured.tcp}", "--auth-secret=guess")
     last = one_line_failure(done, "pub")
     assert "the secret was refused: E_AUTH_FAILED" in last, last
+
+
+def test_the_nsqd_an_open_nsqlookupd_lists_are_checked_at_the_start(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """nsqlookupd asks for no secret, its nsqd does: a secret missing or refused is
+    found at the start, on the nsqd that nsqlookupd lists for the topic."""
+    s = secured
+    s.post("/topic/create?topic=listed")
+    wait_until(
+        lambda: s.open_lookupd.get("/lookup?topic=listed")[0] == 200, what="the topic listed"
+    )
+    source = f"--lookupd-http-address={s.open_lookupd.http_address}"
+    env = {k: v for k, v in ENV.items() if k != "NSQX_AUTH_SECRET"}
+    last = one_line_failure(nsqx("tail", "--topic=listed", source, env=env), "tail")
+    assert "nsqd requires AUTH and no secret was given" in last and HINT in last, last
+    for tool, *more in (["tail"], ["to-file", f"--output-dir={tmp_path}"]):
+        done = nsqx(tool, "--topic=listed", source, "--auth-secret=guess", *more)
+        last = one_line_failure(done, tool)
+        assert f"{s.tcp}: the secret was refused: E_AUTH_FAILED" in last, last
+    assert not list(tmp_path.iterdir())  # nothing consumed, nothing written
 
 
 def test_a_secret_without_subscribe_stops_tail_with_one_line(secured: Secured) -> None:

@@ -89,7 +89,8 @@ async def main(opts: dict[str, Any]) -> int:
     if opts["nsqd_tcp_address"]:
         await check_nsqds(opts["nsqd_tcp_address"], config=config)
     else:
-        await check_lookupds(opts["lookupd_http_address"], secret=secret, topic=topics[0])
+        found = await check_lookupds(opts["lookupd_http_address"], secret=secret, topics=topics)
+        await check_nsqds(found, config=config, secret_only=True)
 
     out = sys.stdout.buffer
     done = asyncio.Event()

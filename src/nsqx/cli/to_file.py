@@ -401,8 +401,10 @@ async def main(opts: dict[str, Any]) -> int:
     if opts["nsqd_tcp_address"]:
         await check_nsqds(opts["nsqd_tcp_address"], config=config)
     else:
-        first = opts["topic"][0] if opts["topic"] else ""
-        await check_lookupds(opts["lookupd_http_address"], secret=secret, topic=first)
+        found = await check_lookupds(
+            opts["lookupd_http_address"], secret=secret, topics=opts["topic"]
+        )
+        await check_nsqds(found, config=config, secret_only=True)
 
     progress = Progress("nsqx to-file", "messages", opts["progress_interval"])
     loggers: dict[str, FileLogger] = {}

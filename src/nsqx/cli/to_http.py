@@ -142,7 +142,8 @@ async def main(opts: dict[str, Any]) -> int:
     if opts["nsqd_tcp_address"]:
         await check_nsqds(opts["nsqd_tcp_address"], config=config)
     else:
-        await check_lookupds(opts["lookupd_http_address"], secret=secret, topic=topic)
+        found = await check_lookupds(opts["lookupd_http_address"], secret=secret, topics=[topic])
+        await check_nsqds(found, config=config, secret_only=True)
     headers.setdefault("User-Agent", user_agent("nsq_to_http"))
     progress = Progress("nsqx to-http", "requests", opts["progress_interval"])
     if opts["status_every"] < 0:

@@ -174,7 +174,10 @@ async def main(opts: dict[str, Any]) -> int:
     else:
         # (the source's secret: --consumer-opt=auth_secret,... when it differs)
         lookupd_secret = cconfig.auth_secret or ""
-        await check_lookupds(opts["lookupd_http_address"], secret=lookupd_secret, topic=topics[0])
+        found = await check_lookupds(
+            opts["lookupd_http_address"], secret=lookupd_secret, topics=topics
+        )
+        await check_nsqds(found, config=cconfig, secret_only=True)
     producers = {d: Producer(d, config=pconfig) for d in destinations}
     jf = JsonFilter(
         opts["require_json_field"], opts["require_json_value"], opts["whitelist_json_field"]

@@ -16,7 +16,8 @@ sent as nsqd's AUTH by the tool's consumers and producers (their ``auth_secret``
 ``--consumer-opt`` / ``--producer-opt`` may still set apart) and as ``Authorization:
 Bearer`` on the tool's own calls to nsqd's and nsqlookupd's HTTP APIs
 (:func:`bearer_headers`). A secret nsqd asks for and does not get, or refuses, stops the
-tool with one line (:func:`check_nsqds` at the start, :class:`ToolLog` while it runs).
+tool with one line (:func:`check_nsqds` at the start, for the nsqd named or those
+nsqlookupd lists; :class:`ToolLog` while it runs).
 
 Progress is by time: :class:`Progress` prints the count and the rate over the last
 interval every ``--progress-interval``; ``--status-every`` is Go's count-based line of
@@ -48,6 +49,7 @@ from nsqx.cli.goflags import FlagError, FlagSet, FlagSpec, HelpRequested, Kind, 
 from nsqx.cli.version import version_line
 from nsqx.client import Config, ConfigError, NSQError
 from nsqx.client.conn import Connection, split_address
+from nsqx.client.discovery import parse_lookup_result
 from nsqx.client.errors import AuthError, ConnectionClosedError, HandshakeError
 from nsqx.clusterinfo.info import http_base
 from nsqx.clusterinfo.secret import ENV, load_secret
@@ -292,9 +294,9 @@ class ToolLog(logging.Handler):
     one printed says how many were held back, and :meth:`uninstall` prints what is
     still held back.
 
-    A line about an nsqd's refusal of the tool's secret (the client's :class:`AuthError`:
-    ``E_AUTH_REQUIRED``, ``E_AUTH_FAILED``, ``E_UNAUTHORIZED``) goes to ``fatal`` when one
-    is set (the tool stops with it, as retrying cannot help) instead of being printed.
+    A line about an nsqd's refusal of the tool's secret that retrying cannot change (the
+    client's :class:`AuthError` ``E_AUTH_REQUIRED`` or ``E_UNAUTHORIZED``) goes to
+    ``fatal`` when one is set (the tool stops with it) instead of being printed.
     """
 
     def __init__(
@@ -374,13 +376,21 @@ class ToolLog(logging.Handler):
         stream.flush()
 
 
+#: nsqd's refusals of a secret that retrying cannot change: none given where one is
+#: asked for, or one whose grants lack what it is used for. (E_AUTH_FAILED is not among
+#: them: nsqd says it too when its auth server is down for a moment; the secret itself
+#: was checked when the tool started.)
+_FATAL_AUTH = frozenset({"E_AUTH_REQUIRED", "E_UNAUTHORIZED"})
+
+
 def _auth_refusal(record: logging.LogRecord) -> AuthError | None:
-    """The AuthError a log record reports (an argument, or its exception), if any."""
-    found = [a for a in (record.args if isinstance(record.args, tuple) else ())]
+    """The AuthError a log record reports (an argument, or its exception) when it is
+    one retrying cannot change (:data:`_FATAL_AUTH`), else None."""
+    found = list(record.args) if isinstance(record.args, tuple) else []
     if record.exc_info:
         found.append(record.exc_info[1])
     for item in found:
-        if isinstance(item, AuthError):
+        if isinstance(item, AuthError) and item.code in _FATAL_AUTH:
             return item
     return None
 
@@ -445,7 +455,10 @@ def check_one_source(opts: dict[str, Any], http: bool = False) -> None:
 
 
 async def check_nsqds(
-    addresses: Iterable[str], timeout: float = 5.0, config: Config | None = None
+    addresses: Iterable[str],
+    timeout: float = 5.0,
+    config: Config | None = None,
+    secret_only: bool = False,
 ) -> None:
     """ToolError naming every nsqd TCP address that cannot be used.
 
@@ -453,7 +466,9 @@ async def check_nsqds(
     compression as configured, and AUTH with its ``auth_secret`` when nsqd asks), all at
     once: an nsqd that accepts connections but does not answer (stopped, hung) is found
     here, within ``timeout``, rather than by the first publish; so is one that asks for
-    a secret the tool has not, or refuses the one it has.
+    a secret the tool has not, or refuses the one it has. ``secret_only`` (nsqd found
+    through nsqlookupd, which the clients retry on their own): only the secret's
+    failures count.
     """
     config = config or Config()
     targets: list[tuple[str, str, int]] = []
@@ -463,11 +478,13 @@ async def check_nsqds(
         except ValueError as err:
             raise ToolError(str(err)) from None
         targets.append((address, host, port))
-    reasons = await asyncio.gather(
+    found = await asyncio.gather(
         *(_probe(host, port, timeout, config) for _, host, port in targets)
     )
     failures = [
-        f"{address}: {why}" for (address, _, _), why in zip(targets, reasons, strict=True) if why
+        f"{address}: {why}"
+        for (address, _, _), (why, secret) in zip(targets, found, strict=True)
+        if why and (secret or not secret_only)
     ]
     if failures:
         hint = _SECRET_HINT if any(_NEEDS_SECRET in f for f in failures) else ""
@@ -479,8 +496,18 @@ _NEEDS_SECRET = "nsqd requires AUTH and no secret was given"
 _SECRET_HINT = f" (give it with --auth-secret, --auth-secret-file or ${AUTH_SECRET_ENV})"
 
 
-async def _probe(host: str, port: int, timeout: float, config: Config) -> str:
-    """Why the nsqd at host:port cannot be used ("" when its handshake succeeds)."""
+async def _probe(host: str, port: int, timeout: float, config: Config) -> tuple[str, bool]:
+    """Why the nsqd at host:port cannot be used ("" when its handshake succeeds), and
+    whether that is about the secret."""
+    why = await _probe_reason(host, port, timeout, config)
+    return why, why == _NEEDS_SECRET or why.startswith(_REFUSED)
+
+
+#: how a probe's reason starts when nsqd refused the secret
+_REFUSED = "the secret was refused: "
+
+
+async def _probe_reason(host: str, port: int, timeout: float, config: Config) -> str:
     probe = dataclasses.replace(config, user_agent=user_agent("nsqx"), client_id="nsqx-check")
     conn = Connection(host, port, probe)
     try:
@@ -493,7 +520,7 @@ async def _probe(host: str, port: int, timeout: float, config: Config) -> str:
     except AuthError as err:
         if err.code == "E_AUTH_REQUIRED":
             return _NEEDS_SECRET
-        return f"the secret was refused: {err.code} {_strip_key(err.description, conn)}"
+        return f"{_REFUSED}{err.code} {_strip_key(err.description, conn)}"
     except ConnectionClosedError as err:
         if isinstance(err.__cause__, OSError):
             return _reason(err.__cause__)
@@ -517,24 +544,33 @@ def _strip_key(text: str, conn: Connection) -> str:
 
 
 async def check_lookupds(
-    addresses: Sequence[str], timeout: float = 5.0, secret: str = "", topic: str = ""
-) -> None:
+    addresses: Sequence[str],
+    timeout: float = 5.0,
+    secret: str = "",
+    topics: Sequence[str] = (),
+) -> list[str]:
     """ToolError when no nsqlookupd answers ``/ping`` (the others are warned about), or
-    when one refuses to tell where ``topic`` is (``/lookup``; without a topic its
-    ``/topics``) for want of the tool's secret (``--http-auth``: 401 or 403)."""
+    when one refuses to tell where ``topics`` are (``/lookup``; without topics its
+    ``/topics``) for want of the tool's secret (``--http-auth``: 401 or 403). The TCP
+    addresses of the nsqd they list for ``topics`` (for :func:`check_nsqds`)."""
     failures: list[str] = []
     refusals: list[str] = []
-    read = f"/lookup?{urlencode({'topic': topic})}" if topic else "/topics"
+    nsqds: dict[str, None] = {}
+    reads = [f"/lookup?{urlencode({'topic': t})}" for t in topics] or ["/topics"]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         for address in addresses:
             base = http_base(address)
             try:
                 async with session.get(f"{base}/ping") as resp:
                     await resp.read()
-                async with session.get(f"{base}{read}", headers=bearer_headers(secret)) as resp:
-                    body = await resp.read()
+                for read in reads:
+                    async with session.get(f"{base}{read}", headers=bearer_headers(secret)) as resp:
+                        body = await resp.read()
                     if resp.status in (401, 403):
                         refusals.append(f"{address}: {resp.status} {_message_of(body)}")
+                        break
+                    if resp.status == 200 and read.startswith("/lookup"):
+                        nsqds.update(dict.fromkeys(_listed_nsqds(body)))
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
                 failures.append(f"{address}: {_reason(err)}")
     if refusals:
@@ -544,6 +580,16 @@ async def check_lookupds(
         raise ToolError("cannot reach nsqlookupd at " + "; ".join(failures))
     for failure in failures:
         print(f"warning: cannot reach nsqlookupd at {failure}", file=sys.stderr)
+    return list(nsqds)
+
+
+def _listed_nsqds(body: bytes) -> list[str]:
+    """The TCP addresses of the nsqd in a /lookup answer (none when it is no JSON)."""
+    try:
+        found = parse_lookup_result(json.loads(body))
+    except (ValueError, TypeError, AttributeError):
+        return []
+    return sorted(set(found.producers) | set(found.partitions.values()))
 
 
 def _message_of(body: bytes) -> str:
