@@ -22,6 +22,16 @@ def test_messages_round_trip() -> None:
     assert rp.decode(rp.encode_ack(42)) == rp.Ack(42)
     cursors = rp.Cursors({"a": (10, False), "b": (3, True)}, 2)
     assert rp.decode(rp.encode_cursors(cursors)) == cursors
+    marked = rp.Cursors({"a": (10, False)}, 2, {"a": {"t.dead:0": (7, 1795000000123)}})
+    assert rp.decode(rp.encode_cursors(marked)) == marked
+
+
+def test_cursors_without_replay_marks_are_what_they_were() -> None:
+    """A leader of an earlier release sends no replay marks, and one with none to send
+    sends the same bytes as before them (a follower of an earlier release reads it)."""
+    old = b'\x06{"channels":{"a":[10,false]},"hold_from":2}'
+    assert rp.decode(old) == rp.Cursors({"a": (10, False)}, 2)
+    assert rp.encode_cursors(rp.Cursors({"a": (10, False)}, 2)) == old
 
 
 @given(
@@ -56,6 +66,10 @@ def test_batches_round_trip(commit: int, shapes: list[tuple[int, int, int]]) -> 
         rp.encode_batches(0, [StoredBatch(0, 1, 0, 0, 0, b"abc")]) + b"!",
         rp.encode_batches(0, [StoredBatch(0, 1, 0, 0, 0, b"abc")])[:-1],
         b'\x06{"channels": {"a": [1]}, "hold_from": 0}',
+        b'\x06{"channels": {}, "hold_from": 0, "replay_marks": []}',
+        b'\x06{"channels": {}, "hold_from": 0, "replay_marks": {"a": [1, 2]}}',
+        b'\x06{"channels": {}, "hold_from": 0, "replay_marks": {"a": {"t:0": [1]}}}',
+        b'\x06{"channels": {}, "hold_from": 0, "replay_marks": {"a": {"t:0": [1, true]}}}',
     ],
 )
 def test_malformed_messages_are_refused(data: bytes) -> None:

@@ -29,7 +29,10 @@ record below ``end`` (written to its files).
 
 ``CURSORS`` (leader -> follower), JSON ``{"channels": {name: [cursor, ordered]},
 "hold_from"}``: where each channel stands, so that consumers resume near there on a new
-leader.
+leader; and, when a channel has any in a replicated dead-letter topic, ``"replay_marks":
+{name: {"topic:partition": [sequence, timestamp]}}``: how far its dead-letter replays
+have looked there (nsqx.nsqd.dead_letters), so that a new leader replays none twice.
+A follower that does not know the key ignores it.
 
 Epoch history (as Kafka's leader epochs, KIP-101): a list of ``[epoch, start]`` pairs,
 one per leadership, ``start`` being the log end when that leader took over. A follower
@@ -41,7 +44,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nsqx.wire.batch import StoredBatch
@@ -117,10 +120,12 @@ class Ack:
 
 @dataclass(frozen=True)
 class Cursors:
-    """The channels' positions on the leader."""
+    """The channels' positions on the leader (and their replay marks in replicated
+    dead-letter topics: channel -> mark key -> (sequence, timestamp))."""
 
     channels: dict[str, tuple[int, bool]]
     hold_from: int
+    replay_marks: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
 
 
 Message = Hello | Welcome | Refused | Batches | Ack | Cursors
@@ -161,10 +166,15 @@ def encode_refused(r: Refused) -> bytes:
 
 
 def encode_cursors(c: Cursors) -> bytes:
-    return _json(
-        CURSORS,
-        {"channels": {k: [v[0], v[1]] for k, v in c.channels.items()}, "hold_from": c.hold_from},
-    )
+    obj: dict[str, Any] = {
+        "channels": {k: [v[0], v[1]] for k, v in c.channels.items()},
+        "hold_from": c.hold_from,
+    }
+    if c.replay_marks:  # (only then: the message is the same as before for the rest)
+        obj["replay_marks"] = {
+            ch: {k: list(m) for k, m in marks.items()} for ch, marks in c.replay_marks.items()
+        }
+    return _json(CURSORS, obj)
 
 
 def encode_ack(end: int) -> bytes:
@@ -285,7 +295,26 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
         ):
             raise ReplicationProtocolError(f"bad cursor for {name!r}: {value!r}")
         out[name] = (value[0], value[1])
-    return Cursors(out, _int(obj, "hold_from"))
+    return Cursors(out, _int(obj, "hold_from"), _replay_marks(obj.get("replay_marks", {})))
+
+
+def _replay_marks(value: Any) -> dict[str, dict[str, tuple[int, int]]]:
+    """CURSORS' ``replay_marks`` (absent from a leader before them: none)."""
+    if not isinstance(value, dict):
+        raise ReplicationProtocolError("replay_marks is not an object")
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for channel, marks in value.items():
+        if not isinstance(marks, dict):
+            raise ReplicationProtocolError(f"bad replay marks for {channel!r}")
+        for key, mark in marks.items():
+            if (
+                not isinstance(mark, list)
+                or len(mark) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in mark)
+            ):
+                raise ReplicationProtocolError(f"bad replay mark {key!r}: {mark!r}")
+            out.setdefault(channel, {})[key] = (mark[0], mark[1])
+    return out
 
 
 def _decode_batches(data: bytes | bytearray | memoryview) -> Batches:

@@ -349,6 +349,8 @@ class FollowerReplication:
             part.committed(min(ev.commit, part.log.end))
         elif isinstance(ev, rp.Cursors):
             part.apply_cursors(ev.channels, ev.hold_from)
+            if ev.replay_marks:
+                part.apply_replay_marks(ev.replay_marks)
         else:
             raise ReplicationError(f"unexpected {type(ev).__name__}")
 
