@@ -37,6 +37,8 @@ from nsqx.wire.frames import (
 from chaos.cluster import LOOKUPD_HTTP, ChaosCluster
 
 HEARTBEAT = b"_heartbeat_"
+#: seconds a connection must stay open after a REQ for its delay to count as set
+REQ_SETTLED = 1.0
 
 
 @dataclass
@@ -271,6 +273,8 @@ class Consumer:
         self.ordered = ordered
         self.requeue_ms = requeue_ms
         self._new = 0
+        #: (when, body) of the REQs sent on the current connection
+        self._reqs: list[tuple[float, bytes]] = []
         self.link: Link | None = None
         self.address: tuple[str, int] | None = None
 
@@ -343,6 +347,7 @@ class Consumer:
                 )
                 if requeue:
                     self.rec.requeued[msg.body] = (now, self.requeue_ms / 1000)
+                    self._reqs.append((now, msg.body))
                     link.send(c.req(msg.id, self.requeue_ms))
                 else:
                     link.send(c.fin(msg.id))
@@ -354,6 +359,14 @@ class Consumer:
         if self.link is not None:
             self.link.close()
             self.link = None
+        # a REQ sent shortly before its connection closed may never have been processed:
+        # its message comes back at once (in flight on a closed connection), so its
+        # delay is not checked (it must still come back and be finished)
+        now = time.time()
+        for at, body in self._reqs:
+            if now - at < REQ_SETTLED:
+                self.rec.requeued[body] = (at, 0.0)
+        self._reqs.clear()
 
 
 @dataclass
