@@ -14,6 +14,7 @@ daemon process of its own), cut its power, corrupt its files, unmount it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import json
@@ -28,6 +29,16 @@ from pathlib import Path
 from typing import Any
 
 DAEMON = Path(__file__).with_name("daemon.py")
+#: the mounts of this process, unmounted at its exit if the test did not (a daemon runs
+#: in a session of its own and would outlive it)
+_LIVE: set[FaultFS] = set()
+
+
+@atexit.register
+def _unmount_all() -> None:
+    for fs in list(_LIVE):
+        with contextlib.suppress(Exception):
+            fs.close()
 
 
 class FaultFSError(RuntimeError):
@@ -76,6 +87,7 @@ class FaultFS:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        _LIVE.add(self)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -201,6 +213,7 @@ class FaultFS:
         finally:
             self._stop()
             self.proc = None
+            _LIVE.discard(self)
             shutil.rmtree(self._dir, ignore_errors=True)
 
     def __enter__(self) -> FaultFS:
