@@ -230,7 +230,7 @@ def judge(
             worst_early = max(worst_early, due - d.at)
     requeued_early = 0
     for d in rec.delivered:
-        req = rec.requeued.get(d.body)
+        req = rec.requeued.get((d.topic, d.id, d.body))
         if req is None or d.at <= req[0]:
             continue
         due = req[0] + req[1]
@@ -247,13 +247,15 @@ def judge(
     # moved back: finished well before the fault, delivered again after it
     moved_back = 0
     worst_back = 0.0
-    finished: dict[bytes, Delivery] = {}
+    # (the same message: its id and body; a body published twice is two messages, an id
+    # given again is counted above)
+    finished: dict[tuple[str, bytes, bytes], Delivery] = {}
     back_parts: dict[str, int] = defaultdict(int)
     for d in rec.delivered:
-        before = finished.get(d.body)
+        before = finished.get((d.topic, d.id, d.body))
         if before is None:
             if d.fin:
-                finished[d.body] = d
+                finished[(d.topic, d.id, d.body)] = d
         elif before.at < fault_at - POSITION_WINDOW and d.at >= fault_at:
             moved_back += 1
             worst_back = max(worst_back, fault_at - before.at)

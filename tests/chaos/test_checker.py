@@ -64,17 +64,29 @@ def test_a_requeued_message_delivered_early() -> None:
     rec = Records()
     sent(rec, b"r", FAULT - 10)
     deliver(rec, b"r", FAULT - 5, b"i1", fin=False)  # REQ 3 s, and a fault meanwhile
-    rec.requeued[b"r"] = (FAULT - 5, 3.0)
+    rec.requeued[("plain", b"i1", b"r")] = (FAULT - 5, 3.0)
     deliver(rec, b"r", FAULT - 4, b"i1", node="n2")  # 2 s early
     v = verdict(rec, strict=("schedule", "positions"))
     assert v.early == 1 and v.moved_back == 0 and v.lost == 0 and not v.ok
+
+
+def test_a_second_copy_of_a_requeued_body_is_not_early() -> None:
+    """A body published twice (a retried publish whose first attempt was stored) is two
+    messages: the second copy may come while the first waits out its REQ."""
+    rec = Records()
+    sent(rec, b"r", FAULT - 10)
+    deliver(rec, b"r", FAULT - 5, b"i1", fin=False)
+    rec.requeued[("plain", b"i1", b"r")] = (FAULT - 5, 3.0)
+    deliver(rec, b"r", FAULT - 4.9, b"i2")
+    deliver(rec, b"r", FAULT - 2, b"i1")
+    assert verdict(rec, strict=("schedule",)).ok
 
 
 def test_a_requeued_message_that_never_comes_back_is_lost() -> None:
     rec = Records()
     sent(rec, b"r", FAULT - 10)
     deliver(rec, b"r", FAULT - 5, b"i1", fin=False)
-    rec.requeued[b"r"] = (FAULT - 5, 3.0)
+    rec.requeued[("plain", b"i1", b"r")] = (FAULT - 5, 3.0)
     assert verdict(rec).lost == 1
 
 

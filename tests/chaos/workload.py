@@ -88,8 +88,10 @@ class Delivery:
 class Records:
     sent: dict[bytes, Sent] = field(default_factory=dict)
     delivered: list[Delivery] = field(default_factory=list)
-    #: body -> when it was requeued with a delay, and the delay (s)
-    requeued: dict[bytes, tuple[float, float]] = field(default_factory=dict)
+    #: (topic, message id, body) -> when it was requeued with a delay, and the delay (s):
+    #: by message, not by body (a body published twice, a retry whose first attempt was
+    #: stored, is two messages)
+    requeued: dict[tuple[str, bytes, bytes], tuple[float, float]] = field(default_factory=dict)
 
     def acked(self) -> list[Sent]:
         return [s for s in self.sent.values() if s.acked is not None]
@@ -273,8 +275,8 @@ class Consumer:
         self.ordered = ordered
         self.requeue_ms = requeue_ms
         self._new = 0
-        #: (when, body) of the REQs sent on the current connection
-        self._reqs: list[tuple[float, bytes]] = []
+        #: (when, (topic, id, body)) of the REQs sent on the current connection
+        self._reqs: list[tuple[float, tuple[str, bytes, bytes]]] = []
         self.link: Link | None = None
         self.address: tuple[str, int] | None = None
 
@@ -330,7 +332,8 @@ class Consumer:
                 )
                 now = time.time()
                 requeue = False
-                if self.requeue_ms and msg.body not in self.rec.requeued:
+                key = (self.topic, bytes(msg.id), msg.body)
+                if self.requeue_ms and key not in self.rec.requeued:
                     self._new += 1
                     requeue = self._new % 10 == 0
                 self.rec.delivered.append(
@@ -346,8 +349,8 @@ class Consumer:
                     )
                 )
                 if requeue:
-                    self.rec.requeued[msg.body] = (now, self.requeue_ms / 1000)
-                    self._reqs.append((now, msg.body))
+                    self.rec.requeued[key] = (now, self.requeue_ms / 1000)
+                    self._reqs.append((now, key))
                     link.send(c.req(msg.id, self.requeue_ms))
                 else:
                     link.send(c.fin(msg.id))
@@ -363,9 +366,9 @@ class Consumer:
         # its message comes back at once (in flight on a closed connection), so its
         # delay is not checked (it must still come back and be finished)
         now = time.time()
-        for at, body in self._reqs:
+        for at, key in self._reqs:
             if now - at < REQ_SETTLED:
-                self.rec.requeued[body] = (at, 0.0)
+                self.rec.requeued[key] = (at, 0.0)
         self._reqs.clear()
 
 
