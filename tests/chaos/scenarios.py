@@ -244,15 +244,20 @@ async def etcd_member_killed(ctx: Context) -> None:
 
 
 async def _pick(ctx: Context, who: str) -> list[str]:
-    """The hosts a storage fault hits: "leader" (of ord:0), "follower" (of ord:0), "two"
-    (the leader and one follower), "all" (every nsqd), "lookupd+leader"."""
+    """The hosts a storage fault hits: "leader" (of ord:0), "follower" (of ord:0, one
+    that leads no partition where there is one), "two" (the leader and that follower),
+    "all" (every nsqd), "lookupd+leader"."""
     lead = await ctx.leader()
     if who == "leader":
         return [lead]
+    followers = await ctx.followers()
+    # a follower that leads no partition, where there is one: a follower alone
+    leading = {n for t in (ORDERED, PLAIN) for n in (await ctx.cl.leaders(t)).values()}
+    follower = next((n for n in followers if n not in leading), followers[0])
     if who == "follower":
-        return [(await ctx.followers())[0]]
+        return [follower]
     if who == "two":
-        return [lead, (await ctx.followers())[0]]
+        return [lead, follower]
     if who == "all":
         return list(ctx.cl.nsqd)
     if who == "lookupd+leader":
