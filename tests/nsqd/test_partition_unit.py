@@ -276,3 +276,41 @@ def test_positions_name_sequences(tmp_path: Path, kind: str) -> None:
             part.position((OFFSET_SPECIAL, 7))
 
     run(main)
+
+
+class _NoReplicas:
+    """A replicated topic's partition, its replication left out: only how its log is
+    opened is looked at."""
+
+    def attach(self, part: Partition) -> None:
+        return None
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_a_replicated_partitions_log_ends_at_its_last_whole_record(
+    tmp_path: Path, replicas: int
+) -> None:
+    """After a torn tail, a single node's log skips the sequences the tail may have held
+    (no id given twice); a replica's ends at its last whole record, for its leader to
+    ship what follows (docs/storage.md)."""
+
+    async def main() -> None:
+        host, _, part = make(tmp_path, "disk")
+        for n in (2, 3):
+            part.publish([b"m%d" % k for k in range(n)])
+            await turn()
+        part.close()
+        seg = os.path.join(part.directory or "", "00000000000000000000.seg")
+        with open(seg, "r+b") as f:
+            f.truncate(os.path.getsize(seg) - 5)  # the second batch torn
+        host = FakeHost(str(tmp_path))
+        host.replication = _NoReplicas()  # type: ignore[assignment]
+        topic = Topic(host, "t", TopicMeta(partition_num=1, replica=replicas))
+        again = topic.add_partition(0)
+        if replicas > 1:
+            assert again.log.end == 2 and again.log.set_aside[0].kind == "tail"
+        else:
+            assert again.log.end > 5
+        again.close()
+
+    run(main)

@@ -115,6 +115,9 @@ class Partition:
             self.directory,
             max_bytes_per_file=opts.max_bytes_per_file,
             cache_size=opts.mem_queue_size,
+            # a replica never skips sequences of its own after damage: its log ends at
+            # its last whole record and converges to its leader's (docs/storage.md)
+            skip_lost=topic.meta.replica <= 1,
         )
         if self.directory is not None:
             os.makedirs(self.channel_dir, exist_ok=True)
