@@ -356,14 +356,37 @@ class Partition:
         if self._turn.health_error is not None:
             self._turn.health_error = None
         self._appended()
-        if not waiters:
-            return None
         if self._sync_before_ack or self.replica is not None:
-            self._after_write(waiters)
+            if waiters:
+                self._after_write(waiters)
+            return None
+        synced = self._sync_window()
+        if synced is not None and waiters:
+
+            def done(fut: asyncio.Future[list[None]]) -> None:
+                err = OSError("cancelled") if fut.cancelled() else fut.exception()
+                for w in waiters:
+                    w(err)
+
+            synced.add_done_callback(done)
         else:
             for w in waiters:
                 w(None)
         return None
+
+    def _sync_window(self) -> asyncio.Future[list[None]] | None:
+        """--sync-every (or the topic's): once that many written messages wait for an
+        fsync, one starts now rather than at the next scan; publishes past that many
+        are answered once it is done (the future returned), so that a power cut loses
+        at most that many acknowledged messages (docs/storage.md). Not after an fsync
+        failed: /ping says so, and publishes go on unsynced."""
+        log_ = self.log
+        unsynced = log_.unsynced
+        every = self.topic.meta.sync_every or self.nsqd.options.sync_every
+        if unsynced < every or log_.sync_error is not None or not self._stages:
+            return None
+        synced = self.nsqd.sync_partitions({self.key})
+        return synced if unsynced > every else None
 
     def when_acknowledged(self, waiter: AckWaiter) -> None:
         """The one barrier before a publish is answered: call ``waiter(None)`` once every
