@@ -10,6 +10,8 @@ be on a real disk: tmpfs has no fsync worth the name, and the bench refuses
 ``go``       Go's nsqd 1.3.0 with its defaults (../shared/reference/go-nsq-1.3.0/nsqd)
 ``sba``      our nsqd with ``--sync-before-ack`` (every OK after an fsync)
 ``default``  our nsqd with its defaults (fsync every --sync-every / --sync-timeout)
+``before``   our nsqd with its defaults from the sources at ``--before`` (another
+             checkout's src/, e.g. ``git archive`` of the commit before a change)
 
 It also measures the disk's own fsync time where the data goes (a 4 KiB write and an
 fsync, ``--fsyncs`` times) and prints it beside the figures: the ratio of
@@ -33,15 +35,19 @@ from typing import Any
 from latency_bench import GO_NSQD, Target
 from server_bench import BenchConfig, BenchError, run_bench
 
-TARGETS = ("go", "sba", "default")
+TARGETS = ("go", "sba", "default", "before")
 
 
-def target(name: str) -> Target:
+def target(name: str, before: str | None, go: str) -> Target:
     ours = [sys.executable, "-m", "nsqx", "nsqd"]
+    if name == "before":
+        if before is None:
+            raise BenchError("the before target needs --before SRC")
+        return Target(name, name, ["env", f"PYTHONPATH={before}", *ours])
     if name == "go":
-        if not GO_NSQD.exists():
-            raise BenchError(f"Go's nsqd is not at {GO_NSQD}")
-        return Target(name, name, [str(GO_NSQD)])
+        if not os.path.exists(go):
+            raise BenchError(f"Go's nsqd is not at {go} (--go PATH)")
+        return Target(name, name, [go])
     if name == "sba":
         return Target(name, name, [*ours, "--sync-before-ack"])
     return Target(name, name, ours)
@@ -69,7 +75,9 @@ def fsync_times(directory: str, count: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--targets", default=",".join(TARGETS), help="among " + ",".join(TARGETS))
+    p.add_argument("--targets", default="go,sba,default", help="among " + ",".join(TARGETS))
+    p.add_argument("--before", metavar="SRC", help="the sources of the before target")
+    p.add_argument("--go", default=str(GO_NSQD), metavar="PATH", help="Go's nsqd binary")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=5.0, help="pub phase per server per round")
     p.add_argument("--size", type=int, default=200)
@@ -90,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.rounds):
         order = names if r % 2 == 0 else names[::-1]
         for name in order:
-            t = target(name)
+            t = target(name, args.before, args.go)
             t.start()
             try:
                 cfg = BenchConfig(

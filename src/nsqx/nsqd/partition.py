@@ -52,6 +52,13 @@ log = logging.getLogger("nsqx.nsqd")
 AckWaiter = Waiter
 
 
+def _seen(fut: asyncio.Future[list[None]]) -> None:
+    """An fsync nobody waits for: its failure is kept by the log (sync_error) and told
+    by /ping, not left for asyncio to report."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 class StagedDropped(Exception):
     """Publishes staged and never written (the partition was cut under them)."""
 
@@ -142,6 +149,8 @@ class Partition:
         self._waiters: list[AckWaiter] = []
         #: --sync-before-ack (read once: nsqd's options are a Python object)
         self._sync_before_ack = nsqd.options.sync_before_ack
+        #: the fsync started ahead of a full --sync-every window
+        self._sync_ahead: asyncio.Future[list[None]] | None = None
         #: messages and body bytes staged (counted already) since the last commit
         self._staged_messages = 0
         self._staged_bytes = 0
@@ -375,18 +384,29 @@ class Partition:
         return None
 
     def _sync_window(self) -> asyncio.Future[list[None]] | None:
-        """--sync-every (or the topic's): once that many written messages wait for an
-        fsync, one starts now rather than at the next scan; publishes past that many
-        are answered once it is done (the future returned), so that a power cut loses
-        at most that many acknowledged messages (docs/storage.md). Not after an fsync
-        failed: /ping says so, and publishes go on unsynced."""
+        """--sync-every (or the topic's) is a window of acknowledged messages: an fsync
+        starts (here, not at the next scan) once so many are written that the window
+        would fill while it runs (what was written during the last one, twice over,
+        before the window's end), and publishes past a full window are answered once
+        an fsync that covers them is done (the future returned). So a power cut loses
+        at most that many acknowledged messages (docs/storage.md), and a disk that
+        keeps up costs about one fsync per window. Not after an fsync failed: /ping
+        says so, and publishes go on unsynced."""
         log_ = self.log
         unsynced = log_.unsynced
         every = self.topic.meta.sync_every or self.nsqd.options.sync_every
-        if unsynced < every or log_.sync_error is not None or not self._stages:
+        start = max(every - 2 * log_.sync_lag, every // 4)
+        if unsynced < start or log_.sync_error is not None or not self._stages:
             return None
-        synced = self.nsqd.sync_partitions({self.key})
-        return synced if unsynced > every else None
+        fresh = None
+        ahead = self._sync_ahead
+        if ahead is None or ahead.done():
+            fresh = self._sync_ahead = self.nsqd.sync_partitions({self.key})
+            fresh.add_done_callback(_seen)
+        if unsynced <= every:
+            return None
+        # (an fsync asked for before this commit's write may not cover it)
+        return fresh if fresh is not None else self.nsqd.sync_partitions({self.key})
 
     def when_acknowledged(self, waiter: AckWaiter) -> None:
         """The one barrier before a publish is answered: call ``waiter(None)`` once every

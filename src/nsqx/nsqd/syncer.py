@@ -58,6 +58,7 @@ class LogSyncer:
                         w.set_exception(err)
                 continue
             self.log.unsynced = max(0, self.log.unsynced - covered)
+            self.log.sync_lag = self.log.unsynced  # (written while it ran)
             self.log.last_sync = time.monotonic()
             for w in waiters:
                 if not w.done():

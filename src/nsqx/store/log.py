@@ -147,6 +147,8 @@ class MessageLog(ABC):
         self.unsynced = 0
         #: when the last fsync ended (time.monotonic)
         self.last_sync = 0.0
+        #: records appended while the last fsync ran (how far fsyncs run behind)
+        self.sync_lag = 0
         #: the first failed fsync, kept: after one, the kernel may have dropped the dirty
         #: pages and a later fsync would succeed without them, so no sync succeeds again
         self.sync_error: OSError | None = None

@@ -126,31 +126,25 @@ def open_segments(
             held = opened.tail[1]
             floor_seq = max(floor_seq, seg.end_seq + held)
             floor_offset = max(floor_offset, seg.base_offset + opened.size - SEG_HEAD_SIZE)
+    if not skip_lost:  # a replica: its log ends at its last whole record
+        floor_seq = floor_offset = 0
+    lease_seq, lease_offset = leased if skip_lost else (0, 0)
     if not segments:
-        segments.append(new_segment(directory, floor_seq if skip_lost else 0, floor_offset))
+        segments.append(new_segment(directory, floor_seq, floor_offset))
     for seg in segments[:-1]:
         seg.sealed = True
     active = segments[-1]
     active_offset = active.base_offset + active.size - SEG_HEAD_SIZE
-    lease_seq, lease_offset = leased
-    if skip_lost and (lease_seq > max(floor_seq, active.end_seq) or lease_offset > active_offset):
+    if lease_seq > max(floor_seq, active.end_seq) or lease_offset > active_offset:
         log.warning(
             "STORE: %s: the last run did not stop cleanly: sequences up to %d may have "
             "been given out (its lease) past the log's last record",
             directory,
             lease_seq - 1,
         )
-        floor_seq = max(floor_seq, lease_seq)
-        floor_offset = max(floor_offset, lease_offset)
-    if floor_seq > active.end_seq or floor_offset > active_offset:
-        if not skip_lost:
-            log.warning(
-                "STORE: %s: the log ends at sequence %d, its last whole record (what was "
-                "set aside after it is not skipped: its leader ships it again)",
-                directory,
-                active.end_seq,
-            )
-            return segments
+    floor_seq = max(floor_seq, lease_seq)
+    floor_offset = max(floor_offset, lease_offset)
+    if floor_seq > active.end_seq or floor_offset > active_offset:  # (a single node's)
         nxt = max(floor_seq, active.end_seq)
         log.warning(
             "STORE: %s: sequences %d to %d are skipped (they may have been given out "
