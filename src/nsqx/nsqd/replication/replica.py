@@ -35,6 +35,7 @@ from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE, P
 if TYPE_CHECKING:
     from nsqx.nsqd.partition import Partition
     from nsqx.nsqd.replication.manager import ReplicationManager
+    from nsqx.nsqd.syncer import LogSyncer
 
 log = logging.getLogger("nsqx.replication")
 
@@ -65,6 +66,7 @@ class PartitionReplica:
         self.leader: LeaderReplication | None = None
         self.follower: FollowerReplication | None = None
         self.started = False
+        self._syncer: LogSyncer | None = None
 
     def __repr__(self) -> str:
         return f"<replica {self.part} {self.role_name}>"
@@ -86,6 +88,53 @@ class PartitionReplica:
         if self.role is not None and self.role.role_of(self.node_id) == FOLLOWER:
             self._follow(self.role.leader_http)
 
+    # -- durability -------------------------------------------------------------------
+
+    @property
+    def durable_ack(self) -> bool:
+        """Whether a publish waits for a write quorum's fsyncs (the topic's
+        replication_ack, else nsqd's --replication-ack)."""
+        setting = self.part.topic.meta.replication_ack or self.manager.nsqd.options.replication_ack
+        return setting == "durable"
+
+    def syncer(self) -> LogSyncer | None:
+        """This partition's fsyncs (nsqd.syncer), told to report here as its durable end
+        moves (None before nsqd made it)."""
+        syncer = self._syncer
+        if syncer is None:
+            syncer = self.manager.nsqd.syncers.get(self.part.key)
+            if syncer is not None:
+                syncer.on_durable = self.durable_advanced
+                self._syncer = syncer
+        return syncer
+
+    def sync_soon(self) -> None:
+        """Have this log fsynced (group-committed with whatever else is waiting)."""
+        syncer = self.syncer()
+        if syncer is not None:
+            syncer.kick()
+
+    @property
+    def durable_end(self) -> int:
+        """Every record below this sequence is fsynced here (as far as known)."""
+        syncer = self.syncer()
+        return syncer.durable_end if syncer is not None else 0
+
+    def durable_advanced(self, end: int) -> None:
+        """An fsync made every record below ``end`` durable here: a leader may commit
+        more; a follower tells its leader."""
+        if self.leader is not None:
+            self.leader.durable_advanced(end)
+        elif self.follower is not None:
+            self.follower.durable_advanced(end)
+
+    def log_cut(self, end: int) -> None:
+        """The log was truncated or reset to ``end`` (records from there are not
+        durable until fsynced again)."""
+        syncer = self.syncer()
+        if syncer is not None:
+            syncer.truncated(end)
+
     # -- the coordinator's decisions --------------------------------------------------
 
     def apply_role(self, role: ReplicaRole) -> None:
@@ -99,7 +148,10 @@ class PartitionReplica:
         if new == LEADER and self.leader is None:
             log_ = self.part.log
             if not history or history[-1][0] < role.epoch:
-                history = (*history, (role.epoch, log_.end))
+                # leaderships that begin past this log's end have no record here (a
+                # power cut took what followed): the new one begins at the end
+                end = log_.end
+                history = (*(h for h in history if h[1] <= end), (role.epoch, end))
         role = role.with_history(history)
         if role != old:
             self._save(role)
@@ -118,6 +170,8 @@ class PartitionReplica:
             self._stop_following()
             if self.leader is None:
                 self.leader = LeaderReplication(self, self.part.visible_end)
+                self.leader.own_durable = self.durable_end
+                self.sync_soon()  # (what it holds from before may not be fsynced yet)
                 # a new leadership is confirmed within the lease before it acknowledges
                 self.confirmed_gen = -1
                 self.manager.confirm_soon()
@@ -263,13 +317,20 @@ class PartitionReplica:
                 "confirmed_generation": self.confirmed_gen,
             },
             "end": log_.end,
+            "durable": self.durable_end,
             "commit": self.part.visible_end,
+            "ack": "durable" if self.durable_ack else "written",
             "channels": {name: ch.cursor for name, ch in self.part.channels.items()},
         }
-        if self.leader is not None:
+        leader = self.leader
+        if leader is not None:
             out["followers"] = {
-                node: {"acked": acked, "lag": max(log_.end - acked, 0)}
-                for node, acked in self.leader.acked.items()
+                node: {
+                    "acked": acked,
+                    "durable": acked if node in leader.legacy else leader.durable.get(node, 0),
+                    "lag": max(log_.end - acked, 0),
+                }
+                for node, acked in leader.acked.items()
             }
         if self.follower is not None:
             out["connected"] = self.follower.connected
