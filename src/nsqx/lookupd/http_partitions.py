@@ -337,6 +337,23 @@ class PartitionAPI:
         in-sync follower cannot hear its leader."""
         await self._isr_report(request, self.coordinator.replicas.leader_unreachable, True)
 
+    async def leader_restarted(self, request: web.Request) -> dict[str, Any]:
+        """nsqx: ``POST /partition/leader/restarted?topic&partition&node&epoch``: a node
+        that led the partition when it stopped asks for an election (it may have lost
+        what it had not fsynced). ``{"epoch": n}`` once decided (the role of epoch ``n``
+        says who leads); 503 while too few replicas answer (it asks again)."""
+        params = Params(request)
+        topic = params.get("topic") or ""
+        node = params.get("node") or ""
+        pid = parse_partition_id(params.get("partition") or "")
+        if not topic or not node or pid is None:
+            raise HTTPError(400, "MISSING_ARG")
+        self.leader_only()
+        result, epoch = await self.coordinator.replicas.leader_restarted(topic, pid, node)
+        if result != "OK":
+            raise HTTPError(503, result)
+        return {"epoch": epoch}
+
     async def node_roles(self, request: web.Request) -> dict[str, Any]:
         """nsqx: ``POST /cluster/node/roles?node=<id>``: a node that holds a new lease
         asks which leaderships it may acknowledge writes for (fencing: see

@@ -214,6 +214,10 @@ class FollowerReplication:
         self._acked = -1
         #: the leader wants this follower's durable end (WELCOME's durable)
         self.reports_durable = False
+        #: the first commit point this stream brought: once the log reaches it, it
+        #: holds every committed record (the leader counts it in the ISR from the
+        #: stream's start, so no later commit point passes it): replica.intact
+        self._intact_at = -1
         #: when the leader was last heard (time.monotonic), on any stream
         self.heard_at = time.monotonic()
         self._stream: _Stream | None = None
@@ -334,6 +338,7 @@ class FollowerReplication:
         replica.adopt_history(tuple(welcome.history))
         self.connected = True
         self._acked = -1
+        self._intact_at = -1
         self.reports_durable = welcome.durable
         log.info("REPL: %s: following %s from %d", part, self.leader_http, log_.end)
         # (acknowledges the log's end at once: the leader's commit point may wait on it)
@@ -368,6 +373,11 @@ class FollowerReplication:
                     raise ReplicationError(str(err)) from None
             self.commit = ev.commit
             part.committed(min(ev.commit, part.log.end))
+            if not self.replica.intact:
+                if self._intact_at < 0:
+                    self._intact_at = ev.commit
+                if part.log.end >= self._intact_at:
+                    self.replica.intact = True
         elif isinstance(ev, rp.Cursors):
             part.apply_cursors(ev.channels, ev.hold_from)
         else:

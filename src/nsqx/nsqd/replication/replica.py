@@ -67,6 +67,17 @@ class PartitionReplica:
         self.follower: FollowerReplication | None = None
         self.started = False
         self._syncer: LogSyncer | None = None
+        #: this process holds every record committed in the partition (what the
+        #: coordinator's election needs of an in-sync replica): a restart may have
+        #: lost unsynced records, so False until this node leads by a decision made
+        #: after it started, or catches up with its leader's commit point
+        self.intact = False
+        #: this node led the partition when it stopped: it may have lost records it
+        #: acknowledged (a power cut), so it leads again only after the coordinator
+        #: has held an election that knew it restarted (see reelected)
+        self.reelect_pending = self.role is not None and self.role.role_of(self.node_id) == LEADER
+        #: the epoch of that election: an older role does not make this node lead
+        self.reelect_epoch = 0
 
     def __repr__(self) -> str:
         return f"<replica {self.part} {self.role_name}>"
@@ -87,6 +98,8 @@ class PartitionReplica:
         self.started = True
         if self.role is not None and self.role.role_of(self.node_id) == FOLLOWER:
             self._follow(self.role.leader_http)
+        if self.reelect_pending:
+            self.manager.report_restart(self)
 
     # -- durability -------------------------------------------------------------------
 
@@ -145,6 +158,16 @@ class PartitionReplica:
         me = self.node_id
         history = old.history if old is not None else ()
         new = role.role_of(me)
+        if new == LEADER and self.leader is None and self._must_wait_for_election(role):
+            # (kept, not acted on: it leads once the coordinator's election says so)
+            if role != old:
+                self._save(role.with_history(history))
+            self.role = role.with_history(history)
+            self.confirmed = True
+            self._stop_following()
+            return
+        if new != LEADER:
+            self.reelect_pending = False  # someone else leads: nothing to re-elect
         if new == LEADER and self.leader is None:
             log_ = self.part.log
             if not history or history[-1][0] < role.epoch:
@@ -170,6 +193,7 @@ class PartitionReplica:
             self._stop_following()
             if self.leader is None:
                 self.leader = LeaderReplication(self, self.part.visible_end)
+                self.intact = True  # (elected holding every committed record)
                 self.leader.own_durable = self.durable_end
                 self.sync_soon()  # (what it holds from before may not be fsynced yet)
                 # a new leadership is confirmed within the lease before it acknowledges
@@ -187,6 +211,30 @@ class PartitionReplica:
                     self._follow(role.leader_http)
             else:
                 self._stop_following()
+
+    def _must_wait_for_election(self, role: ReplicaRole) -> bool:
+        """Whether a role that makes this node lead must wait: it led when it stopped
+        and the coordinator has not yet answered its restart report (it is asked now),
+        or the role is older than the election that answered it."""
+        if self.reelect_pending:
+            self.manager.report_restart(self)
+            return True
+        return role.epoch < self.reelect_epoch
+
+    def reelected(self, epoch: int | None) -> None:
+        """The coordinator answered the restart report: it elected (or found elected)
+        whoever leads in ``epoch``; None: it does not know the report (an nsqlookupd of
+        the previous release), so the saved leadership stands, as before."""
+        if not self.reelect_pending:
+            return
+        self.reelect_pending = False
+        if epoch is not None:
+            self.reelect_epoch = epoch
+        role = self.role
+        if role is not None and role.role_of(self.node_id) == LEADER:
+            log.info("REPL: %s: re-election answered (epoch %s)", self.part, epoch)
+            if role.epoch >= self.reelect_epoch:
+                self.apply_role(role)
 
     def member_headers(self) -> dict[str, str]:
         """What this node sends as a member of the cluster (its secret)."""
@@ -310,6 +358,8 @@ class PartitionReplica:
             "isr": list(role.isr) if role else [],
             "replicas": list(role.replicas) if role else [],
             "confirmed": self.confirmed,
+            "intact": self.intact,
+            "history": [list(h) for h in role.history] if role else [],
             "lease": {
                 "required": self.manager.lease.required,
                 "valid": self.manager.lease.valid(time.monotonic()),
