@@ -185,4 +185,8 @@ def test_hello_inside_a_leader_batch_is_told_to_cut_back_to_the_batch_start(
     # a follower of the previous release offers no durable end: none asked
     old = leader.accept(rp.Hello("t", 0, "f1", 1, 4, 0, [(1, 0)]))
     assert isinstance(old, rp.Welcome) and not old.durable
+    # a log that starts past the cut (a torn segment set aside whole, what it may have
+    # held skipped) cannot be cut back there: it starts over where readers need it
+    over = leader.accept(rp.Hello("t", 0, "f1", 1, 500, 0, [(1, 0)], True, 500))
+    assert isinstance(over, rp.Welcome) and over.reset is not None and over.reset[0] == 0
     log.close()

@@ -23,7 +23,7 @@ def test_messages_round_trip() -> None:
     cursors = rp.Cursors({"a": (10, False), "b": (3, True)}, 2)
     assert rp.decode(rp.encode_cursors(cursors)) == cursors
     # durable acknowledgement: the HELLO offers, the WELCOME asks, DURABLE reports
-    offering = rp.Hello("t", 0, "n", 1, 5, 50, [(1, 0)], True)
+    offering = rp.Hello("t", 0, "n", 1, 5, 50, [(1, 0)], True, 2)
     assert rp.decode(rp.encode_hello(offering)) == offering
     asking = rp.Welcome(7, [(7, 100)], 110, None, True)
     assert rp.decode(rp.encode_welcome(asking)) == asking

@@ -7,10 +7,13 @@ WebSocket message whose first byte is its kind:
 ``HELLO`` (follower -> leader, first), JSON::
 
     {"topic", "partition", "node", "epoch", "end", "end_offset", "history": [[e, s], ...],
-     "durable": true}
+     "durable": true, "start"}
 
 ``durable`` (absent from nsqx before durable acknowledgement): the follower can report
-its durable end (``DURABLE`` below).
+its durable end (``DURABLE`` below). ``start`` (absent from the previous release): where
+its log starts; a follower whose log starts past the point where it must cut (a torn
+segment set aside whole, the sequences it may have held skipped) starts over as a new
+replica does.
 
 ``WELCOME`` (leader -> follower), JSON: the leader's ``epoch``, its epoch ``history`` and
 ``truncate_to``, the sequence the follower must cut its log to before it appends
@@ -95,6 +98,8 @@ class Hello:
     history: History
     #: the follower reports its durable end (DURABLE messages)
     durable: bool = False
+    #: where its log starts (-1: not said, a follower of the previous release)
+    start: int = -1
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,7 @@ def encode_hello(h: Hello) -> bytes:
             "end_offset": h.end_offset,
             "history": [list(e) for e in h.history],
             **({"durable": True} if h.durable else {}),
+            **({"start": h.start} if h.start >= 0 else {}),
         },
     )
 
@@ -306,6 +312,7 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
             _int(obj, "end_offset"),
             _history(obj),
             obj.get("durable") is True,
+            _int(obj, "start") if "start" in obj else -1,
         )
     if kind == WELCOME:
         reset = obj.get("reset")

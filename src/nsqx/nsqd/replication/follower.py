@@ -298,6 +298,7 @@ class FollowerReplication:
                     log_.end_offset,
                     list(role.history),
                     True,
+                    log_.start,
                 )
             ),
         )

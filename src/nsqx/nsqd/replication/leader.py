@@ -370,6 +370,19 @@ class LeaderReplication:
         # that holds records keeps them (replays on it reach as far back) and copies
         # from its end, unless this log no longer has what follows it
         fresh = hello.end == 0 and not hello.history
+        over = hello.start > cut
+        if over:
+            # its log starts past the cut (a torn segment set aside whole, the
+            # sequences it may have held skipped): it cannot cut back there, so it
+            # starts over as a new replica does
+            fresh = True
+            log.warning(
+                "REPL: %s: %s's log starts at %d, past %d where it must cut: it starts over",
+                self.part,
+                hello.node,
+                hello.start,
+                cut,
+            )
         floor = self.copy_floor() if fresh else log_.start
         holder = log_.batch_start(cut) if floor <= cut < log_.end else cut
         if holder is None:
@@ -397,7 +410,7 @@ class LeaderReplication:
             )
             cut = holder
         durable = hello.durable and self.durable_ack
-        if cut < floor:
+        if cut < floor or over:
             # reclaimed since it left, or a spare: it starts over at the floor (a spare
             # need not copy what every channel is done with; with replicator 2 writes
             # wait for its copy)

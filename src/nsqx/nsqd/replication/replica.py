@@ -74,8 +74,9 @@ class PartitionReplica:
         self.intact = False
         #: this node led the partition when it stopped: it may have lost records it
         #: acknowledged (a power cut), so it leads again only after the coordinator
-        #: has held an election that knew it restarted (see reelected)
-        self.reelect_pending = self.role is not None and self.role.role_of(self.node_id) == LEADER
+        #: has held an election that knew it restarted (see reelected; set by start,
+        #: once the node knows its id)
+        self.reelect_pending = False
         #: the epoch of that election: an older role does not make this node lead
         self.reelect_epoch = 0
 
@@ -96,9 +97,11 @@ class PartitionReplica:
         """Follow the saved leader (if this node was a follower); a saved leadership
         waits for the coordinator's word."""
         self.started = True
-        if self.role is not None and self.role.role_of(self.node_id) == FOLLOWER:
-            self._follow(self.role.leader_http)
-        if self.reelect_pending:
+        role = self.role
+        if role is not None and role.role_of(self.node_id) == FOLLOWER:
+            self._follow(role.leader_http)
+        if role is not None and role.role_of(self.node_id) == LEADER and self.leader is None:
+            self.reelect_pending = True
             self.manager.report_restart(self)
 
     # -- durability -------------------------------------------------------------------
@@ -216,6 +219,8 @@ class PartitionReplica:
         """Whether a role that makes this node lead must wait: it led when it stopped
         and the coordinator has not yet answered its restart report (it is asked now),
         or the role is older than the election that answered it."""
+        if not self.started:
+            return True  # (start() decides, once the node knows its id)
         if self.reelect_pending:
             self.manager.report_restart(self)
             return True
