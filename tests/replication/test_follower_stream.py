@@ -20,6 +20,7 @@ from nsqx.wire.batch import StoredBatch
 
 class FakeLog:
     def __init__(self) -> None:
+        self.start = 0
         self.end = 0
         self.end_offset = 0
 
@@ -45,7 +46,7 @@ class FakePartition:
     def committed(self, seq: int) -> None:
         self.commits.append(seq)
 
-    def apply_cursors(self, channels: Any, hold_from: int) -> None:
+    def apply_cursors(self, *cursors: Any) -> None:
         pass
 
 
@@ -56,6 +57,14 @@ class FakeReplica:
         self.part = FakePartition()
         self.role = SimpleNamespace(epoch=3, history=((3, 0),))
         self.history: tuple[tuple[int, int], ...] = ()
+        self.intact = False
+        self.durable_end = 0
+
+    def sync_soon(self) -> None:
+        pass
+
+    def log_cut(self, end: int) -> None:
+        pass
 
     def adopt_history(self, history: tuple[tuple[int, int], ...]) -> None:
         self.history = history

@@ -549,17 +549,23 @@ class Partition:
             ch.seek(seq)
         self.save_state()
 
-    def apply_cursors(self, channels: dict[str, tuple[int, bool]], hold_from: int) -> None:
-        """A follower takes its leader's channel positions (and makes its channels), so
-        that consumers resume near there if it becomes the leader."""
+    def apply_cursors(
+        self,
+        channels: dict[str, tuple[int, bool]],
+        hold_from: int,
+        deferred: dict[str, list[tuple[int, int, int]]] | None = None,
+        leader_now_ms: int = 0,
+    ) -> None:
+        """A follower takes its leader's channel positions and deferred messages (and
+        makes its channels), so that consumers resume near there, and deferred messages
+        keep their schedule, if it becomes the leader."""
         end = self.log.end
         for name, (cursor, ordered) in channels.items():
             cursor = min(cursor, end)
             ch = self.channels.get(name)
             if ch is None:
                 ch = self.get_channel(name, start=cursor)
-            elif ch.cursor != cursor:
-                ch.seek(cursor)
+            ch.take_leader_state(cursor, deferred.get(name, []) if deferred else [], leader_now_ms)
             if ch.ordered_flag != ordered:
                 ch.set_ordered(ordered)
         if hold_from != self.hold_from:

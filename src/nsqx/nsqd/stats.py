@@ -320,7 +320,10 @@ def _not_yet_due(ch: Channel) -> int:
     if ch.cursor >= end:
         return 0
     now = time.time_ns()
-    return sum(1 for _, due in ch.log.deferred_between(ch.cursor, end) if due > now)
+    ahead = ch.ahead  # (held by the deferred heap already: counted there)
+    return sum(
+        1 for seq, due in ch.log.deferred_between(ch.cursor, end) if due > now and seq not in ahead
+    )
 
 
 def channel_stats(ch: Channel, include_clients: bool = True) -> ChannelStats:

@@ -380,7 +380,7 @@ class FollowerReplication:
                 if part.log.end >= self._intact_at:
                     self.replica.intact = True
         elif isinstance(ev, rp.Cursors):
-            part.apply_cursors(ev.channels, ev.hold_from)
+            part.apply_cursors(ev.channels, ev.hold_from, ev.deferred, ev.now_ms)
         else:
             raise ReplicationError(f"unexpected {type(ev).__name__}")
 

@@ -40,6 +40,9 @@ log = logging.getLogger("nsqx.replication")
 #: channels' positions and idle leaders' commit points go out every CURSORS_EVERY
 TICK = 0.1
 CURSORS_EVERY = 0.5
+#: deferred messages of one channel its leader sends followers at most (the earliest
+#: due): a channel usually has few; those beyond come again at once after a failover
+MAX_DEFERRED_SENT = 10_000
 #: at most one report of a kind per partition and node this often (seconds)
 REPORT_EVERY = 1.0
 #: between two asks for confirmation that failed (seconds)
@@ -366,12 +369,18 @@ class ReplicationManager:
                 continue
             leader.heartbeat()
             part = replica.part
-            channels = {
-                name: (ch.low_water(), ch.ordered_flag)
-                for name, ch in part.channels.items()
-                if not ch.ephemeral
-            }
-            message = rp.encode_cursors(rp.Cursors(channels, part.hold_from))
+            channels: dict[str, tuple[int, bool]] = {}
+            deferred: dict[str, list[rp.Deferred]] = {}
+            for name, ch in part.channels.items():
+                if ch.ephemeral:
+                    continue
+                channels[name] = (ch.low_water(), ch.ordered_flag)
+                entries = ch.deferred_for_replicas(MAX_DEFERRED_SENT)
+                if entries:
+                    deferred[name] = entries
+            message = rp.encode_cursors(
+                rp.Cursors(channels, part.hold_from, deferred, time.time_ns() // 1_000_000)
+            )
             if self._cursors_sent.get(key) != message or leader.streams:
                 self._cursors_sent[key] = message
                 leader.send_cursors(message)
