@@ -7,17 +7,21 @@ batches is told to cut back to where that batch starts."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from nsqx.nsqd.guid import make_ids
+from nsqx.nsqd.nsqd import NSQD
+from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.replication.leader import LeaderReplication
 from nsqx.nsqd.replication.state import ReplicaRole
 from nsqx.store.disklog import DiskLog
 from nsqx.store.memlog import MemoryLog
 from nsqx.wire import replication as rp
 from nsqx.wire.frames import encode_message_batch
+from nsqx.wire.topic_meta import TopicMeta
 
 
 class Part:
@@ -190,3 +194,16 @@ def test_hello_inside_a_leader_batch_is_told_to_cut_back_to_the_batch_start(
     over = leader.accept(rp.Hello("t", 0, "f1", 1, 500, 0, [(1, 0)], True, 500))
     assert isinstance(over, rp.Welcome) and over.reset is not None and over.reset[0] == 0
     log.close()
+
+
+def test_the_topics_setting_wins_over_the_nodes_flag(tmp_path: Path) -> None:
+    async def body() -> None:
+        nsqd = NSQD(NsqdOptions(data_path=str(tmp_path), replication_ack="written"))
+        plain = nsqd.create_partition("plain", 0, TopicMeta(replica=3))
+        durable = nsqd.create_partition("sure", 0, TopicMeta(replica=3, replication_ack="durable"))
+        assert plain.replica is not None and durable.replica is not None
+        assert not plain.replica.durable_ack and durable.replica.durable_ack
+        assert plain.replica.stats()["ack"] == "written"
+        await nsqd.close()
+
+    asyncio.run(body())
