@@ -331,3 +331,19 @@ def test_a_replica_keeps_its_leaders_deferred_messages(clock: FrozenClock, idle_
         assert ch.deferred_count == 0 and not ch.ahead
 
     in_loop(body)
+
+
+def test_the_earliest_deferred_messages_go_to_the_replicas(
+    clock: FrozenClock, idle_nsqd: NSQD
+) -> None:
+    def body() -> None:
+        part, ch = setup(idle_nsqd)
+        publish(part, *[b"%d" % i for i in range(50)])
+        for i in range(50):
+            ch.flight.defer(i, 1, int(clock.now * 1e9) + (97 * i % 50 + 1) * 1_000_000)
+        wall = clock.wall_start_ns // 1_000_000
+        earliest = ch.deferred_for_replicas(5)
+        assert [due - wall for _, _, due in earliest] == [1, 2, 3, 4, 5]
+        assert len(ch.deferred_for_replicas(100)) == 50
+
+    in_loop(body)

@@ -9,6 +9,7 @@ tests drive a channel with fake consumers (tests/nsqd/test_channel_unit.py).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import random
@@ -76,6 +77,21 @@ class Consumer(Protocol):
     def fail(self, err: ProtocolError) -> None:
         """Send an error now; a fatal one closes the connection (its partition moved)."""
         ...
+
+
+def _smallest(heap: list[tuple[int, int, int]], k: int) -> list[tuple[int, int, int]]:
+    """The ``k`` smallest entries of a heap, in order, walking only the heap's top (k log
+    k, not a sort of the whole heap: a channel may hold a million deferred messages)."""
+    out: list[tuple[int, int, int]] = []
+    n = len(heap)
+    candidates: list[tuple[tuple[int, int, int], int]] = [(heap[0], 0)]
+    while candidates and len(out) < k:
+        entry, i = heapq.heappop(candidates)
+        out.append(entry)
+        for j in (2 * i + 1, 2 * i + 2):
+            if j < n:
+                heapq.heappush(candidates, (heap[j], j))
+    return out
 
 
 def _sample(frames: list[bytes], ids: list[bytes], rate: int) -> tuple[list[bytes], list[bytes]]:
@@ -407,7 +423,7 @@ class Channel:
         if not deferred:
             return []
         to_wall = clock.time_ns() - clock.monotonic_ns()
-        taken = deferred if len(deferred) <= limit else sorted(deferred)[:limit]
+        taken = deferred if len(deferred) <= limit else _smallest(deferred, limit)
         return [(seq, attempts, (due + to_wall) // 1_000_000) for due, seq, attempts in taken]
 
     def take_leader_state(

@@ -41,8 +41,9 @@ log = logging.getLogger("nsqx.replication")
 TICK = 0.1
 CURSORS_EVERY = 0.5
 #: deferred messages of one channel its leader sends followers at most (the earliest
-#: due): a channel usually has few; those beyond come again at once after a failover
-MAX_DEFERRED_SENT = 10_000
+#: due), twice a second: a channel usually has few; those beyond come again at once
+#: after a failover (a DPUB's time is in its record: it holds anyway)
+MAX_DEFERRED_SENT = 2_000
 #: at most one report of a kind per partition and node this often (seconds)
 REPORT_EVERY = 1.0
 #: between two asks for confirmation that failed (seconds)
