@@ -28,6 +28,9 @@ def test_the_epoch_of_the_last_record() -> None:
     assert log_state({"end": 5, "history": [[2, 0]], "intact": False}) == LogState(5, 2, False)
     # an nsqd of the previous release: no history, no intact (as its elections assumed)
     assert log_state({"end": 5}) == LogState(5, -1, True)
+    # where the records end counts, not sequences a torn tail made the log skip
+    torn = {"end": 900, "records_end": 40, "history": [[1, 0], [2, 50]], "intact": False}
+    assert log_state(torn) == LogState(40, 1, False)
     assert log_state({"role": "leader"}) is None
 
 

@@ -16,6 +16,7 @@ from nsqx.nsqd.guid import make_ids
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.replication.leader import LeaderReplication
+from nsqx.nsqd.replication.replica import records_end
 from nsqx.nsqd.replication.state import ReplicaRole
 from nsqx.store.disklog import DiskLog
 from nsqx.store.memlog import MemoryLog
@@ -207,3 +208,23 @@ def test_the_topics_setting_wins_over_the_nodes_flag(tmp_path: Path) -> None:
         await nsqd.close()
 
     asyncio.run(body())
+
+
+def test_records_end_leaves_out_what_a_torn_tail_skipped(tmp_path: Path) -> None:
+    log = DiskLog(str(tmp_path / "log"))
+    part = Part(log)
+    part.append(5)
+    part.append(5)
+    assert records_end(log) == 10
+    log.close()
+    (seg,) = (tmp_path / "log").glob("*.seg")
+    with open(seg, "ab") as f:
+        f.write(b"\x00\x00\x01\x00" + b"\xee" * 300)  # a torn record after the last one
+    torn = DiskLog(str(tmp_path / "log"))
+    # the store never gives the sequences the torn bytes may have held again: the end
+    # moved past them, and no record holds them
+    assert torn.end > 10 and records_end(torn) == 10
+    torn.close()
+    empty = DiskLog(str(tmp_path / "empty"))
+    assert records_end(empty) == 0
+    empty.close()

@@ -62,10 +62,12 @@ def last_epoch(history: object, end: int) -> int:
 
 
 def log_state(doc: object) -> LogState | None:
-    """A LogState from a node's ``/partition/state`` answer (None if it has no end)."""
+    """A LogState from a node's ``/partition/state`` answer (None if it has no end).
+    Its end is where its records end (``records_end``: sequences skipped after a torn
+    tail hold nothing), else its log's end (an nsqd of the previous release)."""
     if not isinstance(doc, dict):
         return None
-    end = doc.get("end")
+    end = doc.get("records_end", doc.get("end"))
     if not isinstance(end, int) or isinstance(end, bool):
         return None
     intact = doc.get("intact")

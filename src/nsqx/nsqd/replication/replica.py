@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from nsqx.nsqd.partition import Partition
     from nsqx.nsqd.replication.manager import ReplicationManager
     from nsqx.nsqd.syncer import LogSyncer
+    from nsqx.store.log import MessageLog
 
 log = logging.getLogger("nsqx.replication")
 
@@ -372,6 +373,8 @@ class PartitionReplica:
                 "confirmed_generation": self.confirmed_gen,
             },
             "end": log_.end,
+            # (what an election compares: a torn tail's skipped sequences hold nothing)
+            "records_end": records_end(log_),
             "durable": self.durable_end,
             "commit": self.part.visible_end,
             "ack": "durable" if self.durable_ack else "written",
@@ -398,3 +401,23 @@ class PartitionReplica:
         if self.follower is not None:
             await self.follower.close()
             self.follower = None
+
+
+def records_end(log_: MessageLog) -> int:
+    """Just past the log's last record: its end, less the sequences skipped after a torn
+    or damaged tail, which no record holds (the store never gives them again, so the
+    end moved past them). Found with a few ``resume_at`` calls, by bisection."""
+    end = log_.end
+    if end <= log_.start or log_.batch_start(end - 1) is not None:
+        return end
+    lo, hi = log_.start, end - 1
+    if log_.resume_at(lo) >= end:
+        return log_.start  # no record at all
+    # the last sequence from which a record follows below the end: the last record
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if log_.resume_at(mid) < end:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo + 1
