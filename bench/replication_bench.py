@@ -292,7 +292,7 @@ def main() -> None:
         default=None,
         metavar="DIR",
         help="record each nsqd with py-spy during the last round's ingests"
-        " (DIR/r<replicator>-<node>.txt, collapsed stacks)",
+        " (DIR/<topic>-<node>.txt, collapsed stacks: r3, r3-written ...)",
     )
     ap.add_argument(
         "--nsqd-arg",
@@ -371,7 +371,7 @@ def main() -> None:
                             [
                                 *(shutil.which("py-spy") or PY_SPY, "record", "--nonblocking"),
                                 *("--format", "raw", "-d", str(int(args.seconds))),
-                                *("-p", str(n.proc.pid), "-o", f"{args.profile}/r{r}-{i}.txt"),
+                                *("-p", str(n.proc.pid), "-o", f"{args.profile}/{name}-{i}.txt"),
                             ],
                             stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL,
