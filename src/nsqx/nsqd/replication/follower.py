@@ -345,9 +345,9 @@ class FollowerReplication:
         # (acknowledges the log's end at once: the leader's commit point may wait on it)
         stream.stream_to(self)
         if self.reports_durable:
-            # what is fsynced already counts at once; the rest once fsynced
+            # what is fsynced already counts at once; the rest once fsynced (the first
+            # ACK asked for that fsync)
             stream.send(ws.OP_BINARY, rp.encode_durable(min(replica.durable_end, log_.end)))
-            replica.sync_soon()
         dead_after = 2 * replica.node_timeout()
         every = min(HEARTBEAT, dead_after / 4)
         while not stream.done.done():
