@@ -319,20 +319,21 @@ def main() -> None:
         "--broadcast-address=127.0.0.1",
         *args.nsqd_arg,
     ]
-    nodes = [Proc(["nsqd", f"--data-path={base}/n{i}", *node_args]) for i in range(3)]
+    nodes: list[Proc] = []
     go: Proc | None = None
-    if args.go:
-        os.makedirs(f"{base}/go")  # (Go's nsqd does not make it)
-        go = Proc(
-            [
-                f"--data-path={base}/go",
-                "--tcp-address=127.0.0.1:0",
-                "--http-address=127.0.0.1:0",
-                "--https-address=",
-            ],
-            command=[args.go],
-        )
     try:
+        nodes.extend(Proc(["nsqd", f"--data-path={base}/n{i}", *node_args]) for i in range(3))
+        if args.go:
+            os.makedirs(f"{base}/go")  # (Go's nsqd does not make it)
+            go = Proc(
+                [
+                    f"--data-path={base}/go",
+                    "--tcp-address=127.0.0.1:0",
+                    "--http-address=127.0.0.1:0",
+                    "--https-address=",
+                ],
+                command=[args.go],
+            )
         while True:
             status, body = http(f"http://127.0.0.1:{lookupd.http}/nodes")
             if status == 200 and len(json.loads(body)["producers"]) == 3:
