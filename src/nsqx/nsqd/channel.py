@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from nsqx.nsqd import clock
 from nsqx.nsqd import tracer as tr
-from nsqx.nsqd.channel_policy import NO_POLICY, OVERFLOW_DROP, ChannelPolicy
+from nsqx.nsqd.channel_policy import NO_POLICY, OVERFLOW_DROP, ChannelPolicy, ReplayMark
 from nsqx.nsqd.e2e import new_window
 from nsqx.nsqd.inflight import Held, InFlight
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
@@ -30,6 +30,7 @@ from nsqx.wire.frames import (
     ID_AT,
     ID_END,
     attempts_of,
+    encode_policy_notice,
     is_extended,
     record_parts,
     timestamp_of,
@@ -52,7 +53,9 @@ class Consumer(Protocol):
 
     A consumer tells its channel how many messages it may have in flight (its RDY; 0
     while it cannot take any: closing, or its output backed up) with
-    :meth:`Channel.ready_changed`, each time that changes; it starts at 0."""
+    :meth:`Channel.ready_changed`, each time that changes; it starts at 0. One that can
+    send its client a frame unasked has ``notice(frame)``: the channel tells a client
+    that asked for it (IDENTIFY ``channel_policy``) its max_attempts."""
 
     #: for logs and traces
     remote_address: str
@@ -192,8 +195,9 @@ class Channel:
         #: (wall ns; the log is in publish order), so most batches need no look at it
         self._fresh_from = 0
         self._fresh_until = 0
-        #: how far /channel/deadletter/replay has looked in the dead-letter topic
-        self.replay_mark = 0
+        #: how far /channel/deadletter/replay has looked in each dead-letter topic and
+        #: partition (nsqx.nsqd.dead_letters.mark_key -> its mark); kept in nsqd.dat
+        self.replay_marks: dict[str, ReplayMark] = {}
         #: the rate limits' token buckets (messages, bytes), when they were filled
         #: (monotonic s), the mean size of a delivered message, the timer that pumps
         #: again when tokens are back
@@ -234,7 +238,8 @@ class Channel:
         if policy == self.policy:
             return
         log.info("CHANNEL(%s): policy %s", self.name, policy.changed_json())
-        if policy.max_attempts != self.policy.max_attempts:
+        attempts_changed = policy.max_attempts != self.policy.max_attempts
+        if attempts_changed:
             self._forget_sent()
             self._last_sent.clear()
         self._fresh_until = 0
@@ -250,7 +255,19 @@ class Channel:
         if policy.max_attempts:
             # (not now: while nsqd.dat loads, the dead-letter topic may not be loaded yet)
             self._loop.call_soon(self._reap)
+        if attempts_changed:  # (its consumers that asked are told)
+            for c in self.clients:
+                self._tell_policy(c)
         self.notify()  # (messages may die, expire, or go faster now)
+
+    def _tell_policy(self, client: Consumer) -> None:
+        """Tell a consumer that asked for it (IDENTIFY ``channel_policy``: nsqx.client)
+        the channel's max_attempts: it then leaves giving up to the channel, which makes
+        a dead letter of the message, rather than finish it after its own max_attempts
+        as go-nsq does. NSQ 1.3's clients never ask."""
+        notice = getattr(client, "notice", None)  # (a consumer that cannot: not told)
+        if notice is not None and client.settings.channel_policy:
+            notice(encode_policy_notice(self.policy.max_attempts))
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -305,6 +322,23 @@ class Channel:
         ahead = len(self.ahead)
         return len(self.flight.requeued) + max(self.partition.visible_end - self.cursor - ahead, 0)
 
+    def reported_depths(self) -> tuple[int, int]:
+        """(depth, deferred_count) as /stats and /channel/peek report them: NSQ defers a
+        DPUB when it is published, so one in the log that the cursor has not reached
+        and that is not due yet counts as deferred, not waiting (here it waits in the
+        log until the cursor reaches it)."""
+        end = self.partition.visible_end
+        later = 0
+        if self.cursor < end:
+            now = clock.time_ns()
+            ahead = self.ahead  # (held by the deferred heap already: counted there)
+            later = sum(
+                1
+                for seq, due in self.log.deferred_between(self.cursor, end)
+                if due > now and seq not in ahead
+            )
+        return self.depth - later, self.deferred_count + later
+
     @property
     def in_flight_count(self) -> int:
         return self.flight.count
@@ -333,6 +367,8 @@ class Channel:
         # (its msg_timeout and sample_rate are read once: IDENTIFY comes before SUB)
         self._held[client] = self.flight.attach(client.msg_timeout, client.sample_rate)
         self._update_routing()
+        if self.policy.max_attempts:
+            self._tell_policy(client)
 
     def remove_client(self, client: Consumer) -> None:
         """A client left: whatever it had in flight is queued again at once."""
@@ -932,8 +968,11 @@ class Channel:
     def full(self) -> str:
         """Why the channel is at its maximum depth ("" if it is not)."""
         p = self.policy
+        # (the cheap count first: DPUBs not yet due are looked for only near the maximum)
         if p.max_depth and self.depth >= p.max_depth:
-            return f"channel {self.name} has {self.depth} messages (max_depth {p.max_depth})"
+            depth = self.reported_depths()[0]
+            if depth >= p.max_depth:
+                return f"channel {self.name} has {depth} messages (max_depth {p.max_depth})"
         if p.max_depth_bytes:
             waiting = self.bytes_waiting()
             if waiting >= p.max_depth_bytes:
@@ -949,29 +988,50 @@ class Channel:
         p = self.policy
         dropped = 0
         requeued = self.flight.requeued
-        if p.max_depth:
-            excess = self.depth - p.max_depth
+        if p.max_depth and self.depth > p.max_depth:
+            excess = self.reported_depths()[0] - p.max_depth
             while excess > 0 and requeued:
                 requeued.popleft()
                 excess -= 1
                 dropped += 1
-            if excess > 0:
-                to = min(self.cursor + excess, self.partition.visible_end)
-                dropped += to - self.cursor
-                self.cursor = to
+            end = self.partition.visible_end
+            while excess > 0 and self.cursor < end:
+                to = min(self.cursor + excess, end)
+                passed = self._drop_log_to(to)
+                dropped += passed
+                excess -= passed
         if p.max_depth_bytes and self.bytes_waiting() > p.max_depth_bytes:
             end = self.partition.visible_end
             log_ = self.log
             stop = log_.end_offset if end >= log_.end else log_.offset_of(end)
             if stop is not None:
                 to = min(max(log_.seek_offset(stop - p.max_depth_bytes), self.cursor), end)
-                dropped += to - self.cursor
-                self.cursor = to
+                dropped += self._drop_log_to(to)
         if not dropped:
             return False
         self.dropped_count += dropped
         self.dirty = True
         return True
+
+    def _drop_log_to(self, to: int) -> int:
+        """Move the cursor to ``to``, dropping the waiting messages passed: DPUBs not yet
+        due among them are deferred (not waiting, so not dropped), as :meth:`_take`
+        defers them. Returns how many were dropped."""
+        lo = self.cursor
+        self.cursor = to
+        later = self.log.deferred_between(lo, to)
+        if not later:
+            return to - lo
+        now_ns = clock.time_ns()
+        to_mono = clock.monotonic_ns() - now_ns
+        kept = 0
+        for seq, due in later:
+            if due > now_ns:
+                self.flight.defer(seq, 0, due + to_mono)
+                kept += 1
+        if kept:
+            self._arm_deferred()
+        return to - lo - kept
 
     def _rate_room(self) -> int:
         """How many messages the rate limits let go now (the buckets filled for the

@@ -678,6 +678,14 @@ class ClientV2(asyncio.Protocol):
         if err.fatal:
             self.close()
 
+    def notice(self, frame: bytes) -> None:
+        """A frame the client did not ask for (its channel's policy): written with what
+        is written next, at the latest right after this turn (a flush now could send a
+        SUB's answer that waits for its shards)."""
+        self._out.append(frame)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_later(0, self.flush)
+
     def fail(self, err: ProtocolError) -> None:
         """Send an error frame now; a fatal one closes the connection."""
         self._error(err)

@@ -31,8 +31,12 @@ class ChannelMetadata:
     ordered: bool = False
     #: its policy's settings that are not the default (nsqx.nsqd.channel_policy)
     policy: dict[str, Any] = field(default_factory=dict)
-    #: how far /channel/deadletter/replay has looked in its dead-letter topic
-    replay_mark: int = 0
+    #: how far /channel/deadletter/replay has looked in each dead-letter topic and
+    #: partition ("topic:partition" -> [next sequence, publish time of the one before])
+    replay_marks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: the one mark of a file written before marks were kept per dead-letter topic
+    #: (``replay_mark``: in the topic the channel's policy named); read, never written
+    legacy_replay_mark: int = 0
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"name": self.name, "paused": self.paused}
@@ -40,18 +44,23 @@ class ChannelMetadata:
             doc["ordered"] = True
         if self.policy:
             doc["policy"] = self.policy
-        if self.replay_mark:
-            doc["replay_mark"] = self.replay_mark
+        if self.replay_marks:
+            doc["replay_marks"] = {k: list(v) for k, v in self.replay_marks.items()}
         return doc
 
     @classmethod
     def from_json(cls, c: dict[str, Any]) -> ChannelMetadata:
         policy = c.get("policy")
+        marks: dict[str, tuple[int, int]] = {}
+        for key, value in (c.get("replay_marks") or {}).items():
+            if isinstance(value, list) and len(value) == 2:
+                marks[str(key)] = (int(value[0]), int(value[1]))
         return cls(
             str(c["name"]),
             bool(c.get("paused", False)),
             bool(c.get("ordered", False)),
             dict(policy) if isinstance(policy, dict) else {},
+            marks,
             int(c.get("replay_mark", 0) or 0),
         )
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from nsqx.nsqd import clock
 from nsqx.nsqd.channel import Channel
+from nsqx.nsqd.channel_policy import ReplayMark
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import LEGACY_ID_BASE, PARTITION_SHIFT, SEQ_MASK, make_ids, seq_of
 from nsqx.nsqd.waiters import Waiter, future_waiter
@@ -571,6 +572,21 @@ class Partition:
         if hold_from != self.hold_from:
             self.hold_from = min(hold_from, end)
             self.save_state()
+
+    def apply_replay_marks(self, marks: dict[str, dict[str, ReplayMark]]) -> None:
+        """A follower takes its leader's replay marks in replicated dead-letter topics
+        (nsqx.nsqd.dead_letters), so that it replays none of those twice if it becomes
+        the leader; nsqd.dat keeps them."""
+        changed = False
+        for name, channel_marks in marks.items():
+            ch = self.channels.get(name)
+            if ch is not None and any(
+                ch.replay_marks.get(k) != m for k, m in channel_marks.items()
+            ):
+                ch.replay_marks.update(channel_marks)
+                changed = True
+        if changed:
+            self.nsqd.metadata_changed()
 
     def position(self, start: ConsumeStart) -> int:
         """The sequence a SUB_ADVANCED / /channel/setoffset position names: the first

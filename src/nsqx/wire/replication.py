@@ -46,7 +46,10 @@ channel stands, so that consumers resume near there on a new leader; ``deferred`
 (absent from the previous release, ignored by it) the channel's deferred messages,
 each due at ``due_ms`` of the leader's wall clock, which read ``now_ms`` as it sent
 them (a follower counts the delay from its own clock: a skew between the nodes' clocks
-does not move a due time).
+does not move a due time); and, when a channel has any in a replicated dead-letter
+topic, ``"replay_marks": {name: {"topic:partition": [sequence, timestamp]}}``: how far its
+dead-letter replays have looked there (nsqx.nsqd.dead_letters), so that a new leader
+replays none twice. A follower that does not know a key ignores it.
 
 Epoch history (as Kafka's leader epochs, KIP-101): a list of ``[epoch, start]`` pairs,
 one per leadership, ``start`` being the log end when that leader took over. A follower
@@ -152,11 +155,14 @@ Deferred = tuple[int, int, int]
 
 @dataclass(frozen=True)
 class Cursors:
-    """The channels' positions on the leader, and their deferred messages (due times
-    in ms of the leader's wall clock, which read ``now_ms`` when it sent them)."""
+    """The channels' positions on the leader, their replay marks in replicated
+    dead-letter topics (channel -> mark key -> (sequence, timestamp)), and their
+    deferred messages (due times in ms of the leader's wall clock, which read ``now_ms``
+    when it sent them)."""
 
     channels: dict[str, tuple[int, bool]]
     hold_from: int
+    replay_marks: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     deferred: dict[str, list[Deferred]] = field(default_factory=dict)
     now_ms: int = 0
 
@@ -207,6 +213,10 @@ def encode_cursors(c: Cursors) -> bytes:
         "channels": {k: [v[0], v[1]] for k, v in c.channels.items()},
         "hold_from": c.hold_from,
     }
+    if c.replay_marks:  # (only then: the message is the same as before for the rest)
+        obj["replay_marks"] = {
+            ch: {k: list(m) for k, m in marks.items()} for ch, marks in c.replay_marks.items()
+        }
     if c.deferred:
         obj["deferred"] = {k: [list(d) for d in v] for k, v in c.deferred.items()}
         obj["now_ms"] = c.now_ms
@@ -346,10 +356,35 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
         ):
             raise ReplicationProtocolError(f"bad cursor for {name!r}: {value!r}")
         out[name] = (value[0], value[1])
-    return Cursors(out, _int(obj, "hold_from"), *_deferred(obj))
+    return Cursors(
+        out,
+        _int(obj, "hold_from"),
+        _replay_marks(obj.get("replay_marks", {})),
+        *_deferred(obj),
+    )
+
+
+def _replay_marks(value: Any) -> dict[str, dict[str, tuple[int, int]]]:
+    """CURSORS' ``replay_marks`` (absent from a leader before them: none)."""
+    if not isinstance(value, dict):
+        raise ReplicationProtocolError("replay_marks is not an object")
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for channel, marks in value.items():
+        if not isinstance(marks, dict):
+            raise ReplicationProtocolError(f"bad replay marks for {channel!r}")
+        for key, mark in marks.items():
+            if (
+                not isinstance(mark, list)
+                or len(mark) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in mark)
+            ):
+                raise ReplicationProtocolError(f"bad replay mark {key!r}: {mark!r}")
+            out.setdefault(channel, {})[key] = (mark[0], mark[1])
+    return out
 
 
 def _deferred(obj: dict[str, Any]) -> tuple[dict[str, list[Deferred]], int]:
+    """CURSORS' ``deferred`` and ``now_ms`` (absent from a leader before them: none)."""
     raw = obj.get("deferred")
     if raw is None:
         return {}, 0

@@ -381,6 +381,8 @@ class FollowerReplication:
                     self.replica.intact = True
         elif isinstance(ev, rp.Cursors):
             part.apply_cursors(ev.channels, ev.hold_from, ev.deferred, ev.now_ms)
+            if ev.replay_marks:
+                part.apply_replay_marks(ev.replay_marks)
         else:
             raise ReplicationError(f"unexpected {type(ev).__name__}")
 

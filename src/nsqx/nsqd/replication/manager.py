@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from nsqx.nsqd.channel_policy import ReplayMark, parse_mark_key
 from nsqx.nsqd.replication.lease import NodeLease
 from nsqx.nsqd.replication.replica import PartitionReplica, StaleEpoch
 from nsqx.nsqd.replication.state import ReplicaRole
@@ -379,8 +380,21 @@ class ReplicationManager:
                 entries = ch.deferred_for_replicas(MAX_DEFERRED_SENT)
                 if entries:
                     deferred[name] = entries
+            marks = {
+                name: shared
+                for name, ch in part.channels.items()
+                if ch.replay_marks
+                and not ch.ephemeral
+                and (shared := self._shared_marks(ch.replay_marks))
+            }
             message = rp.encode_cursors(
-                rp.Cursors(channels, part.hold_from, deferred, time.time_ns() // 1_000_000)
+                rp.Cursors(
+                    channels,
+                    part.hold_from,
+                    replay_marks=marks,
+                    deferred=deferred,
+                    now_ms=time.time_ns() // 1_000_000,
+                )
             )
             if self._cursors_sent.get(key) != message or leader.streams:
                 self._cursors_sent[key] = message
@@ -444,6 +458,18 @@ class ReplicationManager:
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
                 log.info("REPL: %s: %s", url, err)
         return None if unknown else _WAIT
+
+    def _shared_marks(self, marks: dict[str, ReplayMark]) -> dict[str, ReplayMark]:
+        """A channel's replay marks in dead-letter topics replicated here (the same log
+        on every replica; a topic of this node alone has its own marks on each)."""
+        out = {}
+        for key, mark in marks.items():
+            name, pid = parse_mark_key(key)
+            topic = self.nsqd.topics.get(name)
+            part = topic.partitions.get(pid) if topic is not None else None
+            if part is not None and part.replica is not None:
+                out[key] = mark
+        return out
 
     def resign(self, replica: PartitionReplica, err: OSError) -> None:
         """Ask for this leadership to move (its log cannot be written)."""
