@@ -101,6 +101,20 @@ def write_metadata(data_path: str, topics: list[TopicMetadata], version: str) ->
     write_durable(os.path.join(data_path, METADATA_FILE), json.dumps(body).encode())
 
 
+#: the settings of a partitioned topic as nsqd.dat first kept them (nsqx 516d1c3 to
+#: ff30352: TopicSettings): the names that are TopicMeta's now
+_FIRST_SHAPE_NAMES = {"sync_disk": "sync_every"}
+
+
+def settings_of_first_shape(old: dict[str, Any]) -> dict[str, Any]:
+    """A partitioned topic's settings as nsqd.dat kept them first (``sync_disk`` for
+    ``sync_every``, no ``suggest_lf``), in TopicMeta's shape (the one read now); the
+    upgrade fixture upgrade_partitions holds such a file."""
+    new = {_FIRST_SHAPE_NAMES.get(k, k): v for k, v in old.items()}
+    new.setdefault("suggest_lf", 0)
+    return new
+
+
 def read_metadata(data_path: str) -> list[TopicMetadata]:
     """The topics of ``nsqd.dat``; none if the file does not exist."""
     path = os.path.join(data_path, METADATA_FILE)
@@ -121,6 +135,8 @@ def read_metadata(data_path: str) -> list[TopicMetadata]:
                 for p in t["partitions"]
             }
         settings = t.get("settings") if isinstance(t.get("settings"), dict) else None
+        if settings is not None and "sync_disk" in settings:
+            settings = settings_of_first_shape(settings)
         topics.append(
             TopicMetadata(
                 str(t["name"]),

@@ -9,12 +9,13 @@ one commit (see :mod:`nsqx.store.staging`)::
 
 The crc covers everything after itself, so a torn or corrupt record is recognised and
 never delivered. (CRC-32C: hardware accelerated, five times faster than zlib's CRC-32
-here.)
+here. The first data format's records carry zlib's CRC-32: read as well.)
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 from collections.abc import Iterator
 from typing import Final
 
@@ -72,8 +73,11 @@ def iter_batches(buf: bytes, pos: int, limit: int) -> Iterator[tuple[int, int, i
 
 
 def check_batch(buf: bytes, pos: int, plen: int, crc: int) -> None:
-    """Raise CorruptRecord unless the crc of ``buf[pos+8 : pos+head+plen]`` is ``crc``."""
-    if google_crc32c.value(bytes(buf[pos + 8 : pos + BATCH_HEAD_SIZE + plen])) != crc:
+    """Raise CorruptRecord unless the crc of ``buf[pos+8 : pos+head+plen]`` is ``crc``:
+    CRC-32C, or zlib's CRC-32 for a record of nsqx's first data format (main before
+    cd52af0 wrote those; tests/fixtures/upgrade_crc32), looked at only on a mismatch."""
+    data = bytes(buf[pos + 8 : pos + BATCH_HEAD_SIZE + plen])
+    if google_crc32c.value(data) != crc and zlib.crc32(data) != crc:
         raise CorruptRecord(f"crc mismatch at {pos}")
 
 
