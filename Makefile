@@ -9,6 +9,7 @@ STAMP := $(VENV)/.installed
 # Editable, so always pure Python (NSQX_COMPILE=0 says so): a compiled module in src/
 # would shadow the .py being edited. `make compiled` tests the compiled build.
 $(STAMP): pyproject.toml
+	@echo "== install: .venv, nsqx and its dev tools (pip install -e '.[dev]') =="
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	NSQX_COMPILE=0 $(BIN)/pip install -q -e '.[dev]'
@@ -20,23 +21,29 @@ up: $(STAMP)
 	$(BIN)/nsqx up
 
 lint: $(STAMP)
+	@echo "== lint: ruff check, ruff format --check, lint-imports (the layers) =="
 	$(BIN)/ruff check setup.py src tests bench examples
 	$(BIN)/ruff format --check setup.py src tests bench examples
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
+	@echo "== typecheck: mypy =="
 	$(BIN)/mypy
 
 # pytest exits 5 when it collected nothing: a suite that ran nothing is a failure.
+# Without -q pytest prints a line per test file as it goes (the longest phase).
 unit: $(STAMP) java
-	$(BIN)/pytest -q $(PYTEST_ARGS); rc=$$?; \
+	@echo "== unit: every test, a line per file (the longest phase: most of make test) =="
+	$(BIN)/pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # the peer clients' suites once more against a node of two workers (nsqd --workers=2),
 # and again with every topic sharded over them (--worker-shards)
 compat-workers: $(STAMP)
-	NSQX_TEST_WORKERS=2 $(BIN)/pytest -q tests/compat
-	NSQX_TEST_WORKERS=2 NSQX_TEST_NSQD_ARGS=--worker-shards $(BIN)/pytest -q tests/compat
+	@echo "== compat-workers: the peer clients' tests against nsqd --workers=2 =="
+	NSQX_TEST_WORKERS=2 $(BIN)/pytest tests/compat
+	@echo "== compat-workers: the same, every topic sharded (--worker-shards) =="
+	NSQX_TEST_WORKERS=2 NSQX_TEST_NSQD_ARGS=--worker-shards $(BIN)/pytest tests/compat
 
 test: lint typecheck unit compat-workers compiled
 
@@ -44,8 +51,10 @@ test: lint typecheck unit compat-workers compiled
 # of its own (.venv-compiled) running the tests of the compiled layers; one line says it
 # is skipped on a machine without a C compiler (tests/compiled_build.py).
 COMPILED_TESTS ?= tests/wire tests/store tests/nsqd tests/fuzz tests/youzan tests/replication
+# (its pytest runs with -q; PYTEST_ADDOPTS=-v cancels it: a line per test file)
 compiled: $(STAMP)
-	$(BIN)/python tests/compiled_build.py $(COMPILED_TESTS)
+	@echo "== compiled: a wheel built with mypyc (.venv-compiled), then $(COMPILED_TESTS) =="
+	PYTEST_ADDOPTS=-v $(BIN)/python tests/compiled_build.py $(COMPILED_TESTS)
 
 bench: $(STAMP)
 	$(BIN)/python bench/server_bench.py

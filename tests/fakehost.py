@@ -40,6 +40,7 @@ class FakeHost:
         #: (event, persist) of every topology change, in order
         self.events: list[tuple[TopologyEvent, bool]] = []
         self.deleted_topics: list[str] = []
+        self.metadata_writes = 0
         #: files unlinked through remove_later
         self.removed: list[str] = []
         self.added: list[Partition] = []
@@ -56,6 +57,9 @@ class FakeHost:
 
     def delete_topic(self, name: str) -> None:
         self.deleted_topics.append(name)
+
+    def metadata_changed(self) -> None:
+        self.metadata_writes += 1
 
     def remove_later(self, path: str) -> None:
         os.remove(path)

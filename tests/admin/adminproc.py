@@ -73,10 +73,11 @@ class AdminProcess:
                 self.proc.wait()
 
 
-def start_admin(*args: str, timeout: float = 20) -> AdminProcess:
-    """Start ``nsqx nsqadmin --http-address=127.0.0.1:0 <args>`` and wait for its port."""
+def start_admin(*args: str, timeout: float = 20, env: dict[str, str] | None = None) -> AdminProcess:
+    """Start ``nsqx nsqadmin --http-address=127.0.0.1:0 <args>`` and wait for its port
+    (``env``: variables added to this process's environment)."""
     cmd = [sys.executable, "-m", "nsqx", "nsqadmin", "--http-address=127.0.0.1:0", *args]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     proc = subprocess.Popen(
         cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
     )

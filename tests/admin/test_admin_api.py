@@ -17,6 +17,7 @@ import pytest
 
 from adminproc import Cluster, start_admin, start_cluster
 from lookupdproc import http_request, wait_until
+from rawnsq import Raw, run
 
 
 @pytest.fixture(scope="module")
@@ -532,3 +533,63 @@ def test_a_node_page_has_its_clients_lookupds_and_tombstones(cluster: Cluster) -
     assert {"topic": "gone", "tombstoned": True} in listed["topics"]
     other = cluster.admin.get(f"/api/nodes/127.0.0.1:{b.http_port}")
     assert other["tombstones"] == []
+
+
+def test_replaying_dead_letters_answers_what_nsqd_did(cluster: Cluster) -> None:
+    """The admin's replay passes on nsqd's counts (added up over the nodes), each node's
+    own answer beside them."""
+    a = cluster.nsqds[0]
+    assert cluster.post_nsqd(a, "/topic/create?topic=dlq") == 200
+    assert cluster.post_nsqd(a, "/channel/create?topic=dlq&channel=c") == 200
+    wait_until(lambda: cluster.lookupd.get("/lookup?topic=dlq")[0] == 200)
+    adm = cluster.admin
+    body = {"action": "config", "settings": {"max_attempts": 1}}
+    assert adm.request("POST", "/api/topics/dlq/c", body)[0] == 200
+    cluster.pub(a, "dlq", b"one", b"two", b"three")
+
+    async def take_and_leave() -> None:
+        # delivered once (their last attempt), then the client leaves: they die
+        raw = await Raw.connect(("127.0.0.1", a.tcp_port))
+        await raw.subscribe("dlq", "c", rdy=3)
+        await raw.messages(3)
+        await raw.close()
+
+    run(take_and_leave())
+    wait_until(lambda: channel_of(cluster, 0, "dlq", "c").get("dead_letter_count") == 3,
+               what="three dead letters")  # fmt: skip
+    status, data = adm.request("POST", "/api/topics/dlq/c", {"action": "replay_dead_letters"})
+    assert status == 200, data
+    assert (data["replayed"], data["missing"], data["scanned"]) == (3, 0, 3), data
+    (node,) = data["nodes"]
+    assert node["node"] == f"127.0.0.1:{a.http_port}" and node["replayed"] == 3
+    # each is replayed once: a second replay finds nothing new
+    data = adm.request("POST", "/api/topics/dlq/c", {"action": "replay_dead_letters"})[1]
+    assert data["replayed"] == 0, data
+
+
+def test_a_channel_that_does_not_exist_is_404_everywhere(cluster: Cluster) -> None:
+    """As nsqd answers: the channel's policy, peek, replay and actions of a channel no
+    node has are 404 CHANNEL_NOT_FOUND (its topic exists)."""
+    a = cluster.nsqds[0]
+    cluster.pub(a, "nochan", b"x")
+    wait_until(lambda: cluster.lookupd.get("/lookup?topic=nochan")[0] == 200)
+    adm = cluster.admin
+    for method, path, body in [
+        ("GET", "/api/topics/nochan/ghost/config", None),
+        ("GET", "/api/topics/nochan/ghost/peek", None),
+        ("POST", "/api/topics/nochan/ghost", {"action": "replay_dead_letters"}),
+        ("POST", "/api/topics/nochan/ghost", {"action": "pause"}),
+        ("POST", "/api/topics/nochan/ghost", {"action": "empty"}),
+    ]:
+        status, data = adm.request(method, path, body)
+        assert (status, data["message"]) == (404, "CHANNEL_NOT_FOUND"), (method, path, data)
+    for method, path, body in [
+        ("GET", "/api/topics/notopic/ghost/config", None),
+        ("POST", "/api/topics/notopic/ghost", {"action": "replay_dead_letters"}),
+        ("POST", "/api/topics/notopic/ghost", {"action": "pause"}),
+    ]:
+        status, data = adm.request(method, path, body)
+        assert (status, data["message"]) == (404, "TOPIC_NOT_FOUND"), (method, path, data)
+    assert all(
+        ch["channel_name"] != "ghost" for t in cluster.stats(a, "nochan") for ch in t["channels"]
+    )

@@ -129,6 +129,17 @@ def test_its_own_secret_reads_and_acts(guarded: Guarded) -> None:
         admin.stop()
 
 
+def test_its_secret_from_the_environment(guarded: Guarded) -> None:
+    """$NSQX_AUTH_SECRET, as the tools take it, when no flag gives one."""
+    admin = start_admin(
+        f"--lookupd-http-address={guarded.lookupd.http_address}", env={"NSQX_AUTH_SECRET": "root"}
+    )
+    try:
+        assert {"orders", "payments"} <= set(admin.get("/api/topics")["topics"])
+    finally:
+        admin.stop()
+
+
 def test_a_secret_without_admin_cannot_act(guarded: Guarded) -> None:
     admin = guarded.admin("--http-auth-secret=reader")
     try:

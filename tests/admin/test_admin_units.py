@@ -169,3 +169,25 @@ def test_node_health_backs_off_and_counts_skips() -> None:
     assert skipped.to_json("n:1", "h", skipped=True)["skipped"] is True
     assert health.answered("http://n:1") and not health.answered("http://n:1")
     assert health.skip("http://n:1") is None
+
+
+def test_a_silent_node_is_asked_again_by_a_page_once_a_second() -> None:
+    now = [100.0]
+    health = NodeHealth(
+        clock=lambda: now[0], wall=lambda: 1e9, first_backoff=60.0, max_backoff=60.0
+    )
+    health.failed("http://n:1", "cannot connect")
+    assert health.skip("http://n:1") is not None  # just tried
+    now[0] += 0.5
+    assert health.skip("http://n:1") is not None
+    now[0] += 0.5
+    assert health.skip("http://n:1") is None  # a second since: this page asks it
+    assert health.skip("http://n:1") is not None  # and the others meanwhile do not
+    health.failed("http://n:1", "cannot connect")  # (that ask failed too)
+    now[0] += 0.9
+    assert health.skip("http://n:1") is not None
+    now[0] += 0.1
+    assert health.skip("http://n:1") is None
+    # the background probe's schedule is its own: 60 s after the last failure here
+    down = health.get("http://n:1")
+    assert down is not None and down.retry_at == 161.0

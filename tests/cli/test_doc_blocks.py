@@ -20,6 +20,9 @@ as above:
   must exit 0, or listen on a new TCP port, or still run after RUNS_FOR seconds; then
   it is killed. With ``run with`` too, the setup serves for all of them.
 - ``<!-- needs: CMD -->``: skipped unless CMD is on the PATH (etcd).
+- ``<!-- prints: the block below -->``: the last line of the block's output that is JSON
+  is the JSON of the fenced block that follows it (the answer the text shows is the one
+  a user who pastes the block gets).
 
 Needs root and ``ip netns`` (iproute2); skips, saying why, without them.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
 import os
 import re
 import shutil
@@ -46,7 +50,7 @@ REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 VENV_BIN = Path(sys.executable).parent
 SHELL = {"sh", "bash", "shell", "console"}
-MARK = re.compile(r"^<!--\s*(not run|run with|run each|needs):\s*(.*?)\s*-->\s*$")
+MARK = re.compile(r"^<!--\s*(not run|run with|run each|needs|prints):\s*(.*?)\s*-->\s*$")
 #: what ``run with`` can start, and the URLs that answer once it serves
 SETUPS = {
     "nsqx up": (
@@ -78,6 +82,8 @@ class Block:
     lang: str
     body: str
     marks: dict[str, str] = field(default_factory=dict)
+    #: with ``prints``: the text of the block that follows
+    shows: str = ""
 
     @property
     def id(self) -> str:
@@ -110,6 +116,12 @@ def scan(path: Path) -> tuple[list[Block], list[str]]:
                 block.marks[m.group(1)] = m.group(2)
                 used.add(j)
                 j -= 1
+            if "prints" in block.marks:
+                nxt = next((k for k in range(end + 1, len(lines)) if lines[k].startswith("```")), 0)
+                stop = next(
+                    (k for k in range(nxt + 1, len(lines)) if lines[k].startswith("```")), 0
+                )
+                block.shows = "\n".join(lines[nxt + 1 : stop]) if nxt and stop else ""
             blocks.append(block)
         i = end + 1
     for n, text in enumerate(lines):
@@ -126,6 +138,11 @@ def scan(path: Path) -> tuple[list[Block], list[str]]:
             problems.append(f"{block.id}: run each {block.marks['run each']!r}: only 'daemon'")
         if "not run" in block.marks and not block.marks["not run"]:
             problems.append(f"{block.id}: not run, and no reason given")
+        if "prints" in block.marks:
+            try:
+                json.loads(block.shows)
+            except ValueError:
+                problems.append(f"{block.id}: prints, and no JSON block follows")
     return blocks, problems
 
 
@@ -356,3 +373,15 @@ def test_block_runs_as_pasted(block: Block, tmp_path: Path) -> None:
         setup_proc.wait()  # killed with the namespace
     if done is not None:
         assert done.returncode == 0, f"{block.id} exited {done.returncode}\n{tail(log)}"
+    if "prints" in block.marks:
+        assert last_json(log.read_text()) == json.loads(block.shows), tail(log)
+
+
+def last_json(output: str) -> object:
+    """The last line of ``output`` that is JSON (None if none is)."""
+    for line in reversed(output.splitlines()):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None

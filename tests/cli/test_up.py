@@ -1,6 +1,7 @@
 """`nsqx up` with free ports: it starts, prints the addresses (the admin's too), nsqd is
-registered with the lookupd, the printed tool examples work as printed (pasted into a
-shell without the venv on its PATH, as after `make up`), and SIGINT stops it cleanly."""
+registered with the lookupd, the printed tool examples do what they say pasted in the
+order printed (into a shell without the venv on its PATH, as after `make up`; those
+that run until Ctrl-C say so), and SIGINT stops it cleanly."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,39 +73,49 @@ def test_up_starts_prints_and_stops_on_sigint(tmp_path: Path) -> None:
 
         assert sh("command -v nsqx", capture_output=True).returncode != 0  # not on PATH
         assert examples["publish"].startswith("echo hello | .venv/bin/nsqx pub ")
+        # pasted in the order printed, each line does what it says; those that run until
+        # Ctrl-C say so, and are stopped with it once they did
+        for name in ("tail", "stats", "archive"):
+            _, _, comment = examples[name].partition("  # ")  # (a shell comment: pasteable)
+            assert "runs until Ctrl-C" in comment, examples[name]
         sh(examples["publish"], check=True)
-        shown = sh(examples["tail"] + " --n=1", check=True, capture_output=True)
-        assert shown.stdout == "hello\n"
-        # stat reads the channel the tail subscribed on (a named one, still there)
-        stat = sh(examples["stats"] + " --count=1 --interval=0.2s", capture_output=True)
-        assert stat.returncode == 0, stat.stderr
-        assert "ingress" in stat.stdout
-        # the archive goes under the cluster's data, not into the current directory
+
+        def until_ctrl_c(line: str, done: Callable[[list[str]], bool], what: str) -> None:
+            running = subprocess.Popen(
+                ["bash", "-c", "exec " + line],
+                cwd=REPO,
+                env=shell_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            lines: list[str] = []
+            threading.Thread(target=lambda: lines.extend(running.stdout or ()), daemon=True).start()
+            try:
+                wait_until(lambda: done(lines), timeout=30, what=what)
+                running.send_signal(signal.SIGINT)
+                assert running.wait(30) == 0
+            finally:
+                if running.poll() is None:
+                    running.kill()
+                    running.wait()
+
+        until_ctrl_c(examples["tail"], lambda out: out == ["hello\n"], "the tail's hello")
+        # stat reads the channel the tail read (a named one, still there)
+        until_ctrl_c(examples["stats"], lambda out: len(out) >= 3, "a row of stats")
+        # the archive goes under the cluster's data, not into the current directory, and
+        # has the hello published before it started (its channel was there already)
         archive = data / "archive"
         assert f"--output-dir={archive}" in examples["archive"]
-        to_file = subprocess.Popen(
-            ["bash", "-c", "exec " + examples["archive"]],
-            cwd=REPO,
-            env=shell_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            # its channel is new: it gets what is published once it subscribed
-            wait_until(
-                lambda: "nsq_to_file" in str(http_request(f"http://{nsqd_http.group(1)}/stats")[2]),
-                timeout=30,
-                what="to-file's channel",
-            )
-            sh(examples["http"], check=True, capture_output=True)
 
-            def archived() -> bytes:
-                return b"".join(f.read_bytes() for f in archive.glob("**/*") if f.is_file())
+        def archived() -> bytes:
+            return b"".join(f.read_bytes() for f in archive.glob("**/*") if f.is_file())
 
-            wait_until(lambda: b"hello" in archived(), timeout=30, what="the archive")
-        finally:
-            to_file.terminate()
-            to_file.wait(30)
+        until_ctrl_c(examples["archive"], lambda _: archived() == b"hello\n", "the archive")
+        sh(examples["http"], check=True, capture_output=True)
+        command = examples["tail"].split("  # ")[0]  # (without its comment)
+        shown = sh(command + " --n=1", check=True, capture_output=True)
+        assert shown.stdout == "world\n"
         assert '"producers"' in sh(examples["lookup"], check=True, capture_output=True).stdout
 
         def nodes() -> list[dict[str, object]]:

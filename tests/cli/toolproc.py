@@ -56,10 +56,15 @@ class Running:
                 self.proc.wait()
 
 
-def start(*args: str, stdout: Path | None = None, stdin: int = subprocess.DEVNULL) -> Running:
+def start(
+    *args: str,
+    stdout: Path | None = None,
+    stdin: int = subprocess.DEVNULL,
+    env: dict[str, str] | None = None,
+) -> Running:
     """Start ``nsqx <args>``: stdin closed (or ``subprocess.PIPE``: the caller writes
     to ``proc.stdin``), stdout collected (or written to the file ``stdout``, as
-    ``nsqx tail > file`` does)."""
+    ``nsqx tail > file`` does); ``env``: its environment (default: this one's)."""
     with contextlib.ExitStack() as stack:
         out: Any = subprocess.PIPE
         if stdout is not None:
@@ -69,7 +74,7 @@ def start(*args: str, stdout: Path | None = None, stdin: int = subprocess.DEVNUL
             stdin=stdin,
             stdout=out,
             stderr=subprocess.PIPE,
-            env=ENV,
+            env=env or ENV,
         )
     running = Running(proc)
 

@@ -129,7 +129,8 @@ def test_dead_letters_in_the_ext_format_keep_the_body_and_carry_the_facts_in_hea
             status, doc = await call("POST", f"/channel/config?{q}&dead_letter_format=ext")
             assert (status, doc["message"]) == (
                 400,
-                "DEAD_LETTER_TOPIC_NOT_EXT: create it with ext=true first",
+                "DEAD_LETTER_TOPIC_NOT_EXT: create it first with "
+                "POST /topic/create?topic=jobs_dl&extend=true",
             )
             status, _ = await call("POST", "/topic/create?topic=jobs_dl&extend=true")
             assert status == 200
@@ -335,6 +336,38 @@ def test_a_full_channel_with_drop_oldest_drops_its_oldest_messages_counted() -> 
     run(go())
 
 
+def test_a_maximum_depth_counts_waiting_messages_as_stats_does_deferred_ones_kept() -> None:
+    """A DPUB not yet due is deferred, not waiting (as /stats and /channel/peek count):
+    it neither fills a channel nor is dropped as one of its oldest waiting messages."""
+
+    async def go() -> None:
+        async with served() as (nsqd, call):
+            consumer = await Raw.connect(nsqd)
+            await consumer.subscribe("dd", "c")
+            assert (await call("POST", "/channel/config?topic=dd&channel=c&max_depth=2"))[0] == 200
+            pub = await Raw.connect(nsqd)
+            pub.send(c.dpub("dd", 3_600_000, b"later"))
+            assert await pub.response() == b"OK"
+            await pub.publish("dd", b"m1")
+            await pub.publish("dd", b"m2")  # (depth 2: full now, the DPUB aside)
+            pub.send(c.pub("dd", b"m3"))
+            assert (await pub.error()).startswith(b"E_TOPIC_FULL")
+            q = "topic=dd&channel=c&overflow=drop_oldest&max_depth=1"
+            assert (await call("POST", f"/channel/config?{q}"))[0] == 200
+            ch = nsqd.topics["dd"].default_partition.channels["c"]
+            await wait_for(lambda: ch.dropped_count == 1, what="the drop")
+            _, stats = await call("GET", "/stats?format=json&topic=dd&channel=c")
+            (chs,) = stats["topics"][0]["channels"]
+            assert (chs["depth"], chs["deferred_count"], chs["dropped_count"]) == (1, 1, 1)
+            consumer.send(c.rdy(10))
+            assert [m.body for m in await consumer.messages(1)] == [b"m2"]
+            assert await consumer.nothing_for(0.1)  # (the DPUB: in an hour)
+            await pub.close()
+            await consumer.close()
+
+    run(go())
+
+
 def test_channel_config_refuses_bad_settings_clearly_and_nothing_else_is_harmed() -> None:
     async def go() -> None:
         async with served() as (nsqd, call):
@@ -346,7 +379,7 @@ def test_channel_config_refuses_bad_settings_clearly_and_nothing_else_is_harmed(
                 (f"{base}&max_attempts=-1", 400, "INVALID_MAX_ATTEMPTS"),
                 (f"{base}&max_attempts=70000", 400, "INVALID_MAX_ATTEMPTS"),
                 (f"{base}&max_attempts=%C2%B2", 400, "INVALID_MAX_ATTEMPTS"),
-                (f"{base}&bogus=1", 400, "INVALID_ARG_BOGUS"),
+                (f"{base}&bogus=1", 400, "UNKNOWN_ARG_BOGUS"),
                 (
                     f"{base}&max_attempts=3&dead_letter_topic=no%20way",
                     400,
@@ -362,11 +395,20 @@ def test_channel_config_refuses_bad_settings_clearly_and_nothing_else_is_harmed(
                 (f"{base}&max_depth=10&overflow=oldest", 400, "INVALID_OVERFLOW"),
                 ("/channel/config?topic=bad&channel=nope&max_attempts=3", 404, "CHANNEL_NOT_FOUND"),
                 ("/channel/config?topic=nope&channel=c", 404, "TOPIC_NOT_FOUND"),
+                (f"{base}&partition=5&max_attempts=3", 404, "PARTITION_NOT_FOUND"),
+                (
+                    "/channel/deadletter/replay?topic=bad&channel=c&partition=5",
+                    404,
+                    "PARTITION_NOT_FOUND",
+                ),
                 ("/channel/deadletter/replay?topic=bad&channel=c&n=0", 400, "INVALID_N"),
             ]
             for path, status, message in cases:
                 got, doc = await call("POST", path)
-                assert (got, doc["message"]) == (status, message), path
+                text = doc["message"]
+                if message.startswith("UNKNOWN_ARG_"):  # (then what it takes)
+                    text = text.split(": ")[0]
+                assert (got, text) == (status, message), path
             long_topic = "t" * 60
             await consumer.close()
             consumer = await Raw.connect(nsqd)

@@ -358,3 +358,22 @@ def test_answers_past_the_sync_window_wait_for_an_fsync(
         part.close()
 
     run(main)
+
+
+def test_a_follower_takes_its_leaders_replay_marks_and_keeps_them(tmp_path: Path) -> None:
+    """The marks of dead-letter replays in a replicated dead-letter topic come with the
+    leader's CURSORS; nsqd.dat is written when they change, not otherwise."""
+
+    async def main() -> None:
+        host, _, part = make(tmp_path, "disk")
+        part.apply_cursors({"c": (0, False)}, 0)
+        ch = part.channels["c"]
+        part.apply_replay_marks({"c": {"t.dead:0": (3, 42)}, "gone": {"t.dead:0": (1, 1)}})
+        assert ch.replay_marks == {"t.dead:0": (3, 42)} and host.metadata_writes == 1
+        part.apply_replay_marks({"c": {"t.dead:0": (3, 42)}})
+        assert host.metadata_writes == 1
+        part.apply_replay_marks({"c": {"t.dead:0": (5, 43), "t.dx:1": (2, 7)}})
+        assert ch.replay_marks == {"t.dead:0": (5, 43), "t.dx:1": (2, 7)}
+        assert host.metadata_writes == 2
+
+    run(main)

@@ -116,6 +116,44 @@ def test_channel_peek_shows_what_the_consumer_gets_next_and_changes_nothing() ->
     run(go())
 
 
+def test_channel_peek_counts_depth_and_deferred_as_stats_does() -> None:
+    """A DPUB not yet due that the channel's cursor has not reached is deferred, not
+    waiting, in /channel/peek as in /stats (NSQ defers it when it is published); so is
+    one the cursor passed, and a REQ with a delay."""
+
+    async def go() -> None:
+        async with served() as (nsqd, get):
+
+            async def both() -> list[tuple[int, int]]:
+                _, peek = await get("/channel/peek?topic=dp&channel=c")
+                _, stats = await get("/stats?format=json&topic=dp&channel=c")
+                (ch,) = stats["topics"][0]["channels"]
+                return [
+                    (peek["depth"], peek["deferred_count"]),
+                    (ch["depth"], ch["deferred_count"]),
+                ]
+
+            consumer = await Raw.connect(nsqd)
+            await consumer.subscribe("dp", "c")
+            pub = await Raw.connect(nsqd)
+            await pub.publish("dp", b"m0", b"m1")
+            pub.send(c.dpub("dp", 3_600_000, b"later"))
+            assert await pub.response() == b"OK"
+            await pub.publish("dp", b"m3", b"m4")
+            assert await both() == [(4, 1), (4, 1)]
+            # the cursor passes the DPUB: it is in the deferred heap now
+            consumer.send(c.rdy(3))
+            got = await consumer.messages(3)
+            consumer.send(c.rdy(0) + c.fin(got[1].id) + c.fin(got[2].id) + c.req(got[0].id, 60_000))
+            ch = nsqd.topics["dp"].default_partition.channels["c"]
+            await wait_for(lambda: ch.in_flight_count == 0)
+            assert await both() == [(1, 2), (1, 2)]
+            await consumer.close()
+            await pub.close()
+
+    run(go())
+
+
 def test_topic_peek_reads_the_log_from_a_position() -> None:
     async def go() -> None:
         async with served() as (nsqd, get):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_partitions import create, http, post, publish_tcp
+from test_partitions import create, http, post, publish, publish_tcp
 
 from nsqx.client.sharding import partition_for_key
 from nsqx.spark.channel_mode import NsqChannelStreamReader
@@ -237,6 +237,67 @@ def test_bad_rows_are_refused_clearly_and_publish_nothing(node: NsqdProcess) -> 
     assert [(r["partition"], r["body"]) for r in read_all("ord", node)] == [
         (partition_for_key("k", 2), b"in order")
     ]
+
+
+NOT_EXT = (
+    r"nsq: topic '{}' is not an ext topic: a row's headers need a topic created with extend=true"
+)
+
+
+def test_headers_to_a_topic_without_ext_are_refused_by_the_sink_on_every_path(
+    lookupd_factory: Any, tmp_path: Path
+) -> None:
+    """Headers to a topic that is not an ext topic, found through nsqlookupd (created
+    there without extend, made on the nsqd directly with partitions, or as NSQ 1.3 makes
+    it) or through nsqd's HTTP address: the sink's own error names the topic, before a
+    row with headers is sent; with nsqd's TCP address alone, nsqd's refusal with the
+    same hint. No row with headers is ever published, and the rows before it in the
+    task at most."""
+    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
+    node = start(
+        tmp_path,
+        "n",
+        f"--lookupd-tcp-address={lookupd.tcp_address}",
+        "--broadcast-address=127.0.0.1",
+    )
+    try:
+        wait_for(lambda: lookupd.json("/nodes")["producers"], "nsqd registered")
+        status, _, body = lookupd.post(
+            "/topic/create?topic=bylookupd&partition_num=2&replicator=1&multipart=true"
+        )
+        assert status == 200, body
+        create(node, "onnode", 0, 2)
+        create(node, "onnode", 1, 2)
+        post(node, "/topic/create?topic=asnsq")  # (one partition, as NSQ 1.3's)
+        topics = ("bylookupd", "onnode", "asnsq")
+        for topic in topics:
+            wait_for(lambda t=topic: partitions(lookupd, t), f"nsqlookupd knows {topic}")
+        headed = {"body": b"headed", "headers": {"a": "b"}}
+        plain = [{"body": b"plain-%d" % i, "headers": None} for i in range(3)]
+        map_headers = SinkColumns(headers="headers", headers_kind="map")
+        for topic in topics:
+            for where in (
+                {"lookupdHttpAddresses": lookupd.http_address},
+                {"nsqdHttpAddresses": http(node)},
+            ):
+                opts = write_opts(topic=topic, batchSize="2", **where)
+                # a row with headers first: nothing at all is published
+                with pytest.raises(NsqColumnError, match=NOT_EXT.format(topic)):
+                    publish_rows(opts, iter([headed, *plain]), map_headers)
+                # after rows without headers: those may be, the one with headers is not
+                with pytest.raises(NsqColumnError, match=NOT_EXT.format(topic)):
+                    publish_rows(opts, iter([*plain, headed]), map_headers)
+        by_tcp = write_opts(topic="asnsq", nsqdTcpAddresses=f"127.0.0.1:{node.tcp_port}")
+        with pytest.raises(PublishError, match=r"E_EXT_NOT_SUPPORT.*'asnsq'.*need an ext topic"):
+            publish_rows(by_tcp, iter([headed]), map_headers)
+        for topic in topics:
+            got = read_all(topic, node)
+            assert all(r["body"].startswith(b"plain-") and r["ext"] is None for r in got), got
+        # the same columns with null headers are plain MPUBs, welcome on these topics
+        opts = write_opts(topic="bylookupd", lookupdHttpAddresses=lookupd.http_address)
+        assert publish_rows(opts, iter(plain), map_headers).messages == 3
+    finally:
+        node.stop(signal.SIGKILL)
 
 
 def test_the_columns_types_and_headers_are_checked() -> None:
@@ -471,3 +532,57 @@ def test_round_trip_by_key_partition_and_headers_in_spark(spark: Any, node: Nsqd
     )
     with pytest.raises(Exception, match=r"column key .* string or binary"):
         write(spark.createDataFrame([(b"x", 1)], "body BINARY, key INT"), "rt")
+
+
+@pytest.mark.timeout(300)  # (Spark tries each failing task 4 times, in two jobs)
+def test_a_spark_write_of_headers_to_a_topic_without_ext_says_so(
+    spark: Any, lookupd_factory: Any, tmp_path: Path
+) -> None:
+    """In Spark, batch and streaming, through nsqlookupd: the write fails with the sink's
+    own words, and nothing with headers reached the topic."""
+    lookupd = lookupd_factory(f"--data-path={tmp_path / 'lookupd'}")
+    node = start(
+        tmp_path,
+        "n",
+        f"--lookupd-tcp-address={lookupd.tcp_address}",
+        "--broadcast-address=127.0.0.1",
+    )
+    try:
+        wait_for(lambda: lookupd.json("/nodes")["producers"], "nsqd registered")
+        status, _, body = lookupd.post(
+            "/topic/create?topic=noext&partition_num=2&replicator=1&multipart=true"
+        )
+        assert status == 200, body
+        wait_for(lambda: len(partitions(lookupd, "noext")) == 2, "its partitions placed")
+        df = spark.createDataFrame(
+            [(b"b-%d" % i, {"i": str(i)}) for i in range(6)],
+            "body BINARY, headers MAP<STRING, STRING>",
+        )
+        with pytest.raises(Exception, match="nsq: topic 'noext' is not an ext topic"):
+            (
+                df.write.format("nsq")
+                .option("topic", "noext")
+                .option("lookupdHttpAddresses", lookupd.http_address)
+                .mode("append")
+                .save()
+            )
+        create(node, "source", 0, 1)
+        publish(node, "source", 0, [b"s-%d" % i for i in range(5)])
+        q = (
+            spark.readStream.format("nsq")
+            .option("topic", "source")
+            .option("nsqdHttpAddresses", http(node))
+            .load()
+            .selectExpr("body", "map('from', 'stream') AS headers")
+            .writeStream.format("nsq")
+            .option("topic", "noext")
+            .option("lookupdHttpAddresses", lookupd.http_address)
+            .option("checkpointLocation", str(tmp_path / "ckpt"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        with pytest.raises(Exception, match="nsq: topic 'noext' is not an ext topic"):
+            q.awaitTermination(120)
+        assert read_all("noext", node) == []
+    finally:
+        node.stop(signal.SIGKILL)

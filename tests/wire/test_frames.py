@@ -22,7 +22,7 @@ from nsqx.wire import (
     encode_response,
 )
 from nsqx.wire import frames as f
-from nsqx.wire.frames import with_attempts
+from nsqx.wire.frames import encode_policy_notice, policy_notice_attempts, with_attempts
 
 ids = st.binary(min_size=16, max_size=16)
 messages = st.builds(
@@ -130,3 +130,26 @@ def test_decoder_rejects_bad_size() -> None:
 def test_decode_short_message() -> None:
     with pytest.raises(ProtocolError):
         decode_message(b"short")
+
+
+@pytest.mark.parametrize("max_attempts", [0, 1, 7, 65535])
+def test_a_channel_policy_notice_round_trips(max_attempts: int) -> None:
+    frame = encode_policy_notice(max_attempts)
+    dec = FrameDecoder()
+    ((ftype, data),) = dec.feed(frame)
+    assert ftype == FRAME_RESPONSE and policy_notice_attempts(data) == max_attempts
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"OK",
+        b"_heartbeat_",
+        b"_channel_policy_ {",
+        b'_channel_policy_ {"x":1}',
+        b'_channel_policy_ {"max_attempts":"7"}',
+        b'_channel_policy_ {"max_attempts":true}',
+    ],
+)
+def test_what_is_not_a_policy_notice(data: bytes) -> None:
+    assert policy_notice_attempts(data) is None

@@ -129,3 +129,14 @@ def test_compression_negotiated_when_available() -> None:
 def test_short_and_long_id_compat() -> None:
     s, _ = ident(short_id="s", long_id="l")
     assert (s.client_id, s.hostname) == ("s", "l")
+
+
+def test_channel_policy_is_answered_only_to_a_client_that_asks() -> None:
+    """nsqx's consumers ask to be told their channel's max_attempts; NSQ 1.3's answer is
+    unchanged for everyone else."""
+    plain, resp = ident(feature_negotiation=True)
+    assert "channel_policy" not in json.loads(resp) and not plain.channel_policy
+    asked, resp = ident(feature_negotiation=True, channel_policy=True)
+    assert json.loads(resp)["channel_policy"] is True and asked.channel_policy
+    with pytest.raises(ProtocolError):
+        ident(feature_negotiation=True, channel_policy="yes")

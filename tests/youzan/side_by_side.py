@@ -1558,10 +1558,159 @@ async def scenario_http(
     return answers
 
 
+#: the segment size both clusters run with in the tests (nsqd's max-bytes-per-file):
+#: what scenario_chain publishes spans more than one segment file
+CHAIN_SEGMENT_BYTES = 64 * 1024
+_CHAIN_BIG = 4096
+
+#: restart(tcp address "host:port" of an nsqd): stop that nsqd and start it again on
+#: its data (a cluster that cannot do it gives None: the chain scenario then stops
+#: before its restart)
+Restart = Callable[[str], Awaitable[None]]
+
+
+async def _read_from_start(leader: Node, t: Topic, channel: str, n: int) -> list[Msg]:
+    """The partition's first ``n`` messages as a Youzan tracing consumer reads them
+    (SUB_ADVANCED from the first message: offsets and raw sizes in the frames)."""
+    c = Consumer(channel, leader, f"SUB_ADVANCED {t.name} {channel} 0 msgcount:1", detail=True)
+    f = await c.start()
+    if f.is_error:
+        raise ScenarioError(f"{c.sub}: {f.text()}")
+    try:
+        return await c.take(n)
+    finally:
+        await c.stop()
+
+
+def _label(m: Msg) -> str:
+    """A message's body up to its first space (the big ones' padding left out)."""
+    return m.text.split(" ", 1)[0]
+
+
+def _chained(msgs: list[Msg]) -> bool:
+    return all(
+        a.offset is not None and a.rawsize is not None and a.offset + a.rawsize == b.offset
+        for a, b in itertools.pairwise(msgs)
+    )
+
+
+async def scenario_chain(
+    cluster: Cluster, t: Topic, observed: Observed, restart: Restart | None
+) -> dict[str, Any]:
+    """Offsets chain by raw size (a message's offset plus its raw size is the next
+    message's offset), as a Youzan client sees them in PUB_TRACE / MPUB_TRACE answers and
+    SUB_ADVANCED frames: across single PUBs, PUBs sent in one write, MPUBs, traced
+    publishes, more bytes than a segment file holds, and a restart of the leader."""
+    prod = Producer(cluster, t)
+    replies: dict[str, TraceReply] = {}
+    published = 1  # the set-up's probe
+    try:
+        for body in (b"c-single-1", b"c-single-2"):
+            await prod.pub(0, "PUB", body)
+        conn = await prod.conn(0)
+        # three PUBs in one write, then three answers (nsqx stores them as one batch)
+        line = f"PUB {t.name} 0\n".encode()
+        conn.send(
+            b"".join(line + _I32.pack(len(b)) + b for b in (b"c-turn-1", b"c-turn-2", b"c-turn-3"))
+        )
+        turn = [await conn.read_frame() for _ in range(3)]
+        if any(f.data != b"OK" for f in turn):
+            raise ScenarioError(f"PUBs in one write: {[f.text() for f in turn]}")
+        await prod.pub(0, "MPUB", mpub_body([b"c-mpub-1", b"c-mpub-2", b"c-mpub-3"]))
+        for i in (1, 2):
+            f = await prod.pub(0, "PUB_TRACE", trace_body(300 + i, b"c-trace-%d" % i))
+            replies[f"c-trace-{i}"] = TraceReply.parse(f.data)
+        f = await prod.pub(
+            0, "MPUB_TRACE", mpub_body(trace_body(400 + i, b"c-tm-%d" % i) for i in (1, 2, 3))
+        )
+        replies["c-tm-1"] = TraceReply.parse(f.data)
+        await prod.pub(0, "PUB", b"c-after-batch")
+        # more than a segment holds (the tests run both clusters with CHAIN_SEGMENT_BYTES)
+        for i in range(CHAIN_SEGMENT_BYTES // _CHAIN_BIG + 4):
+            body = b"c-big-%02d " % i + b"x" * _CHAIN_BIG
+            f = await prod.pub(0, "PUB_TRACE", trace_body(500 + i, body))
+            replies[f"c-big-{i:02d}"] = TraceReply.parse(f.data)
+        published += 14 + CHAIN_SEGMENT_BYTES // _CHAIN_BIG + 4
+    finally:
+        await prod.close()
+    before = await _read_from_start(t.leaders[0], t, "chain_a", published)
+    observed["before"] = [(_label(m), m.offset, m.rawsize) for m in before]
+    by_body = {_label(m): m for m in before}
+    after_batch = next(m for m in before if m.text == "c-after-batch")
+    tm = replies["c-tm-1"]
+    answer: dict[str, Any] = {
+        "bodies read back": [_label(m) for m in before],
+        "offset + rawsize == next offset": _chained(before),
+        "PUB_TRACE answer offset, rawsize == read back": sorted(
+            {
+                (r.offset, r.rawsize) == (by_body[k].offset, by_body[k].rawsize)
+                for k, r in replies.items()
+                if k != "c-tm-1"
+            }
+        ),
+        "MPUB_TRACE answer offset + rawsize == the next message's offset": tm.offset + tm.rawsize
+        == after_batch.offset,
+        "bytes past a segment": sum(m.rawsize or 0 for m in before) > CHAIN_SEGMENT_BYTES,
+    }
+    # positions computed by adding a raw size find the next message
+    leader = t.leaders[0]
+    for label, name in (("a PUB in one write", "c-turn-1"), ("an MPUB", "c-mpub-3")):
+        m = by_body[name]
+        nxt = (m.offset or 0) + (m.rawsize or 0)
+        c = Consumer(
+            "chain_seek",
+            leader,
+            f"SUB_ADVANCED {t.name} chain_seek_{name} 0 virtual_queue:{nxt}",
+            detail=True,
+        )
+        f = await c.start()
+        try:
+            got = "error " + f.code if f.is_error else (await c.take(1))[0].text
+        finally:
+            await c.stop()
+        r = await http(
+            "GET",
+            leader.http,
+            "/message/get",
+            {"topic": t.name, "partition": 0, "search_mode": "virtual_offset", "search_pos": nxt},
+        )
+        j = r.json() if r.status == 200 else {}
+        answer[f"after {label}: virtual_queue:<offset + rawsize>, /message/get"] = [
+            got,
+            j.get("body"),
+        ]
+    if restart is None:
+        return answer
+    await restart(leader.tcp)
+
+    async def new_leader() -> Node | None:
+        r = await cluster.lookup(t.name, "w")
+        parts = ((r.v1() if r.status == 200 else None) or {}).get("partitions") or {}
+        return Node.from_peer(parts["0"]) if "0" in parts else None
+
+    t.leaders[0] = await until(f"{t.name}: its leader back", new_leader)
+    f = await cluster.publish(t, 0, "PUB_TRACE", trace_body(999, b"c-restart"))
+    after = TraceReply.parse(f.data)
+    again = await _read_from_start(t.leaders[0], t, "chain_b", published + 1)
+    observed["after_restart"] = [(_label(m), m.offset, m.rawsize) for m in again[-3:]]
+    last = before[-1]
+    answer["after a restart"] = {
+        "offsets and raw sizes before it unchanged": [(m.offset, m.rawsize) for m in again[:-1]]
+        == [(m.offset, m.rawsize) for m in before],
+        "its first message at the last one's offset + rawsize": (last.offset or 0)
+        + (last.rawsize or 0)
+        == after.offset,
+        "offset + rawsize == next offset": _chained(again),
+        "PUB_TRACE answer == read back": (after.offset, after.rawsize)
+        == (again[-1].offset, again[-1].rawsize),
+    }
+    return answer
+
+
 # --------------------------------------------------------------------------------------
 # Running them
 
-SCENARIOS = ("ordered", "replay", "trace", "frames", "ext", "errors", "http")
+SCENARIOS = ("ordered", "replay", "trace", "frames", "ext", "errors", "http", "chain")
 
 
 def make_topics(run_id: str) -> dict[str, Topic]:
@@ -1572,6 +1721,7 @@ def make_topics(run_id: str) -> dict[str, Topic]:
         "trace": Topic(f"{p}_trace", 1, channels=("tr",)),
         "ext": Topic(f"{p}_ext", 1, ext=True),
         "nochan": Topic(f"{p}_nochan", 1, probe=False),
+        "chain": Topic(f"{p}_chain", 1),
     }
 
 
@@ -1582,10 +1732,13 @@ async def run_scenarios(
     only: Iterable[str] | None = None,
     observed: dict[str, Observed] | None = None,
     log: Callable[[str], None] | None = None,
+    restart: Restart | None = None,
 ) -> dict[str, object]:
     """Run the scenarios against the cluster behind ``lookupd_http`` (host:port of its
     HTTP API). Returns {scenario: answer}; a scenario that could not run has the answer
-    ``"ERROR: ..."``. ``observed`` (if given) receives raw facts per scenario."""
+    ``"ERROR: ..."``. ``observed`` (if given) receives raw facts per scenario;
+    ``restart`` restarts one nsqd (see :data:`Restart`; without it the chain scenario
+    stops before its restart)."""
     cluster = Cluster(lookupd_http, nsqd_http, log)
     wanted = list(only or SCENARIOS)
     observed = observed if observed is not None else {}
@@ -1610,6 +1763,7 @@ async def run_scenarios(
         "ext": lambda o: scenario_ext(cluster, topics["ext"], o),
         "errors": lambda o: scenario_errors(cluster, topics, o),
         "http": lambda o: scenario_http(cluster, topics, o),
+        "chain": lambda o: scenario_chain(cluster, topics["chain"], o, restart),
     }
     for name in wanted:
         obs: Observed = {}

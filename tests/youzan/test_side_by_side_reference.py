@@ -1,7 +1,8 @@
 """The side-by-side scenarios against Youzan's own nsqd/nsqlookupd: the answers below are
 what the reference gave, so they are the spec nsqx's cluster must give too.
 
-Needs the reference binaries at <repo>/../shared/reference/youzan-nsq-bin and etcd
+Needs the reference binaries at <repo>/../shared/reference/youzan-nsq-bin (or where
+NSQX_YOUZAN_REFERENCE says) and etcd
 (Debian: etcd-server); skipped otherwise, or when cluster.sh's fixed ports are busy.
 A fresh reference cluster takes 60-120 s before new partitions accept writes, so this
 runs only with ``-m slow`` (``make test PYTEST_ARGS='-m slow tests/youzan'``); the answers
@@ -13,15 +14,19 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from youzan.side_by_side import (
+    CHAIN_SEGMENT_BYTES,
     SCENARIOS,
+    Restart,
     murmur3_32,
     ordered_keys,
     parse_message,
@@ -30,7 +35,11 @@ from youzan.side_by_side import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-REFERENCE = REPO.parent / "shared" / "reference" / "youzan-nsq-bin"
+#: NSQX_YOUZAN_REFERENCE names the binaries' folder where the checkout has no ../shared
+REFERENCE = Path(
+    os.environ.get("NSQX_YOUZAN_REFERENCE")
+    or REPO.parent / "shared" / "reference" / "youzan-nsq-bin"
+)
 # cluster.sh's fixed loopback ports: etcd, nsqlookupd, and the two nsqd
 PORTS = (23791, 23801, 14160, 14161, 14260, 14150, 14151, 14250, 14155, 14156, 14255)
 LOOKUPD_HTTP = "127.0.0.1:14161"
@@ -46,9 +55,19 @@ def _busy(port: int) -> bool:
     return False
 
 
+@dataclass
+class YouzanCluster:
+    lookupd_http: str
+    #: stop one nsqd (by its TCP address) and start it again on its data
+    restart: Restart
+    #: cluster.sh's folder (the nodes' data directories are under it)
+    work: Path
+
+
 @pytest.fixture(scope="module")
-def youzan_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Youzan's etcd + nsqlookupd + 2 nsqd via cluster.sh; yields lookupd's HTTP address."""
+def youzan_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[YouzanCluster]:
+    """Youzan's etcd + nsqlookupd + 2 nsqd via cluster.sh, with the segment size the chain
+    scenario needs; yields lookupd's HTTP address and a restart of one nsqd."""
     script = REFERENCE / "cluster.sh"
     if not script.exists():
         pytest.skip(f"no Youzan reference binaries at {REFERENCE}")
@@ -58,7 +77,11 @@ def youzan_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if busy:
         pytest.skip(f"cluster.sh's fixed ports are busy: {busy}")
     work = tmp_path_factory.mktemp("youzan-ref")
-    env = {**os.environ, "YZ_WORK": str(work)}
+    env = {
+        **os.environ,
+        "YZ_WORK": str(work),
+        "NSQD_EXTRA": f"max_bytes_per_file = {CHAIN_SEGMENT_BYTES}",
+    }
     log = work / "cluster-sh.log"
 
     def cluster_sh(cmd: str) -> int:
@@ -67,18 +90,40 @@ def youzan_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 [str(script), cmd], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=120
             ).returncode
 
+    async def restart(tcp: str) -> None:
+        # cluster.sh's nsqd1 listens on 14150, nsqd2 on 14155; its start starts again
+        # what is not running
+        name = {"14150": "nsqd1", "14155": "nsqd2"}[tcp.rsplit(":", 1)[1]]
+        pid = int((work / f"{name}.pid").read_text())
+        os.kill(pid, signal.SIGTERM)
+        while Path(f"/proc/{pid}").exists():
+            await asyncio.sleep(0.1)
+        if await asyncio.to_thread(cluster_sh, "start") != 0:
+            pytest.fail(f"cluster.sh start (restart of {name}) failed:\n{log.read_text()}")
+
     try:
         if cluster_sh("start") != 0:
             pytest.fail(f"cluster.sh start failed:\n{log.read_text()}")
-        yield LOOKUPD_HTTP
+        yield YouzanCluster(LOOKUPD_HTTP, restart, work)
     finally:
         cluster_sh("stop")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_reference_gives_the_expected_answers(youzan_cluster: str) -> None:
-    results = asyncio.run(run_scenarios(youzan_cluster))
+def test_reference_gives_the_expected_answers(youzan_cluster: YouzanCluster) -> None:
+    results = asyncio.run(
+        run_scenarios(youzan_cluster.lookupd_http, restart=youzan_cluster.restart)
+    )
+    # the chain scenario's partition took more than one segment file (max_bytes_per_file)
+    files = sorted(
+        str(p.relative_to(youzan_cluster.work))
+        for p in youzan_cluster.work.rglob("*")
+        if p.is_file() and "_chain" in p.as_posix()
+    )
+    print("\n".join(files))
+    queue_files = [f for f in files if ".diskqueue." in f and f.endswith(".dat")]
+    assert len(queue_files) > 1, files
     assert list(results) == list(SCENARIOS)
     for name in SCENARIOS:
         assert results[name] == EXPECTED[name], name
@@ -391,5 +436,43 @@ EXPECTED: dict[str, object] = {
         "plain PUB answer": "OK",
         "rawsize - len(body)": [30],
         "trace ids read back": [1001, 1002, 1003, 2001, 2002, 2003, 0],
+    },
+    "chain": {
+        "bodies read back": [
+            "sbs-probe",
+            "c-single-1",
+            "c-single-2",
+            "c-turn-1",
+            "c-turn-2",
+            "c-turn-3",
+            "c-mpub-1",
+            "c-mpub-2",
+            "c-mpub-3",
+            "c-trace-1",
+            "c-trace-2",
+            "c-tm-1",
+            "c-tm-2",
+            "c-tm-3",
+            "c-after-batch",
+            *(f"c-big-{i:02d}" for i in range(20)),
+        ],
+        "offset + rawsize == next offset": True,
+        "PUB_TRACE answer offset, rawsize == read back": [True],
+        "MPUB_TRACE answer offset + rawsize == the next message's offset": True,
+        "bytes past a segment": True,
+        "after a PUB in one write: virtual_queue:<offset + rawsize>, /message/get": [
+            "c-turn-2",
+            "c-turn-2",
+        ],
+        "after an MPUB: virtual_queue:<offset + rawsize>, /message/get": [
+            "c-trace-1",
+            "c-trace-1",
+        ],
+        "after a restart": {
+            "offsets and raw sizes before it unchanged": True,
+            "its first message at the last one's offset + rawsize": True,
+            "offset + rawsize == next offset": True,
+            "PUB_TRACE answer == read back": True,
+        },
     },
 }

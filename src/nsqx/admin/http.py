@@ -58,6 +58,8 @@ _POSITION_RE = re.compile(r"(?:(timestamp|virtual_queue|msgcount):(\d{1,19})|spe
 _NODE_RE = re.compile(r"(?:\[[0-9a-fA-F:.]+\]|[A-Za-z0-9_.-]+):\d{1,5}\Z")
 #: the largest request body an endpoint reads (nsqadmin's /config limit)
 MAX_BODY = 1024 * 1024
+#: how nsqd's refusal of a channel it does not have reads in an UpstreamError
+_NO_CHANNEL = " 404 CHANNEL_NOT_FOUND"
 
 
 class ApiError(Exception):
@@ -203,8 +205,11 @@ class _Handlers:
 
     @staticmethod
     def _all_failed(partial: Partial, attempted: int) -> None:
-        """Raise when every node asked failed (some failing is a warning)."""
+        """Raise when every node asked failed (some failing is a warning): 404
+        ``CHANNEL_NOT_FOUND`` when each said it has no such channel, as nsqd says it."""
         if attempted and len(partial.errors) >= attempted:
+            if all(_NO_CHANNEL in e for e in partial.errors):
+                raise ApiError(404, "CHANNEL_NOT_FOUND")
             raise UpstreamError("; ".join(partial.errors))
 
     async def _node_action(
@@ -414,7 +419,10 @@ class _Handlers:
         found = await asyncio.gather(
             *(self._peek_one(node, part, topic, channel, text) for node, part in calls)
         )
-        return _answer(partial, peeks=[f for f in found if f is not None])
+        peeks = [f for f in found if f is not None]
+        if not peeks and not partial.errors:
+            raise ApiError(404, "CHANNEL_NOT_FOUND")  # (every node said so, as nsqd does)
+        return _answer(partial, peeks=peeks)
 
     async def channel_config(self, request: web.Request) -> web.Response:
         """GET /api/topics/:topic/:channel/config (nsqx): the channel's policy on each
@@ -435,7 +443,10 @@ class _Handlers:
             return {"node": node, **doc}
 
         found = await asyncio.gather(*(one(row["node"]) for row in rows))
-        return _answer(partial, configs=[f for f in found if f is not None])
+        configs = [f for f in found if f is not None]
+        if not configs and not partial.errors:
+            raise ApiError(404, "CHANNEL_NOT_FOUND")  # (every node said so, as nsqd does)
+        return _answer(partial, configs=configs)
 
     async def _peek_one(
         self, node: str, part: int, topic: str, channel: str, n: str
@@ -683,14 +694,48 @@ class _Handlers:
             self.notify(request, "config_channel", topic, channel)
             return _answer(partial)
         elif action == "replay_dead_letters":
-            path = "channel/deadletter/replay"
+            return await self._replay_dead_letters(request, topic, channel)
         elif action in ("pause", "unpause", "empty"):
             path = f"channel/{action}"
         else:
             raise ApiError(400, "INVALID_ACTION")
-        partial = await self._node_action(topic, path, query)
+        producers, partial = await self.ci.topic_producers(topic)
+        if not producers and not partial.errors:
+            raise ApiError(404, "TOPIC_NOT_FOUND")
+        nodes = [p.http_address for p in producers]
+        partial.extend(await self._node_action(topic, path, query, nodes=nodes))
         self.notify(request, f"{action}_channel", topic, channel)
         return _answer(partial)
+
+    async def _replay_dead_letters(
+        self, request: web.Request, topic: str, channel: str
+    ) -> web.Response:
+        """Each nsqd that has the topic replays the channel's dead letters: the answer has
+        their counts added up (``replayed``, ``missing``, ``scanned``, as nsqd's) and
+        each node's own answer (``nodes``)."""
+        producers, partial = await self.ci.topic_producers(topic)
+        if not producers and not partial.errors:
+            raise ApiError(404, "TOPIC_NOT_FOUND")
+        nodes = [p.http_address for p in producers]
+        answers, result = await self.ci.post_nodes_answers(
+            nodes, "channel/deadletter/replay", {"topic": topic, "channel": channel}
+        )
+        # nodes without the channel (it is on the others) are no failure
+        refused = [e for e in result.errors if _NO_CHANNEL not in e]
+        if nodes and not answers:
+            self._all_failed(result, len(nodes))
+        partial.extend(refused)
+        totals: dict[str, int] = {}
+        for answer in answers.values():
+            for key, value in (answer if isinstance(answer, dict) else {}).items():
+                if isinstance(value, int) and not isinstance(value, bool):
+                    totals[key] = totals.get(key, 0) + value
+        per_node = [
+            {"node": node, **(answer if isinstance(answer, dict) else {})}
+            for node, answer in sorted(answers.items())
+        ]
+        self.notify(request, "replay_dead_letters_channel", topic, channel)
+        return _answer(partial, **totals, nodes=per_node)
 
     async def _setoffset(
         self, request: web.Request, topic: str, channel: str, body: dict[str, Any]

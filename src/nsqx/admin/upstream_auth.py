@@ -1,8 +1,8 @@
 """The bearer secret nsqadmin sends to nsqd and nsqlookupd whose ``--http-auth`` asks
 for one (docs/http-auth.md).
 
-- ``--http-auth-secret`` (or the first line of ``--http-auth-secret-file``): the admin's
-  own secret, on every call it makes (pages, actions, the history sampler).
+- ``--http-auth-secret`` (or the first line of ``--http-auth-secret-file``, or
+  ``$NSQX_AUTH_SECRET`` as for the tools): the admin's own secret, on every call it makes (pages, actions, the history sampler).
 - ``--http-auth-forward``: a request to the admin that carries ``Authorization: Bearer
   <secret>`` (a user's, set by the proxy that logs users in, or by a script calling the
   JSON API) has the calls made for it sent with that secret instead, so the auth server
@@ -23,6 +23,8 @@ import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from nsqx.clusterinfo.secret import check_secret
+from nsqx.clusterinfo.secret import load_secret as _load_secret
 from nsqx.wire.auth import bearer_secret
 
 __all__ = ["check_secret", "load_secret", "middleware", "trace_config"]
@@ -33,33 +35,11 @@ _FORWARDED: ContextVar[str] = ContextVar("nsqx_admin_forwarded_secret", default=
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def check_secret(secret: str, flag: str) -> None:
-    """ValueError naming ``flag`` unless ``secret`` fits in a Bearer header."""
-    if not secret:
-        return
-    try:
-        ok = bearer_secret(f"Bearer {secret}") is not None
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(f"{flag}: the secret must be printable ASCII without spaces")
-
-
 def load_secret(flag_value: str, path: str) -> str:
-    """The secret to send: the first line of ``path`` when given, else ``flag_value``;
-    ValueError naming the flag when the file cannot give one."""
-    if not path:
-        check_secret(flag_value, "--http-auth-secret")
-        return flag_value
-    try:
-        with open(path, encoding="utf-8") as f:
-            secret = f.readline().strip()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"--http-auth-secret-file: {err}") from None
-    if not secret:
-        raise ValueError(f"--http-auth-secret-file: {path} has no secret on its first line")
-    check_secret(secret, "--http-auth-secret-file")
-    return secret
+    """The secret to send: the first line of ``path`` when given, else ``flag_value``,
+    else ``$NSQX_AUTH_SECRET`` (as the tools' ``--auth-secret``); ValueError naming the
+    flag when the file cannot give one."""
+    return _load_secret(flag_value, path, "--http-auth-secret")
 
 
 def trace_config(own_secret: str, forward: bool, never_to: str) -> aiohttp.TraceConfig | None:

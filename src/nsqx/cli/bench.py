@@ -20,12 +20,15 @@ from datetime import datetime
 from typing import Any
 
 from nsqx.cli.toolbase import (
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     PROGRESS,
     VERSION,
     Kind,
     Progress,
     Tool,
     ToolError,
+    auth_secret,
     check_name,
     check_nsqds,
     flag,
@@ -45,6 +48,8 @@ FLAGS = (
     flag("batch-size", Kind.INT, 200, "batch size of messages"),
     flag("rdy", Kind.INT, 2500, "RDY count to use"),
     flag("deadline", Kind.STR, "", "deadline to start the benchmark run (YYYY-mm-dd HH:MM:SS)"),
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     PROGRESS,
 )
 
@@ -71,9 +76,8 @@ async def writer(opts: dict[str, Any], progress: Progress) -> tuple[int, float]:
     batch = [body] * opts["batch_size"]
     pending: collections.deque[asyncio.Future[None]] = collections.deque()
     count = 0
-    async with Producer(
-        opts["nsqd_tcp_address"], config=Config(user_agent=user_agent("bench_writer"))
-    ) as producer:
+    config = Config(user_agent=user_agent("bench_writer"), auth_secret=opts["auth_secret"] or None)
+    async with Producer(opts["nsqd_tcp_address"], config=config) as producer:
         started = time.monotonic()
         stop_at = started + opts["runfor"]
         while time.monotonic() < stop_at:
@@ -110,6 +114,7 @@ async def reader(opts: dict[str, Any], progress: Progress) -> tuple[int, float]:
         nsqd_tcp_addresses=[opts["nsqd_tcp_address"]],
         max_in_flight=opts["rdy"],
         user_agent=user_agent("bench_reader"),
+        auth_secret=opts["auth_secret"] or None,
     )
     started = time.monotonic()
     await consumer.start()
@@ -131,6 +136,7 @@ async def main(opts: dict[str, Any]) -> int:
         raise ToolError("--size, --batch-size and --rdy must be >= 1")
     if opts["runfor"] <= 0:
         raise ToolError("--runfor must be positive")
+    opts["auth_secret"] = auth_secret(opts)  # (from its file or $NSQX_AUTH_SECRET)
     if opts["deadline"]:
         try:
             deadline = datetime.strptime(opts["deadline"], "%Y-%m-%d %H:%M:%S")
@@ -139,7 +145,9 @@ async def main(opts: dict[str, Any]) -> int:
         wait = deadline.timestamp() - time.time()
         if wait > 0:
             await asyncio.sleep(wait)
-    await check_nsqds([opts["nsqd_tcp_address"]])
+    await check_nsqds(
+        [opts["nsqd_tcp_address"]], config=Config(auth_secret=opts["auth_secret"] or None)
+    )
     progress = Progress(f"nsqx bench ({mode})", "messages", opts["progress_interval"])
     progress.start()
     try:
@@ -162,7 +170,7 @@ async def main(opts: dict[str, Any]) -> int:
 
 TOOL = Tool(
     "bench",
-    "bench_writer",
+    "nsqx bench",
     FLAGS,
     "Measure an nsqd's throughput, as NSQ's bench_writer and bench_reader.",
     EXAMPLES,

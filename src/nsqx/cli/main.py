@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import sys
 
 USAGE = """usage: nsqx <command> [flags]   (nsqx <command> --help for its flags and examples)
+       nsqx --version             (nsqx <command> --version: the Go program's line)
 
 daemons:
   nsqd        the NSQ daemon (flags as Go nsqd's)
@@ -44,10 +47,43 @@ TOOLS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    """``nsqx``'s entry point: the command's exit status.
+
+    A closed stdout (``nsqx nsqd --help | head``, ``nsqx tail ... | head -1``) ends any
+    command quietly with status 0, as the reader asked for no more, and never with a
+    traceback: what is still buffered is flushed here, where the error can be caught,
+    rather than at the interpreter's exit, where it cannot.
+    """
+    try:
+        status = _run(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_output()
+        return 0
+    return status
+
+
+def _discard_output() -> None:
+    """Point stdout and stderr at /dev/null: the interpreter's last flush of what they
+    still buffer then goes nowhere instead of failing on the closed pipe again (Python's
+    documented way, "Note on SIGPIPE" in the signal module)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        # (io.UnsupportedOperation: a stream that is no file, as pytest's capture)
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+
+
+def _run(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if args else 2
+    if args[0] in ("--version", "-version", "version"):
+        from nsqx.cli.version import nsqx_version_line
+
+        print(nsqx_version_line())
+        return 0
     command, rest = args[0], args[1:]
     if command == "nsqd":
         from nsqx.cli.nsqd_cmd import run_nsqd

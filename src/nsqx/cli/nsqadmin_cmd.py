@@ -7,12 +7,12 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from nsqx import NSQ_VERSION
 from nsqx.admin import AdminOptions, NSQAdmin
 from nsqx.cli.cluster_secret import secret_flags
 from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
 from nsqx.cli.goflags import FlagError, FlagSet, FlagSpec, HelpRequested, Kind
 from nsqx.cli.nsqd_flags import _log_level
+from nsqx.cli.version import version_line
 
 __all__ = ["NSQADMIN_FLAGSET", "parse_nsqadmin_args", "run_nsqadmin"]
 
@@ -255,7 +255,7 @@ def run_nsqadmin(argv: list[str]) -> int:
         print(f"nsqadmin: {err}\n(run `nsqx nsqadmin --help` for the flags)", file=sys.stderr)
         return 2
     if parsed.get("version", False):
-        print(f"nsqadmin v{NSQ_VERSION} (nsqx)")
+        print(version_line("nsqadmin"))
         return 0
     try:
         options = parse_nsqadmin_args(argv)

@@ -11,9 +11,9 @@ import sys
 from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
 from nsqx.cli.goflags import FlagError
 from nsqx.cli.nsqd_flags import nsqd_usage, parse_nsqd_args, wants_help, wants_version
+from nsqx.cli.version import version_line
 from nsqx.nsqd.nsqd import NSQD
 from nsqx.nsqd.options import NsqdOptions
-from nsqx.nsqd.stats import version_string
 from nsqx.nsqd.supervisor import Supervisor, worker_spec_from_env
 from nsqx.nsqd.workers.spec import WorkerSpec
 
@@ -56,7 +56,7 @@ def run_nsqd(argv: list[str]) -> int:
         print(nsqd_usage())
         return 0
     if wants_version(argv):
-        print(version_string("nsqd"))
+        print(version_line("nsqd"))
         return 0
     try:
         options = parse_nsqd_args(argv)

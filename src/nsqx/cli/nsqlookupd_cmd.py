@@ -6,7 +6,6 @@ import asyncio
 import logging
 import sys
 
-from nsqx import NSQ_VERSION
 from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
 from nsqx.cli.goflags import FlagError
 from nsqx.cli.nsqlookupd_flags import (
@@ -15,6 +14,7 @@ from nsqx.cli.nsqlookupd_flags import (
     wants_help,
     wants_version,
 )
+from nsqx.cli.version import version_line
 from nsqx.lookupd.nsqlookupd import NSQLookupd
 from nsqx.lookupd.options import LookupdOptions
 
@@ -40,7 +40,7 @@ def run_nsqlookupd(argv: list[str]) -> int:
         print(nsqlookupd_usage())
         return 0
     if wants_version(argv):
-        print(f"nsqlookupd v{NSQ_VERSION} (nsqx)")
+        print(version_line("nsqlookupd"))
         return 0
     try:
         options = parse_nsqlookupd_args(argv)

@@ -24,6 +24,8 @@ from collections.abc import AsyncIterator
 from typing import IO, Any
 
 from nsqx.cli.toolbase import (
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     NSQD_TCP,
     PRODUCER_OPT,
     PROGRESS,
@@ -32,6 +34,7 @@ from nsqx.cli.toolbase import (
     Progress,
     Tool,
     ToolError,
+    auth_secret,
     check_name,
     check_nsqds,
     client_config,
@@ -49,6 +52,8 @@ FLAGS = (
     flag("delimiter", Kind.STR, "\n", "character to split input on", "char", default_text="\\n"),
     NSQD_TCP,
     PRODUCER_OPT,
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     flag("rate", Kind.INT, 0, "throttle messages to n/second; 0 to disable"),
     flag("file", Kind.STR, "-", "[nsqx] read this file instead of stdin ('-': stdin)", "path"),
     PROGRESS,
@@ -264,7 +269,9 @@ async def main(opts: dict[str, Any]) -> int:
         raise ToolError("--nsqd-tcp-address required")
     if opts["rate"] < 0:
         raise ToolError("--rate must be >= 0")
-    config = client_config(opts["producer_opt"], "producer-opt", user_agent=user_agent("to_nsq"))
+    config = client_config(
+        opts["producer_opt"], "producer-opt", auth_secret(opts), user_agent=user_agent("to_nsq")
+    )
     source: IO[bytes]
     if opts["file"] == "-":
         source = sys.stdin.buffer
@@ -273,7 +280,7 @@ async def main(opts: dict[str, Any]) -> int:
             source = open(opts["file"], "rb")  # noqa: SIM115 - closed below
         except OSError as err:
             raise ToolError(f"--file: cannot read {opts['file']}: {err.strerror}") from None
-    await check_nsqds(addresses)
+    await check_nsqds(addresses, config=config)
     pub = _Publisher(topic, [_Target(a, Producer(a, config=config)) for a in addresses])
     progress = Progress(
         "nsqx pub",

@@ -17,6 +17,8 @@ import aiohttp
 
 from nsqx.cli.cluster_secret import secret_flags
 from nsqx.cli.toolbase import (
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     CONNECT_TIMEOUT,
     LOOKUPD_HTTP,
     REQUEST_TIMEOUT,
@@ -24,8 +26,11 @@ from nsqx.cli.toolbase import (
     Kind,
     Tool,
     ToolError,
+    auth_secret,
+    bearer_headers,
     check_name,
     flag,
+    secret_hint,
 )
 from nsqx.cluster_secret import load_secret
 from nsqx.clusterinfo.info import ClusterInfo, UpstreamError, http_base
@@ -40,6 +45,8 @@ FLAGS = (
     CONNECT_TIMEOUT,
     REQUEST_TIMEOUT,
     *secret_flags("nsqx replicas"),
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
 )
 
 EXAMPLES = """
@@ -60,7 +67,7 @@ async def partitions(ci: ClusterInfo, topic: str) -> list[dict[str, Any]]:
     try:
         producers, _ = await ci.producers()
     except UpstreamError as err:
-        raise ToolError(f"failed to list nsqd - {err}") from None
+        raise ToolError(secret_hint(f"failed to list nsqd - {err}")) from None
     rows: list[dict[str, Any]] = []
     for p in producers:
         query = urlencode({"format": "json", **({"topic": topic} if topic else {})})
@@ -99,7 +106,7 @@ async def post_leader(ci: ClusterInfo, path: str, query: dict[str, str]) -> Any:
                 errors.append(f"{addr}: {resp.status} {body[:200].decode(errors='replace')}")
         except (aiohttp.ClientError, TimeoutError, OSError) as err:
             errors.append(f"{addr}: {err}")
-    raise ToolError("; ".join(errors))
+    raise ToolError(secret_hint("; ".join(errors)))
 
 
 async def main(opts: dict[str, Any]) -> int:
@@ -116,7 +123,8 @@ async def main(opts: dict[str, Any]) -> int:
         secret = load_secret(opts["cluster_secret"], opts["cluster_secret_file"])
     except ValueError as err:
         raise ToolError(str(err)) from None
-    async with aiohttp.ClientSession(timeout=timeout, headers=members.headers(secret)) as session:
+    headers = {**members.headers(secret), **bearer_headers(auth_secret(opts))}
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         ci = ClusterInfo(session, opts["lookupd_http_address"])
         if opts["drain"]:
             answer = await post_leader(ci, "cluster/node/drain", {"node": opts["drain"]})
@@ -141,7 +149,7 @@ async def main(opts: dict[str, Any]) -> int:
 
 TOOL = Tool(
     "replicas",
-    "replicas",
+    "nsqx replicas",
     FLAGS,
     "Show replicated partitions (leader, ISR, lag); drain a node or move a leader.",
     EXAMPLES,

@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 
 from nsqx.cli.toolbase import (
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     CONNECT_TIMEOUT,
     LOOKUPD_HTTP,
     NSQD_HTTP,
@@ -23,9 +25,12 @@ from nsqx.cli.toolbase import (
     Kind,
     Tool,
     ToolError,
+    auth_secret,
+    bearer_headers,
     check_name,
     check_one_source,
     flag,
+    secret_hint,
 )
 from nsqx.clusterinfo import aggregate
 from nsqx.clusterinfo.info import ClusterInfo, UpstreamError
@@ -40,6 +45,8 @@ FLAGS = (
     NSQD_HTTP,
     LOOKUPD_HTTP,
     flag("count", Kind.INT, 0, "number of reports (0: until stopped)"),
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
 )
 
 EXAMPLES = """
@@ -86,7 +93,7 @@ async def read_channel(ci: ClusterInfo, topic: str, channel: str) -> dict[str, A
         producers, _ = await ci.topic_producers(topic)
         rows, _ = await ci.node_stats(producers, topic, channel, include_clients=False)
     except UpstreamError as err:
-        raise ToolError(f"failed to get nsqd stats - {err}") from None
+        raise ToolError(secret_hint(f"failed to get nsqd stats - {err}")) from None
     found = aggregate.aggregate_channels(rows).get(channel)
     if found is None:
         raise ToolError(f"failed to find channel({channel}) in stats metadata for topic({topic})")
@@ -113,7 +120,8 @@ async def main(opts: dict[str, Any]) -> int:
         total=opts["http_client_request_timeout"], sock_connect=opts["http_client_connect_timeout"]
     )
     interval: float = opts["interval"]
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    headers = bearer_headers(auth_secret(opts))
+    async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
         ci = ClusterInfo(session, opts["lookupd_http_address"], opts["nsqd_http_address"])
         loop = asyncio.get_running_loop()
         old = await read_channel(ci, topic, channel)

@@ -17,6 +17,8 @@ import sys
 from typing import Any
 
 from nsqx.cli.toolbase import (
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     CONSUMER_OPT,
     LOOKUPD_HTTP,
     MAX_IN_FLIGHT,
@@ -27,6 +29,7 @@ from nsqx.cli.toolbase import (
     Progress,
     Tool,
     ToolError,
+    auth_secret,
     check_lookupds,
     check_name,
     check_nsqds,
@@ -47,6 +50,8 @@ FLAGS = (
     NSQD_TCP,
     LOOKUPD_HTTP,
     CONSUMER_OPT,
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     PROGRESS,
 )
 
@@ -73,51 +78,75 @@ async def main(opts: dict[str, Any]) -> int:
     max_in_flight = opts["max_in_flight"]
     if total and total < max_in_flight:
         max_in_flight = total  # don't ask for more messages than we want
+    secret = auth_secret(opts)
     config = client_config(
         opts["consumer_opt"],
         "consumer-opt",
+        secret,
         user_agent=user_agent("nsq_tail"),
         max_in_flight=max_in_flight,
     )
     if opts["nsqd_tcp_address"]:
-        await check_nsqds(opts["nsqd_tcp_address"])
+        await check_nsqds(opts["nsqd_tcp_address"], config=config)
     else:
-        await check_lookupds(opts["lookupd_http_address"])
+        found = await check_lookupds(opts["lookupd_http_address"], secret=secret, topics=topics)
+        await check_nsqds(found, config=config, secret_only=True)
 
     out = sys.stdout.buffer
     done = asyncio.Event()
     shown = 0
     flush_pending = False
+    #: stdout's reader went away (``nsqx tail | head -1``): stop, quietly
+    out_closed = False
     loop = asyncio.get_running_loop()
     # progress and the summary only where they cannot mix with the messages
     quiet = sys.stdout.isatty()
     progress = Progress("nsqx tail", "messages", 0 if quiet else opts["progress_interval"])
 
+    def stop() -> None:
+        done.set()
+        for consumer in consumers:
+            consumer.set_max_in_flight(0)  # RDY 0: no more deliveries
+
+    def closed() -> None:
+        nonlocal out_closed
+        out_closed = True
+        stop()
+
     def flush() -> None:
         nonlocal flush_pending
         flush_pending = False
-        out.flush()
+        if out_closed:
+            return
+        try:
+            out.flush()
+        except BrokenPipeError:
+            closed()
 
     def handler_for(topic: str) -> Any:
         prefix = topic.encode() + b" | " if opts["print_topic"] else b""
 
         def handle(msg: Message) -> None:
             nonlocal shown, flush_pending
-            if total and shown >= total:
-                # more arrived than asked for: give them back without a backoff
+            if out_closed or (total and shown >= total):
+                # more arrived than asked for (or nobody reads): give them back without
+                # a backoff
+                msg.requeue(0, backoff=False)
+                return
+            try:
+                out.write(prefix + msg.body + b"\n")
+            except BrokenPipeError:
+                closed()
                 msg.requeue(0, backoff=False)
                 return
             shown += 1
             progress.add()
-            out.write(prefix + msg.body + b"\n")
             if not flush_pending:
                 # one flush per batch of messages, so a pipe sees them promptly
                 flush_pending = True
                 loop.call_soon(flush)
             if total and shown >= total:
-                done.set()
-                for consumer in consumers:
-                    consumer.set_max_in_flight(0)  # RDY 0: no more deliveries
+                stop()
 
         return handle
 
@@ -147,6 +176,8 @@ async def main(opts: dict[str, Any]) -> int:
             flush()
         finally:
             await progress.stop("" if quiet else "nsqx tail: {count} messages in {seconds:.1f}s")
+    if out_closed:
+        raise BrokenPipeError  # nsqx's main ends quietly
     return 0
 
 

@@ -32,6 +32,8 @@ from typing import IO, Any
 import aiohttp
 
 from nsqx.cli.toolbase import (
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     CONNECT_TIMEOUT,
     CONSUMER_OPT,
     LOOKUPD_HTTP,
@@ -44,6 +46,8 @@ from nsqx.cli.toolbase import (
     Progress,
     Tool,
     ToolError,
+    auth_secret,
+    bearer_headers,
     check_lookupds,
     check_name,
     check_nsqds,
@@ -102,6 +106,8 @@ FLAGS = (
     LOOKUPD_HTTP,
     flag("topic", Kind.STR_LIST, [], "nsq topic", "topic"),
     CONSUMER_OPT,
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     PROGRESS,
 )
 
@@ -384,16 +390,21 @@ async def main(opts: dict[str, Any]) -> int:
             raise ToolError(f"--{key.replace('_', '-')}: {opts[key]}: {err.strerror}") from None
     # fail on a bad template now rather than when the first message arrives
     filename_format(opts, "topic")
+    secret = auth_secret(opts)
     config = client_config(
         opts["consumer_opt"],
         "consumer-opt",
+        secret,
         user_agent=user_agent("nsq_to_file"),
         max_in_flight=opts["max_in_flight"],
     )
     if opts["nsqd_tcp_address"]:
-        await check_nsqds(opts["nsqd_tcp_address"])
+        await check_nsqds(opts["nsqd_tcp_address"], config=config)
     else:
-        await check_lookupds(opts["lookupd_http_address"])
+        found = await check_lookupds(
+            opts["lookupd_http_address"], secret=secret, topics=opts["topic"]
+        )
+        await check_nsqds(found, config=config, secret_only=True)
 
     progress = Progress("nsqx to-file", "messages", opts["progress_interval"])
     loggers: dict[str, FileLogger] = {}
@@ -420,7 +431,9 @@ async def main(opts: dict[str, Any]) -> int:
         total=opts["http_client_request_timeout"], sock_connect=opts["http_client_connect_timeout"]
     )
     try:
-        async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with aiohttp.ClientSession(
+            timeout=timeout, headers=bearer_headers(secret)
+        ) as session:
             ci = ClusterInfo(session, opts["lookupd_http_address"])
             if opts["topic"]:
                 await add(opts["topic"])

@@ -20,6 +20,8 @@ import aiohttp
 
 from nsqx.cli.hostpool import MODES, HostPool
 from nsqx.cli.toolbase import (
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     CONNECT_TIMEOUT,
     CONSUMER_OPT,
     LOOKUPD_HTTP,
@@ -32,6 +34,7 @@ from nsqx.cli.toolbase import (
     StatusEvery,
     Tool,
     ToolError,
+    auth_secret,
     check_lookupds,
     check_name,
     check_nsqds,
@@ -67,6 +70,8 @@ FLAGS = (
     NSQD_TCP,
     LOOKUPD_HTTP,
     CONSUMER_OPT,
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     PROGRESS,
 )
 
@@ -125,16 +130,20 @@ async def main(opts: dict[str, Any]) -> int:
         pool = HostPool(urls, opts["mode"])
     except ValueError as err:
         raise ToolError(str(err)) from None
+    # (the secret goes to nsqd and nsqlookupd only, never to the --post/--get URLs)
+    secret = auth_secret(opts)
     config = client_config(
         opts["consumer_opt"],
         "consumer-opt",
+        secret,
         user_agent=user_agent("nsq_to_http"),
         max_in_flight=opts["max_in_flight"],
     )
     if opts["nsqd_tcp_address"]:
-        await check_nsqds(opts["nsqd_tcp_address"])
+        await check_nsqds(opts["nsqd_tcp_address"], config=config)
     else:
-        await check_lookupds(opts["lookupd_http_address"])
+        found = await check_lookupds(opts["lookupd_http_address"], secret=secret, topics=[topic])
+        await check_nsqds(found, config=config, secret_only=True)
     headers.setdefault("User-Agent", user_agent("nsq_to_http"))
     progress = Progress("nsqx to-http", "requests", opts["progress_interval"])
     if opts["status_every"] < 0:

@@ -19,6 +19,8 @@ from typing import Any
 
 from nsqx.cli.hostpool import MODES, HostPool
 from nsqx.cli.toolbase import (
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     CONSUMER_OPT,
     LOOKUPD_HTTP,
     MAX_IN_FLIGHT,
@@ -31,6 +33,7 @@ from nsqx.cli.toolbase import (
     StatusEvery,
     Tool,
     ToolError,
+    auth_secret,
     check_lookupds,
     check_name,
     check_nsqds,
@@ -78,6 +81,8 @@ FLAGS = (
     flag("whitelist-json-field", Kind.STR_LIST, [], "for JSON messages: pass this field", "field"),
     CONSUMER_OPT,
     PRODUCER_OPT,
+    AUTH_SECRET,
+    AUTH_SECRET_FILE,
     PROGRESS,
 )
 
@@ -154,18 +159,25 @@ async def main(opts: dict[str, Any]) -> int:
     except ValueError as err:
         raise ToolError(str(err)) from None
     agent = user_agent("nsq_to_nsq")
+    secret = auth_secret(opts)
     cconfig = client_config(
         opts["consumer_opt"],
         "consumer-opt",
+        secret,
         user_agent=agent,
         max_in_flight=opts["max_in_flight"],
     )
-    pconfig = client_config(opts["producer_opt"], "producer-opt", user_agent=agent)
-    await check_nsqds(destinations)
+    pconfig = client_config(opts["producer_opt"], "producer-opt", secret, user_agent=agent)
+    await check_nsqds(destinations, config=pconfig)
     if opts["nsqd_tcp_address"]:
-        await check_nsqds(opts["nsqd_tcp_address"])
+        await check_nsqds(opts["nsqd_tcp_address"], config=cconfig)
     else:
-        await check_lookupds(opts["lookupd_http_address"])
+        # (the source's secret: --consumer-opt=auth_secret,... when it differs)
+        lookupd_secret = cconfig.auth_secret or ""
+        found = await check_lookupds(
+            opts["lookupd_http_address"], secret=lookupd_secret, topics=topics
+        )
+        await check_nsqds(found, config=cconfig, secret_only=True)
     producers = {d: Producer(d, config=pconfig) for d in destinations}
     jf = JsonFilter(
         opts["require_json_field"], opts["require_json_value"], opts["whitelist_json_field"]

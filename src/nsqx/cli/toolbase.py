@@ -9,6 +9,16 @@ one line and exit 1; Ctrl-C or SIGTERM stops the tool cleanly. No traceback reac
 operator: the client library's warnings become the tool's own one-line messages, each
 at most once per :data:`REPEAT_WINDOW` seconds (:class:`ToolLog`).
 
+Every tool takes the secret of a cluster whose nsqd ask for AUTH (``--auth-http-address``)
+or whose HTTP APIs ask for a bearer secret (``--http-auth``) the same way:
+``--auth-secret``, ``--auth-secret-file`` or ``$NSQX_AUTH_SECRET`` (:func:`auth_secret`),
+sent as nsqd's AUTH by the tool's consumers and producers (their ``auth_secret``, which
+``--consumer-opt`` / ``--producer-opt`` may still set apart) and as ``Authorization:
+Bearer`` on the tool's own calls to nsqd's and nsqlookupd's HTTP APIs
+(:func:`bearer_headers`). A secret nsqd asks for and does not get, or refuses, stops the
+tool with one line (:func:`check_nsqds` at the start, for the nsqd named or those
+nsqlookupd lists; :class:`ToolLog` while it runs).
+
 Progress is by time: :class:`Progress` prints the count and the rate over the last
 interval every ``--progress-interval``; ``--status-every`` is Go's count-based line of
 request latencies (:class:`StatusEvery`).
@@ -25,23 +35,30 @@ import math
 import os
 import re
 import signal
-import struct
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
+from urllib.parse import urlencode
 
 import aiohttp
 
 from nsqx import NSQ_VERSION, __version__
 from nsqx.cli.goflags import FlagError, FlagSet, FlagSpec, HelpRequested, Kind, parse_go_bool
+from nsqx.cli.version import version_line
 from nsqx.client import Config, ConfigError, NSQError
-from nsqx.client.conn import split_address
+from nsqx.client.conn import Connection, split_address
+from nsqx.client.discovery import parse_lookup_result
+from nsqx.client.errors import AuthError, ConnectionClosedError, HandshakeError
 from nsqx.clusterinfo.info import http_base
+from nsqx.clusterinfo.secret import ENV, load_secret
 from nsqx.wire.names import is_valid_name
 
 __all__ = [
+    "AUTH_SECRET",
+    "AUTH_SECRET_ENV",
+    "AUTH_SECRET_FILE",
     "CONNECT_TIMEOUT",
     "CONSUMER_OPT",
     "LOOKUPD_HTTP",
@@ -59,6 +76,8 @@ __all__ = [
     "Tool",
     "ToolError",
     "ToolLog",
+    "auth_secret",
+    "bearer_headers",
     "check_lookupds",
     "check_name",
     "check_nsqds",
@@ -68,6 +87,7 @@ __all__ = [
     "one_line",
     "retrieve",
     "run_tool",
+    "secret_hint",
     "user_agent",
 ]
 
@@ -123,12 +143,27 @@ PROGRESS = flag(
     "[nsqx] print a progress line (count and rate) on stderr this often; 0: never",
 )
 
+#: where --auth-secret comes from when neither flag gives it
+AUTH_SECRET_ENV = ENV
+AUTH_SECRET = flag(
+    "auth-secret",
+    _S,
+    "",
+    "[nsqx] secret for nsqd's AUTH and, as `Authorization: Bearer`, for nsqd's and"
+    f" nsqlookupd's HTTP APIs (--http-auth) (default: ${AUTH_SECRET_ENV})",
+    "secret",
+)
+AUTH_SECRET_FILE = flag(
+    "auth-secret-file", _S, "", "[nsqx] read --auth-secret from this file (its first line)", "path"
+)
+
 
 @dataclass
 class Tool:
     """One command-line tool: its name, Go name, flags, summary, examples and main."""
 
     name: str
+    #: the Go tool's name (``nsq_tail``), or nsqx's for a tool Go has not: in --version
     go_name: str
     flags: tuple[FlagSpec, ...]
     summary: str
@@ -155,7 +190,7 @@ def run_tool(tool: Tool, argv: Sequence[str]) -> int:
         print(f"{prog}: {err} (see `{prog} --help`)", file=sys.stderr)
         return 2
     if parsed.get("version", False):
-        print(f"{tool.go_name} v{NSQ_VERSION} (nsqx {__version__})")
+        print(version_line(tool.go_name))
         return 0
     values = tool.flagset.resolve(parsed)
     opts = {**tool.flagset.defaults(), **values}
@@ -172,10 +207,8 @@ def run_tool(tool: Tool, argv: Sequence[str]) -> int:
     except KeyboardInterrupt:
         status = 130
     except BrokenPipeError:
-        # the reader went away (tail | head): not an error worth a traceback
-        with contextlib.suppress(OSError):
-            sys.stdout = open("/dev/null", "w")  # noqa: SIM115 - silence the exit flush
-        status = 0
+        # the reader went away (tail | head): nsqx's main ends quietly
+        raise
     except OSError as err:
         error = str(err)
     finally:
@@ -202,21 +235,33 @@ async def _guarded(tool: Tool, opts: dict[str, Any], tool_log: ToolLog) -> int:
     loop.set_exception_handler(tool_log.loop_error)
     task = asyncio.ensure_future(tool.main(opts))
     stopping = False
+    fatal: list[str] = []
 
     def stop() -> None:
         nonlocal stopping
         stopping = True
         task.cancel()
 
+    def stop_with(reason: str) -> None:
+        # a refusal that retrying cannot fix (a secret nsqd asks for, or refuses)
+        if not fatal:
+            fatal.append(reason)
+            task.cancel()
+
+    tool_log.fatal = stop_with
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop)
     try:
         return await task
     except asyncio.CancelledError:
+        if fatal:
+            raise ToolError(fatal[0]) from None
         if stopping:
             return 0
         raise
+    finally:
+        tool_log.fatal = None
 
 
 # -- what the client library says --------------------------------------------------------
@@ -248,6 +293,10 @@ class ToolLog(logging.Handler):
     line (message ids aside) is printed at most once per ``window`` seconds; the next
     one printed says how many were held back, and :meth:`uninstall` prints what is
     still held back.
+
+    A line about an nsqd's refusal of the tool's secret that retrying cannot change (the
+    client's :class:`AuthError` ``E_AUTH_REQUIRED`` or ``E_UNAUTHORIZED``) goes to
+    ``fatal`` when one is set (the tool stops with it) instead of being printed.
     """
 
     def __init__(
@@ -264,6 +313,8 @@ class ToolLog(logging.Handler):
         self._seen: dict[str, list[Any]] = {}
         self._logger = logging.getLogger("nsqx")
         self._propagate = True
+        #: called with the line of a refused secret (see above); None: printed as any
+        self.fatal: Callable[[str], None] | None = None
 
     def install(self) -> None:
         self._propagate = self._logger.propagate
@@ -280,6 +331,9 @@ class ToolLog(logging.Handler):
             text = record.getMessage()
             if record.exc_info and record.exc_info[1] is not None:
                 text = f"{text}: {one_line(record.exc_info[1])}"
+            if self.fatal is not None and _auth_refusal(record) is not None:
+                self.fatal(secret_hint(" ".join(text.split())))
+                return
             self.say(text)
         except Exception:  # pragma: no cover - logging must never raise
             self.handleError(record)
@@ -322,6 +376,25 @@ class ToolLog(logging.Handler):
         stream.flush()
 
 
+#: nsqd's refusals of a secret that retrying cannot change: none given where one is
+#: asked for, or one whose grants lack what it is used for. (E_AUTH_FAILED is not among
+#: them: nsqd says it too when its auth server is down for a moment; the secret itself
+#: was checked when the tool started.)
+_FATAL_AUTH = frozenset({"E_AUTH_REQUIRED", "E_UNAUTHORIZED"})
+
+
+def _auth_refusal(record: logging.LogRecord) -> AuthError | None:
+    """The AuthError a log record reports (an argument, or its exception) when it is
+    one retrying cannot change (:data:`_FATAL_AUTH`), else None."""
+    found = list(record.args) if isinstance(record.args, tuple) else []
+    if record.exc_info:
+        found.append(record.exc_info[1])
+    for item in found:
+        if isinstance(item, AuthError) and item.code in _FATAL_AUTH:
+            return item
+    return None
+
+
 def retrieve(fut: asyncio.Future[Any]) -> None:
     """Mark ``fut``'s outcome as seen once it is done (a publish nobody awaits any more
     then fails quietly, without asyncio's "exception was never retrieved")."""
@@ -331,6 +404,33 @@ def retrieve(fut: asyncio.Future[Any]) -> None:
 def _retrieved(fut: asyncio.Future[Any]) -> None:
     if not fut.cancelled():
         fut.exception()
+
+
+# -- the secret ---------------------------------------------------------------------------
+
+
+def auth_secret(opts: dict[str, Any]) -> str:
+    """The tool's secret: the first line of ``--auth-secret-file``, else
+    ``--auth-secret``, else ``$NSQX_AUTH_SECRET`` ("" for none). ToolError naming the
+    flag when the file cannot give one, or when the secret cannot be a bearer token
+    (printable ASCII, no spaces)."""
+    try:
+        return load_secret(
+            opts.get("auth_secret") or "", opts.get("auth_secret_file") or "", "--auth-secret"
+        )
+    except ValueError as err:
+        raise ToolError(str(err)) from None
+
+
+def secret_hint(text: str) -> str:
+    """``text``, with where to give a secret when it says one was asked for and missing
+    (nsqd's E_AUTH_REQUIRED, an HTTP API's 401 AUTH_REQUIRED)."""
+    return text + _SECRET_HINT if "AUTH_REQUIRED" in text else text
+
+
+def bearer_headers(secret: str) -> dict[str, str]:
+    """The header of the tool's HTTP calls to nsqd and nsqlookupd ({} without a secret)."""
+    return {"Authorization": f"Bearer {secret}"} if secret else {}
 
 
 # -- checks -------------------------------------------------------------------------------
@@ -354,13 +454,23 @@ def check_one_source(opts: dict[str, Any], http: bool = False) -> None:
         raise ToolError(f"use --{nsqd} or --lookupd-http-address not both")
 
 
-async def check_nsqds(addresses: Iterable[str], timeout: float = 5.0) -> None:
-    """ToolError naming every nsqd TCP address that does not answer.
+async def check_nsqds(
+    addresses: Iterable[str],
+    timeout: float = 5.0,
+    config: Config | None = None,
+    secret_only: bool = False,
+) -> None:
+    """ToolError naming every nsqd TCP address that cannot be used.
 
-    Each is asked for an IDENTIFY, all at once: an nsqd that accepts connections but
-    does not answer (stopped, hung) is found here, within ``timeout``, rather than by
-    the first publish.
+    Each is connected to as the tool's clients will (``config``: IDENTIFY, TLS and
+    compression as configured, and AUTH with its ``auth_secret`` when nsqd asks), all at
+    once: an nsqd that accepts connections but does not answer (stopped, hung) is found
+    here, within ``timeout``, rather than by the first publish; so is one that asks for
+    a secret the tool has not, or refuses the one it has. ``secret_only`` (nsqd found
+    through nsqlookupd, which the clients retry on their own): only the secret's
+    failures count.
     """
+    config = config or Config()
     targets: list[tuple[str, str, int]] = []
     for address in addresses:
         try:
@@ -368,60 +478,128 @@ async def check_nsqds(addresses: Iterable[str], timeout: float = 5.0) -> None:
         except ValueError as err:
             raise ToolError(str(err)) from None
         targets.append((address, host, port))
-    reasons = await asyncio.gather(*(_probe(host, port, timeout) for _, host, port in targets))
+    found = await asyncio.gather(
+        *(_probe(host, port, timeout, config) for _, host, port in targets)
+    )
     failures = [
-        f"{address}: {why}" for (address, _, _), why in zip(targets, reasons, strict=True) if why
+        f"{address}: {why}"
+        for (address, _, _), (why, secret) in zip(targets, found, strict=True)
+        if why and (secret or not secret_only)
     ]
     if failures:
-        raise ToolError("cannot connect to nsqd at " + "; ".join(failures))
+        hint = _SECRET_HINT if any(_NEEDS_SECRET in f for f in failures) else ""
+        raise ToolError("cannot connect to nsqd at " + "; ".join(failures) + hint)
 
 
-_I32 = struct.Struct(">i")
+#: what a probe says of an nsqd that asks for AUTH when the tool has no secret
+_NEEDS_SECRET = "nsqd requires AUTH and no secret was given"
+_SECRET_HINT = f" (give it with --auth-secret, --auth-secret-file or ${AUTH_SECRET_ENV})"
 
 
-async def _probe(host: str, port: int, timeout: float) -> str:
-    """Why the nsqd at host:port cannot be used ("" when it answers IDENTIFY)."""
-    body = json.dumps(
-        {"client_id": "nsqx-check", "user_agent": user_agent("nsqx"), "feature_negotiation": False}
-    ).encode()
-    writer: asyncio.StreamWriter | None = None
+async def _probe(host: str, port: int, timeout: float, config: Config) -> tuple[str, bool]:
+    """Why the nsqd at host:port cannot be used ("" when its handshake succeeds), and
+    whether that is about the secret."""
+    why = await _probe_reason(host, port, timeout, config)
+    return why, why == _NEEDS_SECRET or why.startswith(_REFUSED)
+
+
+#: how a probe's reason starts when nsqd refused the secret
+_REFUSED = "the secret was refused: "
+
+
+async def _probe_reason(host: str, port: int, timeout: float, config: Config) -> str:
+    probe = dataclasses.replace(config, user_agent=user_agent("nsqx"), client_id="nsqx-check")
+    conn = Connection(host, port, probe)
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(host, port)
-            writer.write(b"  V2IDENTIFY\n" + _I32.pack(len(body)) + body)
-            head = await reader.readexactly(4)  # the size of nsqd's answer
+            await conn.connect()
     except TimeoutError:
-        if writer is None:
+        if conn.transport is None:
             return "timed out"
         return f"no answer within {timeout:g}s (is nsqd stopped or hung?)"
-    except asyncio.IncompleteReadError:
+    except AuthError as err:
+        if err.code == "E_AUTH_REQUIRED":
+            return _NEEDS_SECRET
+        return f"{_REFUSED}{err.code} {_strip_key(err.description, conn)}"
+    except ConnectionClosedError as err:
+        if isinstance(err.__cause__, OSError):
+            return _reason(err.__cause__)
         return "the connection was closed without an answer"
-    except OSError as err:
-        return _reason(err)
+    except HandshakeError as err:
+        if "b'HTTP/" in str(err):
+            return "an HTTP server, not nsqd's TCP port"
+        return _strip_key(str(err), conn)
+    except (NSQError, OSError) as err:
+        return _strip_key(one_line(err), conn)
     finally:
-        if writer is not None:
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
-    if head == b"HTTP":
-        return "an HTTP server, not nsqd's TCP port"
+        conn.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(conn.wait_closed(), 1.0)
     return ""
 
 
-async def check_lookupds(addresses: Sequence[str], timeout: float = 5.0) -> None:
-    """ToolError when no nsqlookupd answers ``/ping`` (the others are warned about)."""
+def _strip_key(text: str, conn: Connection) -> str:
+    # the client's messages start with the address, which the caller names already
+    return text.removeprefix(f"{conn.key}: ")
+
+
+async def check_lookupds(
+    addresses: Sequence[str],
+    timeout: float = 5.0,
+    secret: str = "",
+    topics: Sequence[str] = (),
+) -> list[str]:
+    """ToolError when no nsqlookupd answers ``/ping`` (the others are warned about), or
+    when one refuses to tell where ``topics`` are (``/lookup``; without topics its
+    ``/topics``) for want of the tool's secret (``--http-auth``: 401 or 403). The TCP
+    addresses of the nsqd they list for ``topics`` (for :func:`check_nsqds`)."""
     failures: list[str] = []
+    refusals: list[str] = []
+    nsqds: dict[str, None] = {}
+    reads = [f"/lookup?{urlencode({'topic': t})}" for t in topics] or ["/topics"]
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         for address in addresses:
+            base = http_base(address)
             try:
-                async with session.get(f"{http_base(address)}/ping") as resp:
+                async with session.get(f"{base}/ping") as resp:
                     await resp.read()
+                for read in reads:
+                    async with session.get(f"{base}{read}", headers=bearer_headers(secret)) as resp:
+                        body = await resp.read()
+                    if resp.status in (401, 403):
+                        refusals.append(f"{address}: {resp.status} {_message_of(body)}")
+                        break
+                    if resp.status == 200 and read.startswith("/lookup"):
+                        nsqds.update(dict.fromkeys(_listed_nsqds(body)))
             except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
                 failures.append(f"{address}: {_reason(err)}")
+    if refusals:
+        hint = "" if secret else _SECRET_HINT
+        raise ToolError("nsqlookupd refused the tool's requests: " + "; ".join(refusals) + hint)
     if failures and len(failures) == len(addresses):
         raise ToolError("cannot reach nsqlookupd at " + "; ".join(failures))
     for failure in failures:
         print(f"warning: cannot reach nsqlookupd at {failure}", file=sys.stderr)
+    return list(nsqds)
+
+
+def _listed_nsqds(body: bytes) -> list[str]:
+    """The TCP addresses of the nsqd in a /lookup answer (none when it is no JSON)."""
+    try:
+        found = parse_lookup_result(json.loads(body))
+    except (ValueError, TypeError, AttributeError):
+        return []
+    return sorted(set(found.producers) | set(found.partitions.values()))
+
+
+def _message_of(body: bytes) -> str:
+    """NSQ's ``{"message": ...}`` of an HTTP answer, else its text, in one short line."""
+    text = body.decode("utf-8", "replace")
+    with contextlib.suppress(ValueError):
+        decoded = json.loads(text)
+        if isinstance(decoded, dict) and "message" in decoded:
+            text = str(decoded["message"])
+    return " ".join(text.split())[:200]
 
 
 def _reason(err: BaseException) -> str:
@@ -444,13 +622,17 @@ def user_agent(tool: str) -> str:
     return f"{tool}/{NSQ_VERSION} nsqx/{__version__}"
 
 
-def client_config(opts: Iterable[str], flag_name: str, **base: Any) -> Config:
+def client_config(opts: Iterable[str], flag_name: str, secret: str = "", **base: Any) -> Config:
     """A client :class:`Config` from ``base`` plus go-nsq style ``name,value`` options.
 
     Names are go-nsq's (``max_attempts``, ``max_in_flight``, ``snappy``, ...); values
     are Go text (``true``, ``10``, ``1m30s``). ToolError for an unknown name or value.
+    ``secret`` (the tool's :func:`auth_secret`) is the ``auth_secret``, unless an
+    option names one of its own (``auth_secret,...``: a relay's two clusters may differ).
     """
     values: dict[str, Any] = dict(base)
+    if secret:
+        values["auth_secret"] = secret
     for opt in opts:
         name, sep, text = opt.partition(",")
         name = name.strip().replace("-", "_")

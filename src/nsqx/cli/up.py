@@ -2,6 +2,9 @@
 
 nsqlookupd, one nsqd registered with it, and nsqadmin reading the lookupd, in one
 process. Ports default to NSQ's standard ones (it is for humans); 0 picks free ports.
+It prints what to try next, as lines that do what they say when pasted in order: the
+topic ``test`` is made with the two channels the lines read (``tail`` and ``archive``),
+so each gets every message published to ``test``, whichever line runs first.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ import shlex
 import shutil
 import sys
 
+import aiohttp
+
 from nsqx.admin import AdminOptions, NSQAdmin
 from nsqx.cli.daemon import install_event_loop_policy, setup_logging, wait_for_termination
+from nsqx.cli.version import version_line
 from nsqx.lookupd.nsqlookupd import NSQLookupd
 from nsqx.lookupd.options import LookupdOptions
 from nsqx.nsqd.nsqd import NSQD
@@ -41,27 +47,55 @@ def nsqx_command() -> str:
     return shlex.quote(relative if os.sep in relative else os.path.join(os.curdir, relative))
 
 
+#: the topic the printed lines use, and the channels made for them on it
+TOPIC = "test"
+CHANNELS = ("tail", "archive")
+
+
 def _examples(nsqx: str, nsqd_tcp: str, nsqd_http: str, lookupd_http: str, archive: str) -> str:
-    """What to try next, with the tools (each has --help), as lines to paste: ``nsqx``
-    is how this shell finds the command (nsqx_command)."""
-    header = "try:"
+    """What to try next, with the tools (each has --help), as lines to paste in order:
+    ``nsqx`` is how this shell finds the command (nsqx_command). A line that runs until
+    Ctrl-C says so in a shell comment (pasted, the comment does nothing)."""
+    header = "try, in another terminal, in this order:"
     activate = os.path.join(os.path.dirname(shlex.split(nsqx)[0]), "activate")
     if nsqx != "nsqx" and os.path.isfile(activate):
-        header = f"try (or run `source {shlex.quote(activate)}` first: then nsqx is on the PATH):"
+        header = (
+            "try, in another terminal, in this order (or run "
+            f"`source {shlex.quote(activate)}` first: then nsqx is on the PATH):"
+        )
+    lookupd = f"--lookupd-http-address={lookupd_http}"
+    until = "runs until Ctrl-C"
     return "\n".join(
         [
             header,
-            f"  publish:  echo hello | {nsqx} pub --topic=test --nsqd-tcp-address={nsqd_tcp}",
-            f"  tail:     {nsqx} tail --topic=test --channel=tail"
-            f" --lookupd-http-address={lookupd_http}",
-            f"  stats:    {nsqx} stat --topic=test --channel=tail"
-            f" --lookupd-http-address={lookupd_http}",
-            f"  archive:  {nsqx} to-file --topic=test --lookupd-http-address={lookupd_http}"
-            f" --output-dir={shlex.quote(archive)}",
-            f"  http:     curl -d hello 'http://{nsqd_http}/pub?topic=test'",
-            f"  lookup:   curl 'http://{lookupd_http}/lookup?topic=test'",
+            f"  publish:  echo hello | {nsqx} pub --topic={TOPIC} --nsqd-tcp-address={nsqd_tcp}",
+            f"  tail:     {nsqx} tail --topic={TOPIC} --channel=tail {lookupd}"
+            f"  # prints hello, then what comes; {until}",
+            f"  stats:    {nsqx} stat --topic={TOPIC} --channel=tail {lookupd}"
+            f"  # the channel's numbers every 2s; {until}",
+            f"  archive:  {nsqx} to-file --topic={TOPIC} --channel=archive {lookupd}"
+            f" --output-dir={shlex.quote(archive)}  # writes hello, then what comes, to"
+            f" {archive}/{TOPIC}.*.log; {until}",
+            f"  http:     curl -d world 'http://{nsqd_http}/pub?topic={TOPIC}'"
+            "  # a tail or archive still running shows it",
+            f"  lookup:   curl 'http://{lookupd_http}/lookup?topic={TOPIC}'",
+            f"(topic {TOPIC} was made with the channels {' and '.join(CHANNELS)}: each keeps"
+            f" every message published to {TOPIC} until its line reads it)",
         ]
     )
+
+
+async def _make_demo_topic(nsqd_http: str) -> None:
+    """The topic of the printed lines, with their channels, through nsqd's own HTTP API
+    (as a user would make them; it is a no-op when they are there already)."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        paths = [f"/topic/create?topic={TOPIC}"]
+        paths += [f"/channel/create?topic={TOPIC}&channel={c}" for c in CHANNELS]
+        for path in paths:
+            async with session.post(f"http://{nsqd_http}{path}") as resp:
+                if resp.status != 200:
+                    text = (await resp.text())[:200]
+                    raise OSError(f"POST {path}: {resp.status} {text}")
 
 
 async def _run(args: argparse.Namespace) -> None:
@@ -121,6 +155,11 @@ async def _run(args: argparse.Namespace) -> None:
         nsqd_http = f"{HOST}:{bound[1]}"
         lines.append(f"  nsqd HTTP        http://{nsqd_http}")
     lines.append(f"  data             {os.path.abspath(args.data_dir)}")
+    try:
+        await _make_demo_topic(nsqd_http)
+    except (aiohttp.ClientError, OSError, TimeoutError) as err:
+        # the cluster works without it: the lines' topic is then made by the first publish
+        print(f"nsqx up: cannot make the topic {TOPIC} for the lines below: {err}", flush=True)
     print("\n".join(lines), flush=True)
     # the archive goes beside the cluster's data (./data is ignored by git), not into
     # the directory nsqx up was started in
@@ -142,7 +181,11 @@ def run_up(argv: list[str]) -> int:
     parser.add_argument("--lookupd-tcp-port", type=int, default=4160)
     parser.add_argument("--lookupd-http-port", type=int, default=4161)
     parser.add_argument("--admin-http-port", type=int, default=4171)
-    args = parser.parse_args(argv)
+    parser.add_argument("--version", action="version", version=version_line("nsqx up"))
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help, --version, a bad flag: argparse's exit status
+        return done.code if isinstance(done.code, int) else 2
     setup_logging("info", "[nsqx] ")
     logging.getLogger("nsqx").setLevel(logging.WARNING)
     install_event_loop_policy()

@@ -37,6 +37,7 @@ from nsqx.wire.frames import (
     MAGIC_V2,
     OK,
     FrameDecoder,
+    policy_notice_attempts,
 )
 
 log = logging.getLogger("nsqx.client")
@@ -302,6 +303,9 @@ class Connection(asyncio.Protocol):
             if ftype == FRAME_RESPONSE and data == HEARTBEAT:
                 self.write(_NOP)
                 continue
+            if ftype == FRAME_RESPONSE and (n := policy_notice_attempts(data)) is not None:
+                self.channel_policy(n)  # (nsqd may tell it before SUB's answer)
+                continue
             return ftype, data
         return None
 
@@ -417,12 +421,17 @@ class Connection(asyncio.Protocol):
     def handle_control(self, ftype: int, data: bytes) -> NSQServerError | bytes | None:
         """Common handling of a frame that is not a message.
 
-        Heartbeats are answered (NOP) and give None. An error frame gives the error (a
-        fatal one also closes the connection). Any other response gives its payload.
+        Heartbeats are answered (NOP) and give None, as a channel's policy notice does
+        (see :meth:`channel_policy`). An error frame gives the error (a fatal one also
+        closes the connection). Any other response gives its payload.
         """
         if ftype == FRAME_RESPONSE:
             if data == HEARTBEAT:
                 self.queue(_NOP)
+                return None
+            n = policy_notice_attempts(data)
+            if n is not None:
+                self.channel_policy(n)
                 return None
             return data
         if ftype == FRAME_ERROR:
@@ -438,6 +447,10 @@ class Connection(asyncio.Protocol):
         log.error("%s: unknown frame type %d, closing", self.key, ftype)
         self.abort(HandshakeError(f"{self.key}: unknown frame type {ftype}"))
         return None
+
+    def channel_policy(self, max_attempts: int) -> None:
+        """nsqd says the subscribed channel's max_attempts (0: none), unasked (IDENTIFY
+        ``channel_policy``): a consumer's connection acts on it; others ignore it."""
 
     # -- writing ------------------------------------------------------------------------
 

@@ -145,6 +145,14 @@ class _Link(Connection):
         self.msg_cls: type[Message] = Message
         #: found through nsqlookupd (not given by address)
         self.discovered = False
+        #: deliveries after which a message goes to the giving-up hook (0: never): the
+        #: config's, unless nsqd says the channel's policy has max_attempts: then the
+        #: channel decides (it makes a dead letter of the message), the consumer never
+        self.max_attempts = consumer.config.max_attempts
+
+    def channel_policy(self, max_attempts: int) -> None:
+        self.max_attempts = 0 if max_attempts else self.consumer.config.max_attempts
+        log.debug("%s: the channel's max_attempts: %d", self.key, max_attempts)
 
     def finish(self, msg: Message) -> None:
         self.consumer._answer(self, msg, _SUCCESS, None)
@@ -185,7 +193,9 @@ class Consumer:
 
     Options are :class:`Config`'s (``max_in_flight=...``); pass ``config=`` to share one.
     Messages delivered more than ``max_attempts`` times go to :meth:`giving_up` (or
-    ``on_giving_up``) and are then finished.
+    ``on_giving_up``) and are then finished; on a channel whose policy has max_attempts
+    (nsqx's nsqd says so), the channel decides instead: the consumer gives up on
+    nothing, and a message that fails that often becomes a dead letter.
 
     Partitioned topics (Youzan's): found through nsqlookupd, every partition gets a
     connection; ``partitions=`` keeps some of them, or, with ``nsqd_tcp_addresses``,
@@ -596,7 +606,10 @@ class Consumer:
             try:
                 await conn.connect(
                     subscribe=self._sub_command(partition),
-                    identify={"extend_support": True} if self._ext else None,
+                    # (channel_policy: nsqx's nsqd tells the channel's max_attempts)
+                    identify={"channel_policy": True, "extend_support": True}
+                    if self._ext
+                    else {"channel_policy": True},
                 )
             except NSQServerError as exc:
                 if exc.code in (E_SUB_EXTEND_NEED, E_SUB_EXTEND_FORBIDDON):
@@ -933,7 +946,7 @@ class Consumer:
         handler = self._handler
         assert handler is not None
         fins = conn._fins
-        max_attempts = self.config.max_attempts or 65536
+        max_attempts = conn.max_attempts or 65536
         bk = self._backoff
         counting = bk.level > 0 and not bk.in_window
         make = conn.msg_cls
@@ -941,6 +954,7 @@ class Consumer:
         for ftype, data in frames:
             if ftype != FRAME_MESSAGE:
                 self._control(conn, ftype, data)
+                max_attempts = conn.max_attempts or 65536  # (a policy notice)
                 continue
             n += 1
             msg = make(data, conn)
@@ -978,7 +992,7 @@ class Consumer:
                 if ftype != FRAME_MESSAGE:
                     self._control(conn, ftype, data)
         n = len(datas)
-        max_attempts = self.config.max_attempts
+        max_attempts = conn.max_attempts
         if max_attempts and any(
             (d[MSG_ATTEMPTS_AT] << 8 | d[MSG_ATTEMPTS_AT + 1]) > max_attempts for d in datas
         ):
@@ -1028,13 +1042,14 @@ class Consumer:
     def _admit(self, conn: _Link, frames: Frames) -> tuple[list[Message], int]:
         """The messages of a read within max_attempts (the others go to giving_up), and
         how many messages the read held; control frames are handled on the way."""
-        max_attempts = self.config.max_attempts or 65536
+        max_attempts = conn.max_attempts or 65536
         make = conn.msg_cls
         admitted: list[Message] = []
         n = 0
         for ftype, data in frames:
             if ftype != FRAME_MESSAGE:
                 self._control(conn, ftype, data)
+                max_attempts = conn.max_attempts or 65536  # (a policy notice)
                 continue
             n += 1
             msg = make(data, conn)

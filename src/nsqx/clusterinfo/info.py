@@ -11,10 +11,12 @@ answered raises :class:`UpstreamError`.
 
 With a ``node_timeout`` (nsqadmin's pages), a read waits that long for each server and
 no longer: one that did not answer in time, or could not be reached, is remembered as
-not answering (:class:`NodeHealth`) and is not asked again by the pages until a
-background probe of its ``/ping`` gets an answer (after 1 s, then 2, 4, ... up to
-:data:`MAX_BACKOFF`). Without one (the command-line tools), every call waits for the
-session's own timeouts, as before.
+not answering (:class:`NodeHealth`). A background probe of its ``/ping`` asks it again
+(after 1 s, then 2, 4, ... up to :data:`MAX_BACKOFF`), and a page that needs it asks it
+itself once the last try is :data:`REPROBE_AFTER` old (within ``node_timeout`` again),
+so that a node that starts after the admin, or comes back, shows at the next page;
+meanwhile the pages skip it. Without one (the command-line tools), every call waits for
+the session's own timeouts, as before.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ log = logging.getLogger("nsqx.clusterinfo")
 
 __all__ = [
     "MAX_BACKOFF",
+    "REPROBE_AFTER",
     "ClusterInfo",
     "Down",
     "NodeHealth",
@@ -55,6 +58,8 @@ T = TypeVar("T")
 MAX_BACKOFF = 15.0
 #: the first wait before a probe, in seconds (doubled after each failed probe)
 FIRST_BACKOFF = 1.0
+#: a page asks a server that is not answering itself once its last try is this old
+REPROBE_AFTER = 1.0
 
 
 class UpstreamError(Exception):
@@ -84,6 +89,8 @@ class Down:
     failures: int = 1
     #: loop time (monotonic) of the next probe
     retry_at: float = 0.0
+    #: loop time (monotonic) of the last try, by a page or a probe
+    tried_at: float = 0.0
     #: how many page reads skipped it since it went down
     skipped: int = 0
 
@@ -111,11 +118,13 @@ class NodeHealth:
         wall: Callable[[], float] = time.time,
         first_backoff: float = FIRST_BACKOFF,
         max_backoff: float = MAX_BACKOFF,
+        reprobe_after: float = REPROBE_AFTER,
     ) -> None:
         self.clock = clock
         self.wall = wall
         self.first_backoff = first_backoff
         self.max_backoff = max_backoff
+        self.reprobe_after = reprobe_after
         self._down: dict[str, Down] = {}
 
     def get(self, address: str) -> Down | None:
@@ -127,14 +136,17 @@ class NodeHealth:
     def failed(self, address: str, error: str) -> tuple[Down, bool]:
         """Record a failure: (the record, whether the server was answering until now)."""
         known = self._down.get(address)
+        now = self.clock()
         if known is None:
             down = self._down[address] = Down(address, error, self.wall())
-            down.retry_at = self.clock() + self.first_backoff
+            down.retry_at = now + self.first_backoff
+            down.tried_at = now
             return down, True
         known.failures += 1
         known.error = error
         delay = min(self.max_backoff, self.first_backoff * 2 ** (known.failures - 1))
-        known.retry_at = self.clock() + delay
+        known.retry_at = now + delay
+        known.tried_at = max(known.tried_at, now)
         return known, False
 
     def answered(self, address: str) -> bool:
@@ -142,10 +154,18 @@ class NodeHealth:
         return self._down.pop(address, None) is not None
 
     def skip(self, address: str) -> Down | None:
-        """The record of a server that pages should not ask now (counted), else None."""
+        """The record of a server that pages should not ask now (counted), else None:
+        None too for a server not answering whose last try is ``reprobe_after`` old,
+        which the caller then asks (the try is recorded now: the pages that want it
+        meanwhile skip it rather than each waiting for it)."""
         down = self._down.get(address)
-        if down is not None:
-            down.skipped += 1
+        if down is None:
+            return None
+        now = self.clock()
+        if now - down.tried_at >= self.reprobe_after:
+            down.tried_at = now
+            return None
+        down.skipped += 1
         return down
 
 
@@ -309,8 +329,9 @@ class ClusterInfo:
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
             raise UpstreamError(f"GET {url}: {_describe(err)}", _unreachable(err)) from None
 
-    async def post(self, url: str, data: bytes | None = None) -> None:
-        """POST to ``url``; UpstreamError unless it answers 200."""
+    async def post(self, url: str, data: bytes | None = None) -> Any:
+        """POST to ``url``; UpstreamError unless it answers 200. Its answer's JSON (None
+        when it is empty or not JSON: NSQ's actions answer plain ``OK`` too)."""
         try:
             async with self.session.post(url, data=data) as resp:
                 body = await resp.read()
@@ -318,15 +339,20 @@ class ClusterInfo:
                     raise UpstreamError(f"POST {url}: {resp.status} {_error_text(body)}")
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as err:
             raise UpstreamError(f"POST {url}: {_describe(err)}", _unreachable(err)) from None
+        try:
+            return json.loads(body) if body else None
+        except ValueError:
+            return None
 
     # -- servers that do not answer ------------------------------------------------------
 
     async def ask(self, address: str, call: Callable[[], Awaitable[T]]) -> T:
         """Run one read of the server at ``address`` within ``node_timeout``.
 
-        A server known not to answer is not asked (UpstreamError with ``skipped``); one
-        that does not answer in time, or cannot be reached, is remembered as such and
-        probed in the background until it answers again.
+        A server known not to answer is not asked (UpstreamError with ``skipped``), but
+        once a second (:data:`REPROBE_AFTER`) a read asks it anyway; one that does not
+        answer in time, or cannot be reached, is remembered as such and probed in the
+        background until it answers again.
         """
         if self.node_timeout is None:
             return await call()
@@ -334,7 +360,7 @@ class ClusterInfo:
         down = self.health.skip(key)
         if down is not None:
             raise UpstreamError(
-                f"{address}: not answering ({down.error}); not asked until it answers again",
+                f"{address}: not answering ({down.error}); asked again once a second",
                 skipped=True,
             )
         task = asyncio.ensure_future(call())
@@ -353,6 +379,8 @@ class ClusterInfo:
         except UpstreamError as err:
             if err.unreachable:
                 self._failed(key, str(err))
+            else:
+                self._answered(key)  # it answered (with an error of its own)
             raise
         self._answered(key)
         return result
@@ -373,8 +401,10 @@ class ClusterInfo:
         try:
             while (down := self.health.get(key)) is not None:
                 await asyncio.sleep(max(0.0, down.retry_at - self.health.clock()))
-                if self.health.get(key) is None:
+                current = self.health.get(key)
+                if current is None:
                     return
+                current.tried_at = self.health.clock()
                 try:
                     async with self.session.get(f"{key}/ping") as resp:
                         await resp.read()
@@ -686,18 +716,33 @@ class ClusterInfo:
         data: bytes | None = None,
     ) -> Partial:
         """POST ``path?query`` to each nsqd (``host:port``) concurrently."""
+        _, partial = await self.post_nodes_answers(nodes, path, query, data)
+        return partial
+
+    async def post_nodes_answers(
+        self,
+        nodes: Iterable[str],
+        path: str,
+        query: dict[str, str],
+        data: bytes | None = None,
+    ) -> tuple[dict[str, Any], Partial]:
+        """POST ``path?query`` to each nsqd concurrently: (node -> its answer's JSON, for
+        those that answered 200; the errors of the others)."""
         qs = urlencode(query, quote_via=quote)
         nodes = list(nodes)
         results = await asyncio.gather(
             *(self.post(f"http://{n}/{path}?{qs}", data) for n in nodes), return_exceptions=True
         )
+        answers: dict[str, Any] = {}
         partial = Partial()
-        for result in results:
+        for node, result in zip(nodes, results, strict=True):
             if isinstance(result, UpstreamError):
                 partial.errors.append(str(result))
             elif isinstance(result, BaseException):
                 raise result
-        return partial
+            else:
+                answers[node] = result
+        return answers, partial
 
     async def topic_action(self, topic: str, path: str, query: dict[str, str]) -> Partial:
         """POST an action to every nsqd that has ``topic`` (nsqadmin's actionHelper)."""

@@ -9,6 +9,7 @@ tests drive a channel with fake consumers (tests/nsqd/test_channel_unit.py).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import random
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from nsqx.nsqd import clock
 from nsqx.nsqd import tracer as tr
-from nsqx.nsqd.channel_policy import NO_POLICY, OVERFLOW_DROP, ChannelPolicy
+from nsqx.nsqd.channel_policy import NO_POLICY, OVERFLOW_DROP, ChannelPolicy, ReplayMark
 from nsqx.nsqd.e2e import new_window
 from nsqx.nsqd.inflight import Held, InFlight
 from nsqx.store.cursor import CursorState, read_cursor, write_cursor
@@ -29,6 +30,7 @@ from nsqx.wire.frames import (
     ID_AT,
     ID_END,
     attempts_of,
+    encode_policy_notice,
     is_extended,
     record_parts,
     timestamp_of,
@@ -51,7 +53,9 @@ class Consumer(Protocol):
 
     A consumer tells its channel how many messages it may have in flight (its RDY; 0
     while it cannot take any: closing, or its output backed up) with
-    :meth:`Channel.ready_changed`, each time that changes; it starts at 0."""
+    :meth:`Channel.ready_changed`, each time that changes; it starts at 0. One that can
+    send its client a frame unasked has ``notice(frame)``: the channel tells a client
+    that asked for it (IDENTIFY ``channel_policy``) its max_attempts."""
 
     #: for logs and traces
     remote_address: str
@@ -76,6 +80,21 @@ class Consumer(Protocol):
     def fail(self, err: ProtocolError) -> None:
         """Send an error now; a fatal one closes the connection (its partition moved)."""
         ...
+
+
+def _smallest(heap: list[tuple[int, int, int]], k: int) -> list[tuple[int, int, int]]:
+    """The ``k`` smallest entries of a heap, in order, walking only the heap's top (k log
+    k, not a sort of the whole heap: a channel may hold a million deferred messages)."""
+    out: list[tuple[int, int, int]] = []
+    n = len(heap)
+    candidates: list[tuple[tuple[int, int, int], int]] = [(heap[0], 0)]
+    while candidates and len(out) < k:
+        entry, i = heapq.heappop(candidates)
+        out.append(entry)
+        for j in (2 * i + 1, 2 * i + 2):
+            if j < n:
+                heapq.heappush(candidates, (heap[j], j))
+    return out
 
 
 def _sample(frames: list[bytes], ids: list[bytes], rate: int) -> tuple[list[bytes], list[bytes]]:
@@ -159,6 +178,12 @@ class Channel:
         #: messages being written to the dead-letter topic (seq -> attempts): pending,
         #: as if queued, until that publish is acknowledged
         self._dying: dict[int, int] = {}
+        #: deferred (or requeued) messages at or past the cursor: held by ``flight``
+        #: already, so a read of the log passes them (a replica that took its leader's
+        #: deferred messages, take_leader_state; or a checkpoint of one)
+        self.ahead: set[int] = set()
+        #: the leader's deferred messages last taken (a follower's channel)
+        self._leader_deferred: list[tuple[int, int, int]] = []
         #: with max_attempts: when stretches of the log were first delivered (their end
         #: sequences, in order, and wall ns; a stretch per millisecond at most), and the
         #: last delivery time (wall ns) of messages out on their last attempt: a dead
@@ -170,8 +195,9 @@ class Channel:
         #: (wall ns; the log is in publish order), so most batches need no look at it
         self._fresh_from = 0
         self._fresh_until = 0
-        #: how far /channel/deadletter/replay has looked in the dead-letter topic
-        self.replay_mark = 0
+        #: how far /channel/deadletter/replay has looked in each dead-letter topic and
+        #: partition (nsqx.nsqd.dead_letters.mark_key -> its mark); kept in nsqd.dat
+        self.replay_marks: dict[str, ReplayMark] = {}
         #: the rate limits' token buckets (messages, bytes), when they were filled
         #: (monotonic s), the mean size of a delivered message, the timer that pumps
         #: again when tokens are back
@@ -212,7 +238,8 @@ class Channel:
         if policy == self.policy:
             return
         log.info("CHANNEL(%s): policy %s", self.name, policy.changed_json())
-        if policy.max_attempts != self.policy.max_attempts:
+        attempts_changed = policy.max_attempts != self.policy.max_attempts
+        if attempts_changed:
             self._forget_sent()
             self._last_sent.clear()
         self._fresh_until = 0
@@ -228,7 +255,19 @@ class Channel:
         if policy.max_attempts:
             # (not now: while nsqd.dat loads, the dead-letter topic may not be loaded yet)
             self._loop.call_soon(self._reap)
+        if attempts_changed:  # (its consumers that asked are told)
+            for c in self.clients:
+                self._tell_policy(c)
         self.notify()  # (messages may die, expire, or go faster now)
+
+    def _tell_policy(self, client: Consumer) -> None:
+        """Tell a consumer that asked for it (IDENTIFY ``channel_policy``: nsqx.client)
+        the channel's max_attempts: it then leaves giving up to the channel, which makes
+        a dead letter of the message, rather than finish it after its own max_attempts
+        as go-nsq does. NSQ 1.3's clients never ask."""
+        notice = getattr(client, "notice", None)  # (a consumer that cannot: not told)
+        if notice is not None and client.settings.channel_policy:
+            notice(encode_policy_notice(self.policy.max_attempts))
 
     # -- checkpoints ------------------------------------------------------------------
 
@@ -245,6 +284,7 @@ class Channel:
         self.cursor = min(max(state.cursor, lo), hi)
         to_mono = clock.monotonic_ns() - clock.time_ns()
         flight = self.flight
+        cursor = self.cursor
         for seq, attempts, due in state.entries():
             if not lo <= seq < hi:
                 continue  # gone from the log (deleted segment, or lost with the page cache)
@@ -252,6 +292,8 @@ class Channel:
                 flight.defer(seq, attempts, due + to_mono)
             else:
                 flight.requeued.append((seq, attempts))
+            if seq >= cursor:
+                self.ahead.add(seq)  # (a replica's: its leader's deferred messages)
         self._arm_deferred()
 
     def cursor_state(self) -> CursorState:
@@ -276,7 +318,26 @@ class Channel:
     @property
     def depth(self) -> int:
         """Messages waiting (not in flight, not deferred)."""
-        return len(self.flight.requeued) + max(self.partition.visible_end - self.cursor, 0)
+        # (messages ahead of the cursor that the deferred heap holds are not waiting)
+        ahead = len(self.ahead)
+        return len(self.flight.requeued) + max(self.partition.visible_end - self.cursor - ahead, 0)
+
+    def reported_depths(self) -> tuple[int, int]:
+        """(depth, deferred_count) as /stats and /channel/peek report them: NSQ defers a
+        DPUB when it is published, so one in the log that the cursor has not reached
+        and that is not due yet counts as deferred, not waiting (here it waits in the
+        log until the cursor reaches it)."""
+        end = self.partition.visible_end
+        later = 0
+        if self.cursor < end:
+            now = clock.time_ns()
+            ahead = self.ahead  # (held by the deferred heap already: counted there)
+            later = sum(
+                1
+                for seq, due in self.log.deferred_between(self.cursor, end)
+                if due > now and seq not in ahead
+            )
+        return self.depth - later, self.deferred_count + later
 
     @property
     def in_flight_count(self) -> int:
@@ -306,6 +367,8 @@ class Channel:
         # (its msg_timeout and sample_rate are read once: IDENTIFY comes before SUB)
         self._held[client] = self.flight.attach(client.msg_timeout, client.sample_rate)
         self._update_routing()
+        if self.policy.max_attempts:
+            self._tell_policy(client)
 
     def remove_client(self, client: Consumer) -> None:
         """A client left: whatever it had in flight is queued again at once."""
@@ -381,8 +444,46 @@ class Channel:
         deferred messages are forgotten; messages in flight stay in flight."""
         self.cursor = seq
         self.flight.drop_queued()
+        self.ahead.clear()
+        self._leader_deferred = []
         self._forget_sent()
         self.dirty = True
+
+    # -- replication ------------------------------------------------------------------
+
+    def deferred_for_replicas(self, limit: int) -> list[tuple[int, int, int]]:
+        """The deferred messages (REQ with a delay, DPUB) as (sequence, attempts so far,
+        due time in ms of the wall clock), the ``limit`` earliest due: what a leader
+        sends its followers so that a new leader keeps the schedule."""
+        deferred = self.flight.deferred
+        if not deferred:
+            return []
+        to_wall = clock.time_ns() - clock.monotonic_ns()
+        taken = deferred if len(deferred) <= limit else _smallest(deferred, limit)
+        return [(seq, attempts, (due + to_wall) // 1_000_000) for due, seq, attempts in taken]
+
+    def take_leader_state(
+        self, cursor: int, deferred: list[tuple[int, int, int]], leader_now_ms: int
+    ) -> None:
+        """A follower's channel takes its leader's position (the oldest message the
+        leader still needs) and deferred messages, each due as long after now as it was
+        after ``leader_now_ms`` on the leader (the nodes' clocks need not agree): if it
+        leads next, it delivers from there, the deferred ones when due (the log's read
+        passes them)."""
+        if cursor == self.cursor and deferred == self._leader_deferred:
+            return
+        self.seek(cursor)
+        if deferred:
+            now = clock.monotonic_ns()
+            defer = self.flight.defer
+            ahead = self.ahead
+            for seq, attempts, due_ms in deferred:
+                if seq < cursor:
+                    continue
+                defer(seq, attempts, now + max(due_ms - leader_now_ms, 0) * 1_000_000)
+                ahead.add(seq)
+            self._leader_deferred = deferred
+            self._arm_deferred()
 
     def advance_to(self, seq: int) -> None:
         """Count everything below ``seq`` as consumed (a range consumer, such as a Spark
@@ -727,7 +828,7 @@ class Channel:
             self.dirty = True
             self.message_count += hi - lo
             deferred = self.log.deferred_between(lo, hi)
-            if deferred:
+            if deferred or self.ahead:
                 f, i = self._defer_from_log(deferred, lo, f, i)
             if active and policy.max_attempts:
                 self._first_sent(hi)
@@ -867,8 +968,11 @@ class Channel:
     def full(self) -> str:
         """Why the channel is at its maximum depth ("" if it is not)."""
         p = self.policy
+        # (the cheap count first: DPUBs not yet due are looked for only near the maximum)
         if p.max_depth and self.depth >= p.max_depth:
-            return f"channel {self.name} has {self.depth} messages (max_depth {p.max_depth})"
+            depth = self.reported_depths()[0]
+            if depth >= p.max_depth:
+                return f"channel {self.name} has {depth} messages (max_depth {p.max_depth})"
         if p.max_depth_bytes:
             waiting = self.bytes_waiting()
             if waiting >= p.max_depth_bytes:
@@ -884,29 +988,50 @@ class Channel:
         p = self.policy
         dropped = 0
         requeued = self.flight.requeued
-        if p.max_depth:
-            excess = self.depth - p.max_depth
+        if p.max_depth and self.depth > p.max_depth:
+            excess = self.reported_depths()[0] - p.max_depth
             while excess > 0 and requeued:
                 requeued.popleft()
                 excess -= 1
                 dropped += 1
-            if excess > 0:
-                to = min(self.cursor + excess, self.partition.visible_end)
-                dropped += to - self.cursor
-                self.cursor = to
+            end = self.partition.visible_end
+            while excess > 0 and self.cursor < end:
+                to = min(self.cursor + excess, end)
+                passed = self._drop_log_to(to)
+                dropped += passed
+                excess -= passed
         if p.max_depth_bytes and self.bytes_waiting() > p.max_depth_bytes:
             end = self.partition.visible_end
             log_ = self.log
             stop = log_.end_offset if end >= log_.end else log_.offset_of(end)
             if stop is not None:
                 to = min(max(log_.seek_offset(stop - p.max_depth_bytes), self.cursor), end)
-                dropped += to - self.cursor
-                self.cursor = to
+                dropped += self._drop_log_to(to)
         if not dropped:
             return False
         self.dropped_count += dropped
         self.dirty = True
         return True
+
+    def _drop_log_to(self, to: int) -> int:
+        """Move the cursor to ``to``, dropping the waiting messages passed: DPUBs not yet
+        due among them are deferred (not waiting, so not dropped), as :meth:`_take`
+        defers them. Returns how many were dropped."""
+        lo = self.cursor
+        self.cursor = to
+        later = self.log.deferred_between(lo, to)
+        if not later:
+            return to - lo
+        now_ns = clock.time_ns()
+        to_mono = clock.monotonic_ns() - now_ns
+        kept = 0
+        for seq, due in later:
+            if due > now_ns:
+                self.flight.defer(seq, 0, due + to_mono)
+                kept += 1
+        if kept:
+            self._arm_deferred()
+        return to - lo - kept
 
     def _rate_room(self) -> int:
         """How many messages the rate limits let go now (the buckets filled for the
@@ -991,10 +1116,18 @@ class Channel:
         now_ns = clock.time_ns()
         to_mono = clock.monotonic_ns() - now_ns
         skip = set()
+        ahead = self.ahead
         for seq, due in deferred:
-            if due > now_ns:
+            if due > now_ns and seq not in ahead:
                 self.flight.defer(seq, 0, due + to_mono)
                 skip.add(seq - lo)
+        if ahead:
+            # held by the deferred heap (or requeued) already: not delivered from here
+            hi = lo + len(ids)
+            for seq in [s for s in ahead if s < hi]:
+                ahead.discard(seq)
+                if seq >= lo:
+                    skip.add(seq - lo)
         if not skip:
             return frames, ids
         self._arm_deferred()

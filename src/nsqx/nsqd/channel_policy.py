@@ -33,6 +33,23 @@ MAX_ATTEMPTS_LIMIT: Final = 65535  # attempts are a u16 on the wire
 MAX_TTL_MS: Final = 10 * 365 * 86400 * 1000
 
 
+#: how far a channel's replays have looked in one partition of a dead-letter topic: the
+#: next sequence to look at, and the publish time (ns) of the record before it, by which
+#: a topic deleted and made again is told from the one the mark was made in (0: not known)
+ReplayMark = tuple[int, int]
+
+
+def mark_key(topic: str, partition: int) -> str:
+    """The key of a channel's replay mark in one partition of a dead-letter topic."""
+    return f"{topic}:{partition}"
+
+
+def parse_mark_key(key: str) -> tuple[str, int]:
+    """(topic, partition) of a replay mark's key ((key, -1) if it is not one)."""
+    topic, _, pid = key.rpartition(":")
+    return (topic, int(pid)) if topic and pid.isascii() and pid.isdigit() else (key, -1)
+
+
 class PolicyError(ValueError):
     """A setting that cannot be: its message is the HTTP error (``INVALID_<NAME>``...)."""
 
@@ -94,15 +111,15 @@ class ChannelPolicy:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> ChannelPolicy:
         """From nsqd.dat; unknown keys are ignored (a newer nsqx wrote them)."""
-        return NO_POLICY.updated({k: str(v) for k, v in doc.items() if k in _FIELDS})
+        return NO_POLICY.updated({k: str(v) for k, v in doc.items() if k in SETTINGS})
 
     def updated(self, values: dict[str, str]) -> ChannelPolicy:
         """This policy with ``values`` (as given over HTTP: text; "" sets a setting back
         to its default). Raises PolicyError."""
         changes: dict[str, Any] = {}
         for key, text in values.items():
-            if key not in _FIELDS:
-                raise PolicyError(f"INVALID_ARG_{key.upper()}")
+            if key not in SETTINGS:
+                raise PolicyError(f"UNKNOWN_ARG_{key.upper()}")
             default = getattr(NO_POLICY, key)
             if text == "":
                 changes[key] = default
@@ -143,4 +160,5 @@ class ChannelPolicy:
 
 
 NO_POLICY: Final = ChannelPolicy()
-_FIELDS: Final = frozenset(f.name for f in fields(ChannelPolicy))
+#: the settings' names (the parameters of POST /channel/config besides the channel's)
+SETTINGS: Final = frozenset(f.name for f in fields(ChannelPolicy))

@@ -28,7 +28,6 @@ from nsqx.nsqd.fanin import (
     Source,
     fanin_wanted,
 )
-from nsqx.nsqd.guid import seq_of
 from nsqx.nsqd.protocol_v2 import STATE_CLOSING as STATE_CLOSING
 from nsqx.nsqd.protocol_v2 import STATE_INIT as STATE_INIT
 from nsqx.nsqd.protocol_v2 import STATE_SUBSCRIBED as STATE_SUBSCRIBED
@@ -677,6 +676,14 @@ class ClientV2(asyncio.Protocol):
         self._out.append(encode_error(err))
         if err.fatal:
             self.close()
+
+    def notice(self, frame: bytes) -> None:
+        """A frame the client did not ask for (its channel's policy): written with what
+        is written next, at the latest right after this turn (a flush now could send a
+        SUB's answer that waits for its shards)."""
+        self._out.append(frame)
+        if self._flush_handle is None:
+            self._flush_handle = asyncio.get_running_loop().call_later(0, self.flush)
 
     def fail(self, err: ProtocolError) -> None:
         """Send an error frame now; a fatal one closes the connection."""
@@ -1685,12 +1692,8 @@ def _youzan_frames(
     frames = split_chunks(frames)
     if not detail:
         return [youzan_frame(f, with_ext, None) for f in frames]
-    offset_of = channel.log.offset_of
-    id_base = channel.partition.id_base
-    return [
-        youzan_frame(f, with_ext, (offset_of(seq_of(mid, id_base)) or 0, len(f)))
-        for f, mid in zip(frames, ids, strict=True)
-    ]
+    positions = channel.partition.positions(frames, ids)
+    return [youzan_frame(f, with_ext, p) for f, p in zip(frames, positions, strict=True)]
 
 
 def _go_json(obj: object) -> bytes:

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from nsqx.nsqd import clock
-from nsqx.nsqd.channel_policy import FORMAT_EXT
+from nsqx.nsqd.channel_policy import FORMAT_EXT, ReplayMark, mark_key
 from nsqx.nsqd.publishing import ext_fields, pub_partition
-from nsqx.store.log import records
+from nsqx.store.log import MessageLog, records
 from nsqx.wire.errors import ProtocolError
 from nsqx.wire.frames import ID_AT, ID_END, record_parts, timestamp_of
 
@@ -155,49 +155,94 @@ def _origin(frame: bytes) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and "id" in doc else None
 
 
+async def checkpointed(nsqd: NSQD) -> None:
+    """Wait until the channels changed so far are checkpointed: the dead letters a
+    replay queued again are on disk before its marks are (nsqd.dat), so a crash between
+    the two writes can give a dead letter back twice (as for any redelivery), never
+    lose it."""
+    checkpointer = nsqd.checkpointer
+    await checkpointer.drain()  # (a round under way may have begun before the replay)
+    checkpointer.run_round()
+    await checkpointer.drain()
+
+
+def adopt_legacy_mark(nsqd: NSQD, ch: Channel, seq: int) -> None:
+    """A replay mark of nsqd.dat as releases before marks per dead-letter topic wrote it
+    (one number: how far replays had looked in the dead-letter topic, its default
+    partition): the mark of the topic the channel's policy names (which it named then,
+    unless changed since: the old mark did not say)."""
+    name = ch.policy.dead_letter_topic_for(ch.topic.name)
+    topic = nsqd.topics.get(name)
+    pid = topic.default_partition.id if topic is not None and topic.partitions else 0
+    ch.replay_marks.setdefault(mark_key(name, pid), (seq, 0))
+
+
+def _replay_start(log_: MessageLog, mark: ReplayMark | None) -> int:
+    """Where a replay looks first in a dead-letter log: after the last dead letter it
+    looked at, if that record is still the one it saw (a topic deleted and made again
+    starts over at its oldest record; so does a mark beyond the log's end)."""
+    if mark is None:
+        return log_.start
+    seq, ts = mark
+    if seq > log_.end:
+        return log_.start
+    if ts and log_.start < seq:
+        last = log_.get(seq - 1)
+        if last is not None and timestamp_of(last) != ts:
+            return log_.start
+    return max(seq, log_.start)
+
+
 def replay(nsqd: NSQD, ch: Channel, n: int) -> dict[str, int]:
     """Give ``ch`` back up to ``n`` of its dead letters: each one whose original message
     is still in the partition's log is queued again on this channel alone, its attempts
     starting over; one whose original is gone (retention reclaimed it) is counted as
-    ``missing``. Looks through the dead-letter topic from where the last replay stopped
-    (the channel's ``replay_mark``)."""
+    ``missing``. Looks through each local partition of the dead-letter topic from where
+    the last replay there stopped (``ch.replay_marks``, one mark per dead-letter topic and
+    partition: a policy that names another topic, and back, neither repeats nor skips a
+    dead letter)."""
     part = ch.partition
     name = ch.policy.dead_letter_topic_for(ch.topic.name)
     topic = nsqd.topics.get(name)
     out = {"replayed": 0, "missing": 0, "scanned": 0}
     if topic is None or not topic.partitions:
         return out
-    dead = topic.default_partition
-    start = ch.replay_mark if dead.log.start <= ch.replay_mark <= dead.log.end else 0
     pending = set(ch.cursor_state().pending[::3])
     requeued = ch.flight.requeued
-    mark = start
-    for seq, frame in records(dead.log, start, dead.visible_end):
+    marks = ch.replay_marks
+    for dead in sorted(topic.partitions.values(), key=lambda p: p.id):
         if out["replayed"] + out["missing"] >= n or out["scanned"] >= MAX_REPLAY:
             break
-        mark = seq + 1
-        out["scanned"] += 1
-        about = _origin(frame)
-        if (
-            about is None
-            or about.get("topic") != ch.topic.name
-            or about.get("channel") != ch.name
-            or str(about.get("partition")) != str(part.id)
-        ):
-            continue
-        try:
-            orig = part.seq_of(str(about["id"]).encode())
-        except ValueError:
-            continue
-        original = part.log.get(orig) if orig < ch.cursor else None
-        if original is None or original[ID_AT:ID_END] != str(about["id"]).encode():
-            out["missing"] += 1
-            continue
-        if orig not in pending:
-            pending.add(orig)
-            requeued.append((orig, 0))  # (0: delivered as a first attempt)
-        out["replayed"] += 1
-    ch.replay_mark = mark
+        key = mark_key(name, dead.id)
+        start = _replay_start(dead.log, marks.get(key))
+        mark: ReplayMark | None = None
+        for seq, frame in records(dead.log, start, dead.visible_end):
+            if out["replayed"] + out["missing"] >= n or out["scanned"] >= MAX_REPLAY:
+                break
+            mark = (seq + 1, timestamp_of(frame))
+            out["scanned"] += 1
+            about = _origin(frame)
+            if (
+                about is None
+                or about.get("topic") != ch.topic.name
+                or about.get("channel") != ch.name
+                or str(about.get("partition")) != str(part.id)
+            ):
+                continue
+            try:
+                orig = part.seq_of(str(about["id"]).encode())
+            except ValueError:
+                continue
+            original = part.log.get(orig) if orig < ch.cursor else None
+            if original is None or original[ID_AT:ID_END] != str(about["id"]).encode():
+                out["missing"] += 1
+                continue
+            if orig not in pending:
+                pending.add(orig)
+                requeued.append((orig, 0))  # (0: delivered as a first attempt)
+            out["replayed"] += 1
+        if mark is not None:
+            marks[key] = mark
     ch.dirty = True
     if out["replayed"]:
         log.info("CHANNEL(%s): %d dead letters replayed", ch.name, out["replayed"])

@@ -79,6 +79,8 @@ class FanInClient(Protocol):
 
     def fail(self, err: ProtocolError) -> None: ...
 
+    def notice(self, frame: bytes) -> None: ...
+
 
 class Source:
     """One shard of a fan-in: its grant and what is known of its use."""
@@ -153,6 +155,9 @@ class LocalShard(Source):
     def send(self, frames: list[bytes], ids: list[bytes], flush: bool) -> float:
         self.last_delivery = clock.monotonic()
         return self.fanin.client.shard_send(self, frames, ids, flush)
+
+    def notice(self, frame: bytes) -> None:
+        self.fanin.client.notice(frame)
 
     def close(self) -> None:
         self.fanin.client.close()

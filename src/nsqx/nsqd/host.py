@@ -70,6 +70,10 @@ class PartitionHost(Protocol):
         """An ephemeral topic lost its last channel: the node drops it."""
         ...
 
+    def metadata_changed(self) -> None:
+        """Something nsqd.dat keeps changed (a follower's replay marks): write it."""
+        ...
+
     def remove_later(self, path: str) -> None:
         """Unlink a reclaimed file off the loop."""
         ...

@@ -33,7 +33,7 @@ from aiohttp import web
 from nsqx import NSQ_VERSION
 from nsqx.compiled import build_description
 from nsqx.nsqd import dead_letters as dl
-from nsqx.nsqd import http_auth
+from nsqx.nsqd import http_auth, http_params
 from nsqx.nsqd import peek as pk
 from nsqx.nsqd import stats as st
 from nsqx.nsqd.channel_policy import FORMAT_EXT, ChannelPolicy, PolicyError
@@ -443,6 +443,8 @@ class HTTPServer:
             return resp
         try:
             params = parse_query(request.query_string)
+            if (unknown := http_params.refusal(request.method, path, params)) is not None:
+                return error_response(400, unknown)
             if self._router is not None and not self._from_worker(request):
                 routed = await self._routed(self._router, request, params)
                 if routed is not None:
@@ -662,9 +664,7 @@ class HTTPServer:
 
     async def drain(self, request: web.BaseRequest, params: dict[str, list[str]]) -> web.Response:
         """POST /drain [nsqx]: begin a drain (docs/drain.md; asking again changes
-        nothing) and say what it still waits for. No parameters."""
-        if params:
-            raise HTTPError(400, "INVALID_PARAMETER")
+        nothing) and say what it still waits for. No parameters (http_params)."""
         self.nsqd.start_drain()
         return ok_json({"draining": self.nsqd.draining, "in_flight": self.nsqd.in_flight_count()})
 
@@ -983,7 +983,11 @@ class HTTPServer:
             return  # (another worker's topic: its refusals are logged and retried)
         target = self.nsqd.topics.get(name)
         if target is None or not target.meta.ext:
-            raise HTTPError(400, "DEAD_LETTER_TOPIC_NOT_EXT: create it with ext=true first")
+            raise HTTPError(
+                400,
+                "DEAD_LETTER_TOPIC_NOT_EXT: create it first with "
+                f"POST /topic/create?topic={name}&extend=true",
+            )
 
     async def channel_deadletter_replay(
         self, request: web.BaseRequest, params: dict[str, list[str]]
@@ -1003,7 +1007,8 @@ class HTTPServer:
                 raise HTTPError(400, "DEAD_LETTER_TOPIC_ON_ANOTHER_WORKER")
             for k, v in dl.replay(self.nsqd, ch, n).items():
                 total[k] += v
-        self._persist()
+        await dl.checkpointed(self.nsqd)
+        self._persist()  # (the marks: after the letters queued again are on disk)
         return ok_json(total)
 
     async def message_get(
@@ -1254,7 +1259,7 @@ class HTTPServer:
             await ws.close()
             return ws
         await ws.send_bytes(rp.encode_welcome(answer))
-        await leader.serve(hello.node, ws, answer.truncate_to, request)
+        await leader.serve(hello.node, ws, answer.truncate_to, request, answer.durable)
         await ws.close()
         return ws
 
@@ -1286,6 +1291,7 @@ class HTTPServer:
                 ),
                 retention_days=_int_param(params, "retention", base.retention_days),
                 sync_every=_int_param(params, "syncdisk", base.sync_every),
+                replication_ack=(params.get("replication_ack") or [base.replication_ack])[0],
             )
             self.nsqd.create_partition(name, _int_param(params, "partition", 0), meta)
         except ValueError as err:
@@ -1433,6 +1439,7 @@ _SETTINGS_PARAMS = frozenset(
         "disable_channel_auto_create",
         "retention",
         "syncdisk",
+        "replication_ack",
     }
 )
 

@@ -31,8 +31,12 @@ class ChannelMetadata:
     ordered: bool = False
     #: its policy's settings that are not the default (nsqx.nsqd.channel_policy)
     policy: dict[str, Any] = field(default_factory=dict)
-    #: how far /channel/deadletter/replay has looked in its dead-letter topic
-    replay_mark: int = 0
+    #: how far /channel/deadletter/replay has looked in each dead-letter topic and
+    #: partition ("topic:partition" -> [next sequence, publish time of the one before])
+    replay_marks: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: the one mark of a file written before marks were kept per dead-letter topic
+    #: (``replay_mark``: in the topic the channel's policy named); read, never written
+    legacy_replay_mark: int = 0
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"name": self.name, "paused": self.paused}
@@ -40,18 +44,23 @@ class ChannelMetadata:
             doc["ordered"] = True
         if self.policy:
             doc["policy"] = self.policy
-        if self.replay_mark:
-            doc["replay_mark"] = self.replay_mark
+        if self.replay_marks:
+            doc["replay_marks"] = {k: list(v) for k, v in self.replay_marks.items()}
         return doc
 
     @classmethod
     def from_json(cls, c: dict[str, Any]) -> ChannelMetadata:
         policy = c.get("policy")
+        marks: dict[str, tuple[int, int]] = {}
+        for key, value in (c.get("replay_marks") or {}).items():
+            if isinstance(value, list) and len(value) == 2:
+                marks[str(key)] = (int(value[0]), int(value[1]))
         return cls(
             str(c["name"]),
             bool(c.get("paused", False)),
             bool(c.get("ordered", False)),
             dict(policy) if isinstance(policy, dict) else {},
+            marks,
             int(c.get("replay_mark", 0) or 0),
         )
 
@@ -92,6 +101,20 @@ def write_metadata(data_path: str, topics: list[TopicMetadata], version: str) ->
     write_durable(os.path.join(data_path, METADATA_FILE), json.dumps(body).encode())
 
 
+#: the settings of a partitioned topic as nsqd.dat first kept them (nsqx 516d1c3 to
+#: ff30352: TopicSettings): the names that are TopicMeta's now
+_FIRST_SHAPE_NAMES = {"sync_disk": "sync_every"}
+
+
+def settings_of_first_shape(old: dict[str, Any]) -> dict[str, Any]:
+    """A partitioned topic's settings as nsqd.dat kept them first (``sync_disk`` for
+    ``sync_every``, no ``suggest_lf``), in TopicMeta's shape (the one read now); the
+    upgrade fixture upgrade_partitions holds such a file."""
+    new = {_FIRST_SHAPE_NAMES.get(k, k): v for k, v in old.items()}
+    new.setdefault("suggest_lf", 0)
+    return new
+
+
 def read_metadata(data_path: str) -> list[TopicMetadata]:
     """The topics of ``nsqd.dat``; none if the file does not exist."""
     path = os.path.join(data_path, METADATA_FILE)
@@ -112,6 +135,8 @@ def read_metadata(data_path: str) -> list[TopicMetadata]:
                 for p in t["partitions"]
             }
         settings = t.get("settings") if isinstance(t.get("settings"), dict) else None
+        if settings is not None and "sync_disk" in settings:
+            settings = settings_of_first_shape(settings)
         topics.append(
             TopicMetadata(
                 str(t["name"]),

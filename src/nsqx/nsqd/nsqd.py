@@ -328,6 +328,14 @@ class NSQD:
 
     # -- metadata ---------------------------------------------------------------------
 
+    def metadata_changed(self) -> None:
+        """PartitionHost's: nsqd.dat is written again (a failure is logged: the next
+        write has it)."""
+        try:
+            self.persist_metadata()
+        except OSError:
+            log.exception("failed to persist metadata")
+
     def persist_metadata(self) -> None:
         """Write nsqd.dat: non-ephemeral topics and channels and their paused state, and
         a partitioned topic's settings and local partitions."""
@@ -339,7 +347,7 @@ class NSQD:
             def metas(channels: dict[str, Any]) -> list[ChannelMetadata]:
                 return [
                     ChannelMetadata(
-                        c.name, c.paused, c.ordered_flag, c.policy.changed_json(), c.replay_mark
+                        c.name, c.paused, c.ordered_flag, c.policy.changed_json(), c.replay_marks
                     )
                     for c in channels.values()
                     if not c.ephemeral
@@ -362,6 +370,7 @@ class NSQD:
     def load_metadata(self) -> None:
         """Recreate the topics and channels of nsqd.dat (on start)."""
         self._loading = True
+        legacy: list[tuple[Channel, int]] = []
         try:
             for tm in read_metadata(self.data_path):
                 if not is_valid_name(tm.name):
@@ -406,9 +415,13 @@ class NSQD:
                                     ch.set_policy(ChannelPolicy.from_json(cm.policy))
                                 except PolicyError as err:
                                     log.warning("CHANNEL(%s): bad policy %s", cm.name, err)
-                            ch.replay_mark = cm.replay_mark
+                            ch.replay_marks = dict(cm.replay_marks)
+                            if cm.legacy_replay_mark:
+                                legacy.append((ch, cm.legacy_replay_mark))
                 if tm.paused:
                     topic.pause()
+            for ch, mark in legacy:  # (once every dead-letter topic is loaded)
+                dead_letters.adopt_legacy_mark(self, ch, mark)
         finally:
             self._loading = False
 

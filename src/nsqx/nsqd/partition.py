@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from nsqx.nsqd import clock
 from nsqx.nsqd.channel import Channel
+from nsqx.nsqd.channel_policy import ReplayMark
 from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import LEGACY_ID_BASE, PARTITION_SHIFT, SEQ_MASK, make_ids, seq_of
 from nsqx.nsqd.waiters import Waiter, future_waiter
@@ -65,7 +66,11 @@ class StagedDropped(Exception):
 
 class Published:
     """Where a publish landed: its first message's id, virtual offset and sequence, and
-    the bytes of all its frames (PUB_TRACE's answer reports the first three).
+    its raw size (PUB_TRACE's and MPUB_TRACE's answers report them): the distance from
+    its first message's offset to the offset of the message after its last, so that
+    ``offset + raw_size`` is the next message's offset, as in Youzan's nsqd. That is
+    known at once only for a publish that is a record of its own (a traced one, see
+    :meth:`Partition.publish`); for the others it is their frames' bytes.
 
     (A plain class: compiled, it is made without a call through Python, as a NamedTuple
     is not; one is made per publish.)"""
@@ -185,6 +190,43 @@ class Partition:
         """The log sequence of one of this partition's message ids (hex)."""
         return seq_of(msg_id, self.id_base)
 
+    def positions(self, frames: list[bytes], ids: list[bytes]) -> list[tuple[int, int]]:
+        """The virtual offset and raw size of each of these records (one frame and one
+        hex id each), as SUB_ORDERED and SUB_ADVANCED frames carry them: the raw size is
+        the distance to the next message's offset, so that offset + raw size is where
+        the next message of the partition starts (Youzan's rule). A stored batch's
+        last message owns the next batch's header (docs/storage.md, Offsets); one
+        whose record is gone is (0, its frame's size)."""
+        log_ = self.log
+        id_base = self.id_base
+        offset_of = log_.offset_of
+        seqs = [seq_of(mid, id_base) for mid in ids]
+        offsets = [offset_of(s) for s in seqs]
+        # what comes between a record's last frame and the next one's first: the next
+        # stored batch's header on disk, nothing in memory
+        head = log_.next_offset - log_.end_offset
+        end = log_.end
+        out: list[tuple[int, int]] = []
+        n = len(seqs)
+        for k in range(n):
+            offset = offsets[k]
+            size = len(frames[k])
+            if offset is None:
+                out.append((0, size))
+                continue
+            nxt = seqs[k] + 1
+            following: int | None
+            if k + 1 < n and seqs[k + 1] == nxt:
+                following = offsets[k + 1]
+            elif nxt >= end:
+                following = log_.next_offset  # the next record starts after a header
+            else:
+                following = offset_of(nxt)
+            if following is None:  # no record there (a gap after damage): its batch ended
+                following = offset + size + head
+            out.append((offset, following - offset))
+        return out
+
     def replicate(self) -> None:
         """Become a replica of a replicated topic: writes wait for the coordinator's
         role, and channels see only what the ISR holds."""
@@ -296,7 +338,14 @@ class Partition:
                 self.extended = True
                 self.save_state()
         deliver_at = ts + defer_ms * 1_000_000 if defer_ms else 0
-        offset = log_.stage(chunk, ids, deliver_at, stride, kind)
+        raw_size = len(chunk)
+        if trace_ids is None:
+            offset = log_.stage(chunk, ids, deliver_at, stride, kind)
+        else:
+            # a traced publish is answered with its raw size: as a record of its own it
+            # is followed by the next record's header, whatever is published after it
+            offset = log_.stage(chunk, ids, deliver_at, stride, kind, False)
+            raw_size += log_.next_offset - log_.end_offset
         self.message_count += n
         self.message_bytes += body_bytes
         topic = self.topic
@@ -311,7 +360,7 @@ class Partition:
         else:
             self._appended()
         first_id = (self.id << PARTITION_SHIFT) | (seq + 1 if seq >= id_base else seq)
-        return Published(first_id, offset, seq, len(chunk), n)
+        return Published(first_id, offset, seq, raw_size, n)
 
     def _check_room(self) -> None:
         """Refuse a publish while a channel whose policy says so is full."""
@@ -595,22 +644,43 @@ class Partition:
             ch.seek(seq)
         self.save_state()
 
-    def apply_cursors(self, channels: dict[str, tuple[int, bool]], hold_from: int) -> None:
-        """A follower takes its leader's channel positions (and makes its channels), so
-        that consumers resume near there if it becomes the leader."""
+    def apply_cursors(
+        self,
+        channels: dict[str, tuple[int, bool]],
+        hold_from: int,
+        deferred: dict[str, list[tuple[int, int, int]]] | None = None,
+        leader_now_ms: int = 0,
+    ) -> None:
+        """A follower takes its leader's channel positions and deferred messages (and
+        makes its channels), so that consumers resume near there, and deferred messages
+        keep their schedule, if it becomes the leader."""
         end = self.log.end
         for name, (cursor, ordered) in channels.items():
             cursor = min(cursor, end)
             ch = self.channels.get(name)
             if ch is None:
                 ch = self.get_channel(name, start=cursor)
-            elif ch.cursor != cursor:
-                ch.seek(cursor)
+            ch.take_leader_state(cursor, deferred.get(name, []) if deferred else [], leader_now_ms)
             if ch.ordered_flag != ordered:
                 ch.set_ordered(ordered)
         if hold_from != self.hold_from:
             self.hold_from = min(hold_from, end)
             self.save_state()
+
+    def apply_replay_marks(self, marks: dict[str, dict[str, ReplayMark]]) -> None:
+        """A follower takes its leader's replay marks in replicated dead-letter topics
+        (nsqx.nsqd.dead_letters), so that it replays none of those twice if it becomes
+        the leader; nsqd.dat keeps them."""
+        changed = False
+        for name, channel_marks in marks.items():
+            ch = self.channels.get(name)
+            if ch is not None and any(
+                ch.replay_marks.get(k) != m for k, m in channel_marks.items()
+            ):
+                ch.replay_marks.update(channel_marks)
+                changed = True
+        if changed:
+            self.nsqd.metadata_changed()
 
     def position(self, start: ConsumeStart) -> int:
         """The sequence a SUB_ADVANCED / /channel/setoffset position names: the first

@@ -50,14 +50,15 @@ def peek_channel(channel: Channel, n: int) -> dict[str, Any]:
     """The next ``n`` messages ``channel`` would deliver (Channel.peek), with its
     state beside them."""
     part = channel.partition
+    depth, deferred = channel.reported_depths()  # (as /stats counts them)
     return {
         "topic_name": part.topic.name,
         "channel_name": channel.name,
         "partition": part.id,
         "paused": channel.paused,
-        "depth": channel.depth,
+        "depth": depth,
         "in_flight_count": channel.in_flight_count,
-        "deferred_count": channel.deferred_count,
+        "deferred_count": deferred,
         "messages": [message_json(part, s, f, a) for s, f, a in channel.peek(n)],
     }
 

@@ -309,28 +309,14 @@ def client_stats(client: ClientV2, topic: str = "") -> ClientStats:
 _NO_E2E = E2eResult(0, None)
 
 
-def _not_yet_due(ch: Channel) -> int:
-    """Deferred (DPUB) records the channel's cursor has not reached and that are not due.
-
-    NSQ puts a deferred message in the channel's deferred queue as soon as it is
-    published; here it waits in the log until the cursor reaches it. Counting it as
-    deferred rather than queued keeps depth and deferred_count as NSQ reports them.
-    """
-    end = ch.partition.visible_end
-    if ch.cursor >= end:
-        return 0
-    now = time.time_ns()
-    return sum(1 for _, due in ch.log.deferred_between(ch.cursor, end) if due > now)
-
-
 def channel_stats(ch: Channel, include_clients: bool = True) -> ChannelStats:
-    pending = _not_yet_due(ch)
+    depth, deferred = ch.reported_depths()
     return ChannelStats(
         channel_name=ch.name,
-        depth=ch.depth - pending,
+        depth=depth,
         backend_depth=0,
         in_flight_count=ch.in_flight_count,
-        deferred_count=ch.deferred_count + pending,
+        deferred_count=deferred,
         message_count=ch.message_count,
         requeue_count=ch.requeue_count,
         timeout_count=ch.timeout_count,

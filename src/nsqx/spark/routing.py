@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nsqx.client.discovery import parse_lookup_result
@@ -194,6 +194,7 @@ class NodeTopic:
     #: topic as NSQ 1.3 has it (no partitions), or not at all
     leads: tuple[int, ...] | None
     partition_num: int = 1
+    #: an ext topic; None when this nsqd has not the topic
     ext: bool | None = None
     ordered: bool = False
 
@@ -210,7 +211,10 @@ def node_topic(http_address: str, topic: str) -> NodeTopic:
         if t.get("topic_name") == topic and t.get("topic_partition") is not None
     ]
     if not entries:
-        return NodeTopic(tcp, None)
+        # listed without Youzan's fields: a topic as NSQ 1.3 has it (nsqx's nsqd lists
+        # every ext topic with them), which takes no ext header
+        listed = any(t.get("topic_name") == topic for t in data.get("topics") or ())
+        return NodeTopic(tcp, None, ext=False if listed else None)
     return NodeTopic(
         tcp,
         tuple(sorted(int(t["topic_partition"]) for t in entries if t.get("is_leader", True))),
@@ -228,10 +232,13 @@ class Route:
     topic: str
     partition_num: int = 1
     leaders: Mapping[int, str] = field(default_factory=dict)
-    #: an ext topic (None: not known, e.g. found through nsqlookupd alone, or without
-    #: partitions: nsqd then says whether it accepts a header)
+    #: an ext topic (None: not known yet, e.g. nsqlookupd's meta does not say so, or a
+    #: topic without partitions: see ``nodes_http``)
     ext: bool | None = None
     ordered: bool = False
+    #: the HTTP addresses of nsqd that have the topic, as nsqlookupd lists them: asked
+    #: (their /stats) whether it is an ext topic when a row with headers needs to know
+    nodes_http: tuple[str, ...] = ()
 
 
 def find_route(opts: NsqOptions, topic: str) -> Route:
@@ -245,6 +252,7 @@ def find_route(opts: NsqOptions, topic: str) -> Route:
     ordered = False
     failures: list[rangeclient.NsqHttpError] = []
     answered = False
+    nodes_http: dict[str, None] = {}  # (ordered, each once)
     for lookupd in opts.lookupd_http:
         try:
             body = rangeclient.request(
@@ -257,11 +265,13 @@ def find_route(opts: NsqOptions, topic: str) -> Route:
                 failures.append(err)
             continue
         try:
-            result = parse_lookup_result(json.loads(body))
+            decoded = json.loads(body)
+            result = parse_lookup_result(decoded)
         except ValueError as err:
             failures.append(rangeclient.NsqHttpError(f"nsqlookupd {lookupd}: {err}"))
             continue
         answered = True
+        nodes_http.update(dict.fromkeys(_lookup_http_addresses(decoded)))
         for pid, address in result.partitions.items():
             leaders.setdefault(pid, address)
         if result.partitions:
@@ -273,6 +283,7 @@ def find_route(opts: NsqOptions, topic: str) -> Route:
             ordered = ordered or bool(result.meta and result.meta.ordered)
     if failures and not answered:
         raise failures[0]
+    nodes_http.update(dict.fromkeys(opts.nsqd_http))
     for address in opts.nsqd_http:
         node = node_topic(address, topic)
         if node.leads is None:
@@ -283,8 +294,40 @@ def find_route(opts: NsqOptions, topic: str) -> Route:
         ext = bool(ext or node.ext)
         ordered = ordered or node.ordered
     if not leaders:
-        return Route(topic)
-    return Route(topic, max(num, max(leaders) + 1), leaders, ext, ordered)
+        return Route(topic, nodes_http=tuple(nodes_http))
+    return Route(topic, max(num, max(leaders) + 1), leaders, ext, ordered, tuple(nodes_http))
+
+
+def _lookup_http_addresses(body: Any) -> list[str]:
+    """``host:http_port`` of the nsqd in a /lookup answer: its partitions' leaders, else
+    its producers (NSQ 1.3's nsqlookupd has no partitions)."""
+    data = _unwrap(body)
+    if not isinstance(data, dict):
+        return []
+    parts = data.get("partitions")
+    peers = list(parts.values()) if isinstance(parts, dict) and parts else []
+    peers = peers or list(data.get("producers") or [])
+    found = []
+    for peer in peers:
+        if not isinstance(peer, dict):
+            continue
+        host, port = peer.get("broadcast_address"), peer.get("http_port")
+        if isinstance(host, str) and host and isinstance(port, int):
+            found.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    return found
+
+
+def learn_ext(route: Route) -> Route:
+    """``route`` with ``ext`` known when the nsqd that have the topic say (their
+    /stats: ``is_ext``); as it was when none can (NSQ 1.3's nsqd, or the topic is on
+    none yet). Raises rangeclient.NsqHttpError when one cannot be reached."""
+    if route.ext is not None:
+        return route
+    for address in route.nodes_http:
+        node = node_topic(address, route.topic)
+        if node.ext is not None:
+            return replace(route, ext=node.ext)
+    return route
 
 
 def plain_addresses(opts: NsqOptions) -> list[str]:
@@ -407,6 +450,10 @@ class RoutedPublisher:
                 row[cols.partition] if cols.partition else None,
                 row[cols.key] if cols.key else None,
             )
+            if header is not None and route.ext is None and route.nodes_http:
+                # nsqlookupd's meta does not say (it is derived for a topic made on an
+                # nsqd directly): ask the nsqd, before anything with headers is sent
+                route = self._routes[topic] = learn_ext(route)
             if header is not None and route.ext is False:
                 raise NsqColumnError(
                     f"nsq: topic {topic!r} is not an ext topic: a row's headers need a "

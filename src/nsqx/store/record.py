@@ -9,7 +9,7 @@ one commit (see :mod:`nsqx.store.staging`)::
 
 The crc covers everything after itself, so a torn or corrupt record is recognised and
 never delivered. (CRC-32C: hardware accelerated, five times faster than zlib's CRC-32
-here.)
+here. The first data format's records carry zlib's CRC-32: read as well.)
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
+import zlib
 from collections.abc import Iterator
 from typing import Final
 
@@ -101,7 +102,7 @@ def whole_record_at(
     if stop > end:
         return 0, 0, 0
     covered = bytes(buf[pos + 8 : stop])  # (a mapped file's slice is a copy anyway)
-    if google_crc32c.value(covered) != crc:
+    if not crc_matches(covered, crc):
         return 0, 0, 0
     if tiles:
         try:
@@ -169,9 +170,17 @@ def find_record(
     return -1
 
 
+def crc_matches(data: bytes, crc: int) -> bool:
+    """Whether ``crc`` is the crc of ``data`` (what a record's crc covers): CRC-32C, or
+    zlib's CRC-32 for a record of nsqx's first data format (main before cd52af0 wrote
+    those; tests/fixtures/upgrade_crc32), looked at only on a mismatch."""
+    return google_crc32c.value(data) == crc or zlib.crc32(data) == crc
+
+
 def check_batch(buf: bytes | mmap.mmap, pos: int, plen: int, crc: int) -> None:
-    """Raise CorruptRecord unless the crc of ``buf[pos+8 : pos+head+plen]`` is ``crc``."""
-    if google_crc32c.value(bytes(buf[pos + 8 : pos + BATCH_HEAD_SIZE + plen])) != crc:
+    """Raise CorruptRecord unless ``crc`` is the crc of ``buf[pos+8 : pos+head+plen]``
+    (see :func:`crc_matches`)."""
+    if not crc_matches(bytes(buf[pos + 8 : pos + BATCH_HEAD_SIZE + plen]), crc):
         raise CorruptRecord(f"crc mismatch at {pos}")
 
 

@@ -19,6 +19,7 @@ whose type is :data:`RECORD_EXTENDED` (never sent as is)::
 
 from __future__ import annotations
 
+import json
 import struct
 from binascii import unhexlify
 from typing import Final, NamedTuple
@@ -33,6 +34,11 @@ MAGIC_V2: Final = b"  V2"
 HEARTBEAT: Final = b"_heartbeat_"
 OK: Final = b"OK"
 CLOSE_WAIT: Final = b"CLOSE_WAIT"
+#: nsqx: a response nsqd sends unasked to a consumer that IDENTIFYed with
+#: ``channel_policy``: this prefix and the JSON ``{"max_attempts": N}`` of its channel
+#: (0: none), when it subscribes to a channel whose policy has max_attempts and whenever
+#: that changes. The consumer then leaves giving up on a message to the channel.
+CHANNEL_POLICY: Final = b"_channel_policy_ "
 
 # The layout, written once (tracing and ext headers shift what follows the id). Slices
 # with these bounds compile (mypyc) to the same code as literal ones: a Final int is
@@ -106,6 +112,24 @@ def encode_frame(frame_type: int, data: bytes) -> bytes:
 
 def encode_response(data: bytes) -> bytes:
     return _FRAME_HEAD.pack(len(data) + 4, FRAME_RESPONSE) + data
+
+
+def encode_policy_notice(max_attempts: int) -> bytes:
+    """The response frame that tells a consumer its channel's max_attempts."""
+    return encode_response(CHANNEL_POLICY + b'{"max_attempts":%d}' % max_attempts)
+
+
+def policy_notice_attempts(data: bytes) -> int | None:
+    """The max_attempts of a policy notice's data (a response's); None if ``data`` is
+    not one."""
+    if not data.startswith(CHANNEL_POLICY):
+        return None
+    try:
+        doc = json.loads(data[len(CHANNEL_POLICY) :])
+        value = doc["max_attempts"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def encode_error(err: ProtocolError | bytes) -> bytes:

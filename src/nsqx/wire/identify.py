@@ -62,6 +62,9 @@ class ClientSettings:
     extend_support: bool = False
     desired_tag: str = ""
     ext_filter: ExtFilter | None = None
+    #: nsqx: the client asked to be told its channel's max_attempts (a policy notice,
+    #: nsqx.wire.frames.CHANNEL_POLICY), to leave giving up to the channel
+    channel_policy: bool = False
 
     @classmethod
     def defaults(cls, limits: ServerLimits) -> ClientSettings:
@@ -82,7 +85,14 @@ _INT_FIELDS = (
     "msg_timeout",
     "deflate_level",
 )
-_BOOL_FIELDS = ("feature_negotiation", "tls_v1", "snappy", "deflate", "extend_support")
+_BOOL_FIELDS = (
+    "feature_negotiation",
+    "tls_v1",
+    "snappy",
+    "deflate",
+    "extend_support",
+    "channel_policy",
+)
 #: keys only Youzan's clients send (go-nsq always sends desired_tag, the Java SDK
 #: always extend_support)
 _YOUZAN_FIELDS = ("extend_support", "desired_tag", "ext_filter")
@@ -210,6 +220,10 @@ def negotiate(
     }
     if s.desired_tag:  # omitted when empty, as Youzan's nsqd does
         response["desired_tag"] = s.desired_tag
+    if data.get("channel_policy"):
+        # (answered only to a client that asked: NSQ 1.3's answer is unchanged)
+        s = replace(s, channel_policy=True)
+        response["channel_policy"] = True
     return s, json.dumps(response, separators=(",", ":")).encode()
 
 

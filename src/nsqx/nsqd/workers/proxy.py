@@ -259,6 +259,11 @@ class ProxyConsumer:
         # the connection buffers them as its own (output_buffer_timeout)
         return 0.0 if flush or self.output_buffer_timeout <= 0 else self.output_buffer_timeout
 
+    def notice(self, frame: bytes) -> None:
+        """A frame for the client it did not ask for (its channel's policy), sent now
+        as messages are (a frame of no message)."""
+        self.link.send((SUB_MSGS, self.sid, frame, 0, True))
+
     def starved(self) -> None:
         """Its channel has messages and no consumer with room (a fan-in's shard)."""
         if not self._want_sent and not self.closed:
