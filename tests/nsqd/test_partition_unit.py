@@ -320,8 +320,10 @@ def test_answers_past_the_sync_window_wait_for_an_fsync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--sync-every 100: once 100 written messages wait for an fsync, one starts at once
-    (not at the next scan) and the publishes past them are answered when it is done:
-    a power cut loses at most 100 acknowledged messages (docs/storage.md)."""
+    (not at the next scan); publishes go on while it runs, and those past 4 windows
+    (SYNC_PACE_WINDOWS) are answered when it is done: a power cut loses at most 400
+    acknowledged messages (docs/storage.md)."""
+    from nsqx.nsqd.partition import SYNC_PACE_WINDOWS
     import threading
 
     import nsqx.store.disklog as disklog
@@ -343,18 +345,20 @@ def test_answers_past_the_sync_window_wait_for_an_fsync(
 
         monkeypatch.setattr(disklog.os, "fsync", held_fsync)
         try:
-            for i in range(30):
+            cap = 100 * SYNC_PACE_WINDOWS
+            for i in range(60):
                 part.publish([b"m%d-%d" % (i, k) for k in range(10)])
                 part.when_acknowledged(told.append)
                 await turn()
-            # 1 + 90 unsynced were answered; the 10th batch made 101: an fsync was
-            # asked for (held), and it and every later batch wait for it
-            assert len(told) == 1 + 9 and part.log.unsynced == 301
+            # "first" and 10 a batch unsynced: the 10th batch made 101, an fsync was
+            # asked for (held); the batches up to the cap (1 + 390) were answered
+            # while it ran, the one that passed it and every later one wait for it
+            assert len(told) == 1 + (cap - 1) // 10 and part.log.unsynced == 601
             assert host.syncers[part.key].log is part.log
         finally:
             gate.set()
-        await wait_for(lambda: len(told) == 31, what="every answer after the fsyncs")
-        assert told == [None] * 31 and part.log.unsynced == 0
+        await wait_for(lambda: len(told) == 61, what="every answer after the fsyncs")
+        assert told == [None] * 61 and part.log.unsynced == 0
         part.close()
 
     run(main)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from nsqx.nsqd.nsqd import NSQD
+from nsqx.nsqd.partition import SYNC_PACE_WINDOWS
 from nsqx.store.log import records
 from nsqx.wire import commands as c
 from nsqx.wire.frames import FRAME_DATA_AT, FRAME_MESSAGE, ID_AT, ID_END, decode_message
@@ -110,9 +111,10 @@ def test_a_power_cut(
         if sync_before_ack:
             assert not lost, sorted(lost)[:10]
         else:
-            # acknowledged and unsynced at once: at most --sync-every (and the
-            # consumer may have finished some of them before the cut)
-            assert len(lost) <= SYNC_EVERY, len(lost)
+            # acknowledged and unsynced at once: at most SYNC_PACE_WINDOWS times
+            # --sync-every (and the consumer may have finished some of them before
+            # the cut)
+            assert len(lost) <= SYNC_EVERY * SYNC_PACE_WINDOWS, len(lost)
         for mid, b in kept.items():
             assert seen.get(mid, b) == b, "an id seen before the cut holds another body"
         pub = await Raw.connect(again)
