@@ -323,10 +323,10 @@ def test_answers_past_the_sync_window_wait_for_an_fsync(
     (not at the next scan); publishes go on while it runs, and those past 4 windows
     (SYNC_PACE_WINDOWS) are answered when it is done: a power cut loses at most 400
     acknowledged messages (docs/storage.md)."""
-    from nsqx.nsqd.partition import SYNC_PACE_WINDOWS
     import threading
 
     import nsqx.store.disklog as disklog
+    from nsqx.nsqd.partition import SYNC_PACE_WINDOWS
 
     from rawnsq import wait_for
 
