@@ -230,6 +230,32 @@ def test_a_restart_keeps_positions_and_never_gives_an_id_twice(tmp_path: Path) -
     run(main)
 
 
+def test_a_crashs_skipped_sequences_are_not_counted_in_depths(tmp_path: Path) -> None:
+    """After a crash the log goes on past its sequence lease (no id given twice): the
+    sequences it skipped hold no message, so no depth counts them."""
+
+    async def main() -> None:
+        _, _, part = make(tmp_path, "disk")
+        part.publish([b"1", b"2", b"3"])
+        await turn()
+        part.get_channel("c")
+        part.checkpoint()
+        part.log.close(sync=False)  # a crash: the lease is left as it was
+        _, _, again = make(tmp_path, "disk")
+        skipped = again.log.end - 3
+        assert skipped > 0
+        ch = again.get_channel("c")
+        assert (ch.cursor, ch.depth, ch.reported_depths()) == (0, 3, (3, 0))
+        again.publish([b"4"])
+        await turn()
+        assert ch.depth == 4
+        ch.cursor = again.log.end - 1  # (as if past the gap)
+        assert ch.depth == 1
+        again.close()
+
+    run(main)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_follower_stores_its_leaders_batches_at_the_same_offsets(
     tmp_path: Path, kind: str

@@ -327,6 +327,10 @@ def test_a_clean_close_skips_nothing_and_a_crash_skips_at_most_a_lease(tmp_path:
     assert again.end == renewed and renewed - end <= LEASE_SEQUENCES
     assert put(again, 1) == renewed
     assert again.resume_at(end) == renewed  # a gap, read past
+    # a depth counts no sequence of the gap (nsqd's channels and topics ask this)
+    assert again.missing_between(again.start, again.end) == renewed - end
+    assert again.missing_between(end + 1, renewed + 1) == renewed - end - 1
+    assert again.missing_between(renewed, again.end) == 0
 
 
 # -- a replica's log: no gap of its own ------------------------------------------------

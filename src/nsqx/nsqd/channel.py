@@ -320,7 +320,10 @@ class Channel:
         """Messages waiting (not in flight, not deferred)."""
         # (messages ahead of the cursor that the deferred heap holds are not waiting)
         ahead = len(self.ahead)
-        return len(self.flight.requeued) + max(self.partition.visible_end - self.cursor - ahead, 0)
+        end = self.partition.visible_end
+        # (sequences without a record: skipped after damage or a crash)
+        missing = self.log.missing_between(self.cursor, end) if self.cursor < end else 0
+        return len(self.flight.requeued) + max(end - self.cursor - ahead - missing, 0)
 
     def reported_depths(self) -> tuple[int, int]:
         """(depth, deferred_count) as /stats and /channel/peek report them: NSQ defers a

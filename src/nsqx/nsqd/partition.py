@@ -768,9 +768,17 @@ class Partition:
     @property
     def depth(self) -> int:
         """Messages no channel can see yet: held for the first channel, or paused."""
-        if not self.channels:
-            return max(self.log.end - max(self.hold_from, self.log.start), 0)
-        return self.log.end - max(self.visible_end, self._emptied_to)
+        log_ = self.log
+        end = log_.end
+        lo = (
+            max(self.hold_from, log_.start)
+            if not self.channels
+            else max(self.visible_end, self._emptied_to)
+        )
+        if lo >= end:
+            return 0
+        # (sequences without a record: skipped after damage or a crash)
+        return end - lo - log_.missing_between(lo, end)
 
     def empty(self) -> None:
         """Drop the messages no channel has seen yet (channels keep their own backlog).

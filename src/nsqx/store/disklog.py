@@ -437,6 +437,24 @@ class DiskLog(MessageLog):
                 return segs[i]
         return None
 
+    def missing_between(self, lo: int, hi: int) -> int:
+        """Sequences in ``lo .. hi-1`` without a record: between segments (a skip
+        after damage or a crash) and in holes (a damaged record). Rare, so a walk over
+        the segments, with no state to keep in step."""
+        lo = max(lo, self.start)
+        if lo >= hi:
+            return 0
+        missing = 0
+        prev_end: int | None = None
+        for seg in self.segments:
+            if prev_end is not None and seg.base_seq > prev_end:
+                missing += _overlap(prev_end, seg.base_seq, lo, hi)
+            prev_end = seg.end_seq
+            if seg.holes is not None:
+                for _end, first, nxt in seg.holes.values():
+                    missing += _overlap(first, nxt, lo, hi)
+        return missing
+
     def resume_at(self, seq: int) -> int:
         """The first sequence at or after ``seq`` that has a record (or the end): where
         a reader goes on when :meth:`read` finds none at ``seq`` (a gap left by damage,
@@ -958,3 +976,8 @@ class DiskLog(MessageLog):
         for name in os.listdir(self.directory):
             remove_file(os.path.join(self.directory, name))  # (a reclaim may race us)
         os.rmdir(self.directory)
+
+
+def _overlap(a: int, b: int, lo: int, hi: int) -> int:
+    """How many of ``a .. b-1`` lie in ``lo .. hi-1``."""
+    return max(0, min(b, hi) - max(a, lo))

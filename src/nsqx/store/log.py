@@ -242,6 +242,11 @@ class MessageLog(ABC):
         ``end``: where a reader goes on when :meth:`read` returns nothing at ``seq``
         (sequences a DiskLog skipped after damage have no record)."""
 
+    def missing_between(self, lo: int, hi: int) -> int:
+        """How many sequences in ``lo .. hi-1`` have no record (skipped after damage, or
+        past a crash's sequence lease): what a depth must not count. None here."""
+        return 0
+
     @property
     @abstractmethod
     def end_offset(self) -> int:
