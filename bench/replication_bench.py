@@ -9,6 +9,19 @@ a temporary directory), creates one single-partition topic per replicator settin
     ``--window`` outstanding, for ``--seconds``. Prints msgs/s and the CPU time of all
     three nsqd per message (utime + stime from /proc), and each ratio to replicator 1
     in the same round.
+    Replicated topics are acknowledged as ``--acks`` says, each in turn in every round:
+    ``durable`` (the default of nsqd's --replication-ack: a write quorum fsynced it),
+    ``written`` (the topic's replication_ack=written: the ISR wrote it), printed with
+    the ratio of durable to written in the same round. ``--go PATH`` also runs the same
+    ingest against Go's nsqd 1.3 (unreplicated, its defaults) in every round, with the
+    ratio of each setting to it.
+``latency``
+    With ``--latency-rate`` (msgs/s): for each ack of ``--acks``, one connection
+    publishes PUBs of ``--size`` bytes at that rate to the replicator-3 topic (every
+    millisecond the PUBs due so far in one write, pipelined), for ``--seconds``; each
+    PUB's round trip (its write to its OK) after a 0.5 s warm-up: p50, p99, p99.9, max.
+    The disk's fsync time is measured in the same run (4 KiB appended and fsynced in
+    the nodes' data directory, ``--fsync-probes`` times) and printed beside.
 ``failover``
     ``--kills`` times: SIGKILL the leader of the replicator-2 topic, publish one
     message at a time (looking the leader up again after each failure) and time the
@@ -17,6 +30,8 @@ a temporary directory), creates one single-partition topic per replicator settin
 
     python bench/replication_bench.py --rounds 3 --seconds 2 --kills 10
     python bench/replication_bench.py --replicators 1,3 --kills 0 --profile /tmp/prof
+    python bench/replication_bench.py --replicators 3 --acks durable,written --kills 0 \
+        --go ../shared/reference/go-nsq-1.3.0/nsqd --latency-rate 50000
 """
 
 from __future__ import annotations
@@ -47,13 +62,13 @@ V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 
 
 class Proc:
-    """A server process and the ports it printed."""
+    """A server process and the ports it printed (nsqx's, or ``command``'s)."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], command: list[str] | None = None) -> None:
         self.args = args
         self.tcp = self.http = 0
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "nsqx", *args],
+            [*(command or [sys.executable, "-m", "nsqx"]), *args],
             stderr=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             text=True,
@@ -117,11 +132,16 @@ def responses(sock: socket.socket, dec: FrameDecoder, n: int) -> list[tuple[int,
     return out
 
 
-def ingest(lookupd: Proc, topic: str, args: argparse.Namespace) -> int:
-    port = leader(lookupd, topic)
+def ingest(lookupd: Proc, topic: str, args: argparse.Namespace, port: int | None = None) -> int:
+    """Messages acknowledged by the partition's leader (or the server at ``port``: Go's
+    nsqd, which takes no partition in MPUB) in ``--seconds``."""
+    partition: int | None = None
+    if port is None:
+        port = leader(lookupd, topic)
+        partition = 0
     assert port is not None
     sock, dec = connect(port)
-    body = c.mpub(topic, [b"x" * args.size] * args.batch, 0)
+    body = c.mpub(topic, [b"x" * args.size] * args.batch, partition)
     sent = 0
     outstanding = 0
     stop = time.monotonic() + args.seconds
@@ -138,6 +158,77 @@ def ingest(lookupd: Proc, topic: str, args: argparse.Namespace) -> int:
             outstanding -= 1
     sock.close()
     return sent
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def fsync_times(directory: str, probes: int) -> list[float]:
+    """Seconds each of ``probes`` fsyncs took, each after 4 KiB appended to a file in
+    ``directory`` (the disk the nodes write to), sorted."""
+    path = os.path.join(directory, "fsync-probe")
+    out = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        block = b"x" * 4096
+        for _ in range(probes):
+            os.write(fd, block)
+            t0 = time.perf_counter()
+            os.fsync(fd)
+            out.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        os.remove(path)
+    return sorted(out)
+
+
+def publish_rtts(lookupd: Proc, topic: str, rate: int, size: int, seconds: float) -> list[float]:
+    """Round trips (s) of PUBs written at ``rate`` msgs/s (each millisecond, the PUBs due
+    so far in one write, pipelined), after a 0.5 s warm-up; sorted."""
+    port = leader(lookupd, topic)
+    assert port is not None
+    sock, dec = connect(port)
+    sock.setblocking(False)
+    pub = c.pub(topic, b"x" * size, 0)
+    sent: list[float] = []  # write time of each PUB not answered yet, in order
+    head = 0
+    rtts: list[float] = []
+    start = time.perf_counter()
+    stop = start + seconds
+    warm = start + 0.5
+    written = 0
+    while True:
+        now = time.perf_counter()
+        if now < stop:
+            due = int((now - start) * rate) - written
+            if due > 0:
+                sock.sendall(pub * due)  # (a blocking send of a small burst)
+                sent.extend([now] * due)
+                written += due
+        elif head == len(sent):
+            break
+        elif now > stop + 30:
+            raise RuntimeError(f"{len(sent) - head} PUBs unanswered after 30 s")
+        try:
+            data = sock.recv(1 << 16)
+        except BlockingIOError:
+            time.sleep(0.0002)
+            continue
+        if not data:
+            raise ConnectionError("closed")
+        got = time.perf_counter()
+        for ftype, frame in dec.feed(data):
+            if ftype != FRAME_RESPONSE or frame != b"OK":
+                if frame == b"_heartbeat_":
+                    continue
+                raise RuntimeError(f"PUB answered {frame!r}")
+            at = sent[head]
+            head += 1
+            if at >= warm:
+                rtts.append(got - at)
+    sock.close()
+    return sorted(rtts)
 
 
 def publish_one(lookupd: Proc, topic: str) -> bool:
@@ -173,6 +264,24 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=10)
     ap.add_argument("--replicators", default="1,2,3", help="the settings to ingest with, in turn")
     ap.add_argument(
+        "--acks",
+        default="durable",
+        help="how replicated topics are acknowledged, each in turn: durable, written",
+    )
+    ap.add_argument(
+        "--go",
+        default=None,
+        metavar="NSQD",
+        help="Go's nsqd binary: its unreplicated ingest in every round, for the ratios",
+    )
+    ap.add_argument(
+        "--latency-rate",
+        type=int,
+        default=0,
+        help="msgs/s of single PUBs for the round-trip phase (0: no such phase)",
+    )
+    ap.add_argument("--fsync-probes", type=int, default=200)
+    ap.add_argument(
         "--data-dir",
         default=None,
         help="where the three nsqd keep their data (default: a temporary directory;"
@@ -183,7 +292,7 @@ def main() -> None:
         default=None,
         metavar="DIR",
         help="record each nsqd with py-spy during the last round's ingests"
-        " (DIR/r<replicator>-<node>.txt, collapsed stacks)",
+        " (DIR/<topic>-<node>.txt, collapsed stacks: r3, r3-written ...)",
     )
     ap.add_argument(
         "--nsqd-arg",
@@ -193,6 +302,13 @@ def main() -> None:
     )
     args = ap.parse_args()
     replicators = [int(r) for r in args.replicators.split(",")]
+    acks = args.acks.split(",")
+    # (name, replicator, ack) of every topic ingested in each round
+    settings = [
+        (f"r{r}" + ("" if ack == "durable" else "-" + ack), r, ack)
+        for r in replicators
+        for ack in (acks if r > 1 else ["durable"])
+    ]
     base = tempfile.mkdtemp(prefix="nsqx-repl-bench-", dir=args.data_dir)
     lookupd = Proc(["nsqlookupd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"])
     node_args = [
@@ -203,24 +319,51 @@ def main() -> None:
         "--broadcast-address=127.0.0.1",
         *args.nsqd_arg,
     ]
-    nodes = [Proc(["nsqd", f"--data-path={base}/n{i}", *node_args]) for i in range(3)]
+    nodes: list[Proc] = []
+    go: Proc | None = None
     try:
+        nodes.extend(Proc(["nsqd", f"--data-path={base}/n{i}", *node_args]) for i in range(3))
+        if args.go:
+            os.makedirs(f"{base}/go")  # (Go's nsqd does not make it)
+            go = Proc(
+                [
+                    f"--data-path={base}/go",
+                    "--tcp-address=127.0.0.1:0",
+                    "--http-address=127.0.0.1:0",
+                    "--https-address=",
+                ],
+                command=[args.go],
+            )
         while True:
             status, body = http(f"http://127.0.0.1:{lookupd.http}/nodes")
             if status == 200 and len(json.loads(body)["producers"]) == 3:
                 break
             time.sleep(0.1)
-        for r in (1, 2, 3):
-            url = f"http://127.0.0.1:{lookupd.http}/topic/create?topic=r{r}&partition_num=1"
-            status, body = http(f"{url}&replicator={r}", "POST")
+        topics = {(f"r{r}", r, "durable") for r in (1, 2, 3)} | set(settings)
+        for name, r, ack in sorted(topics):
+            url = f"http://127.0.0.1:{lookupd.http}/topic/create?topic={name}&partition_num=1"
+            extra = "" if ack == "durable" else f"&replication_ack={ack}"
+            status, body = http(f"{url}&replicator={r}{extra}", "POST")
             assert status == 200, body
-        for r in (1, 2, 3):
-            while not publish_one(lookupd, f"r{r}"):
+        for name, _, _ in sorted(topics):
+            while not publish_one(lookupd, name):
                 time.sleep(0.1)
         print(f"ingest: MPUB x{args.batch}, {args.size} B, window {args.window}, 3 nsqd")
+        if args.rounds and args.go and go is not None:
+            print(f"  (and Go's nsqd: {args.go}, unreplicated, its defaults)")
         for rnd in range(args.rounds):
-            rates: dict[int, float] = {}
-            for r in replicators:
+            rates: dict[str, float] = {}
+            if go is not None:
+                t0 = time.monotonic()
+                go_cpu0 = go.cpu()
+                sent = ingest(lookupd, "go", args, go.tcp)
+                elapsed = time.monotonic() - t0
+                rates["go"] = sent / elapsed
+                print(
+                    f"  round {rnd + 1} Go nsqd: {rates['go']:,.0f} msgs/s, "
+                    f"{(go.cpu() - go_cpu0) * 1e6 / sent:.2f} us CPU/msg"
+                )
+            for name, r, ack in settings:
                 spies = []
                 if args.profile and rnd == args.rounds - 1:
                     os.makedirs(args.profile, exist_ok=True)
@@ -229,18 +372,18 @@ def main() -> None:
                             [
                                 *(shutil.which("py-spy") or PY_SPY, "record", "--nonblocking"),
                                 *("--format", "raw", "-d", str(int(args.seconds))),
-                                *("-p", str(n.proc.pid), "-o", f"{args.profile}/r{r}-{i}.txt"),
+                                *("-p", str(n.proc.pid), "-o", f"{args.profile}/{name}-{i}.txt"),
                             ],
                             stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL,
                         )
                         for i, n in enumerate(nodes)
                     ]
-                port = leader(lookupd, f"r{r}")
+                port = leader(lookupd, name)
                 cpu0 = [n.cpu() for n in nodes]
                 own0 = time.process_time()
                 t0 = time.monotonic()
-                sent = ingest(lookupd, f"r{r}", args)
+                sent = ingest(lookupd, name, args)
                 for spy in spies:
                     spy.wait()
                 elapsed = time.monotonic() - t0
@@ -248,13 +391,40 @@ def main() -> None:
                 used = [n.cpu() - c0 for n, c0 in zip(nodes, cpu0, strict=True)]
                 cpu = sum(used)
                 lead = sum(u for n, u in zip(nodes, used, strict=True) if n.tcp == port)
-                rates[r] = sent / elapsed
+                rates[name] = sent / elapsed
                 us = 1e6 / sent
+                ratios = []
+                if "r1" in rates and r > 1:
+                    ratios.append(f"to replicator 1: {rates[name] / rates['r1']:.2f}")
+                written = f"r{r}-written"
+                if ack != "written" and written in rates:
+                    ratios.append(f"to written: {rates[name] / rates[written]:.2f}")
+                if ack == "written" and f"r{r}" in rates:
+                    ratios.append(f"durable to written: {rates[f'r{r}'] / rates[name]:.2f}")
+                if "go" in rates:
+                    ratios.append(f"to Go: {rates[name] / rates['go']:.2f}")
+                label = f"replicator {r}" + (f" {ack}" if r > 1 else "")
                 print(
-                    f"  round {rnd + 1} replicator {r}: {rates[r]:,.0f} msgs/s, "
+                    f"  round {rnd + 1} {label}: {rates[name]:,.0f} msgs/s, "
                     f"{cpu * us:.2f} us CPU/msg (all nsqd: leader {lead * us:.2f}, others "
                     f"{(cpu - lead) * us:.2f}; load generator {own * us:.2f})"
-                    + (f", ratio to replicator 1: {rates[r] / rates[1]:.2f}" if 1 in rates else "")
+                    + (", ratio " + ", ".join(ratios) if ratios else "")
+                )
+        if args.latency_rate:
+            print(
+                f"latency: PUB round trips at {args.latency_rate:,} msgs/s, {args.size} B,"
+                " replicator 3"
+            )
+            for ack in acks:
+                name = "r3" + ("" if ack == "durable" else "-" + ack)
+                probe = fsync_times(base, args.fsync_probes)
+                rtts = publish_rtts(lookupd, name, args.latency_rate, args.size, args.seconds)
+                ms = [percentile(rtts, q) * 1e3 for q in (0.5, 0.99, 0.999)]
+                fs = [percentile(probe, q) * 1e3 for q in (0.5, 0.99)]
+                print(
+                    f"  {ack}: {len(rtts):,} PUBs, p50 {ms[0]:.2f} ms, p99 {ms[1]:.2f} ms, "
+                    f"p99.9 {ms[2]:.2f} ms, max {rtts[-1] * 1e3:.2f} ms; the disk's fsync "
+                    f"(4 KiB) p50 {fs[0]:.2f} ms, p99 {fs[1]:.2f} ms"
                 )
         times: list[float] = []
         print(f"failover: replicator 2, {args.kills} leader kills")
@@ -276,7 +446,7 @@ def main() -> None:
         if times:
             print(f"  median {statistics.median(times):.2f} s, worst {max(times):.2f} s")
     finally:
-        for p in (*nodes, lookupd):
+        for p in (*nodes, lookupd, *([go] if go is not None else [])):
             if p.proc.poll() is None:
                 p.kill()
         # the data can be gigabytes (in /dev/shm: memory): never leave it behind

@@ -14,6 +14,7 @@ from nsqx.nsqd.loopturn import LoopTurn
 from nsqx.nsqd.options import NsqdOptions
 from nsqx.nsqd.partition import Partition
 from nsqx.nsqd.replication.replica import PartitionReplica
+from nsqx.nsqd.syncer import LogSyncer
 from nsqx.nsqd.tracer import Tracer
 
 
@@ -48,6 +49,8 @@ class FakeHost:
         self.acknowledged_keys: list[set[tuple[str, int]]] = []
         #: (channel, frame, attempts, first, last) of every dead letter
         self.dead: list[tuple[str, bytes, int, int, int]] = []
+        #: the real syncers (fsyncs in a thread) of the partitions sync_partitions named
+        self.syncers: dict[tuple[str, int], LogSyncer] = {}
 
     def topology_changed(self, event: TopologyEvent, persist: bool = True) -> None:
         self.events.append((event, persist))
@@ -81,6 +84,15 @@ class FakeHost:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         fut.set_result([None])
         return fut
+
+    def sync_partitions(self, keys: set[tuple[str, int]]) -> asyncio.Future[list[None]]:
+        """As nsqd does: each durable partition's LogSyncer fsyncs in a thread."""
+        futures = []
+        for part in self.added:
+            if part.key in keys and part.log.durable:
+                syncer = self.syncers.setdefault(part.key, LogSyncer(part.log))
+                futures.append(syncer.request())
+        return asyncio.gather(*futures)
 
     def partition_added(self, part: Partition) -> None:
         self.added.append(part)

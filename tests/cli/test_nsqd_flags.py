@@ -138,6 +138,7 @@ NSQX_EXTRA_FLAGS = {
     "sync-before-ack",
     "retention",
     "replication-lag-timeout",
+    "replication-ack",
     "http-admin-allow",
     "replication-address",
     "busy-poll",
@@ -648,6 +649,7 @@ def test_every_option_is_settable_from_flags_and_config(tmp_path: Path) -> None:
         "tls-min-version": "tls1.3",
         "tls-client-auth-policy": "require",
         "http-auth": "publish,admin",
+        "replication-ack": "written",
     }
     argv: list[str] = []
     lines: list[str] = []

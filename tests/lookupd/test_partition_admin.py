@@ -49,6 +49,10 @@ NODE_UNAVAILABLE = "ErrType:9 ErrCode:1 : No node is available for topic"  # You
         ("topic=t&partition_num=1&replicator=1&retention=x", "INVALID_ARG_TOPIC_RETENTION"),
         ("topic=t&partition_num=1&replicator=1&retention=-1", "INVALID_ARG_TOPIC_RETENTION"),
         ("topic=t&partition_num=1&replicator=1&syncdisk=-1", "INVALID_ARG_TOPIC_SYNC_DISK"),
+        (
+            "topic=t&partition_num=1&replicator=1&replication_ack=fsync",
+            "INVALID_ARG_TOPIC_REPLICATION_ACK",
+        ),
         # more replicas than nodes
         ("topic=t&partition_num=1&replicator=3", NODE_UNAVAILABLE),
         # Youzan: more partitions than nodes for a topic that is not multipart
@@ -399,7 +403,12 @@ def test_meta_update_pushes_the_settings() -> None:
             assert query["disable_channel_auto_create"] == "true"
         meta = (await get_json(lk, "/lookup?topic=mu&metainfo=true"))["meta"]
         assert meta["extend_support"] and meta["disable_channel_auto_create"]
+        assert "replication_ack" not in last[0]  # (none set: each nsqd's flag)
+        q = "topic=mu&replication_ack=written"
+        assert await post(lk, f"/topic/meta/update?{q}") == (200, None)
+        assert all(n.created()[-1]["replication_ack"] == "written" for n in (a, b))
         for query, message in [
+            ("topic=mu&replication_ack=sometimes", "INVALID_ARG_TOPIC_REPLICATION_ACK"),
             ("topic=nope&retention=3", "topic is not created"),
             ("topic=mu&retention=61", "max retention days allowed exceed"),
             ("topic=mu&syncdisk=4001", "max sync every allowed exceed"),

@@ -300,3 +300,50 @@ def test_seek_forgets_the_queue_keeps_what_is_in_flight(
         assert a.ids == [m1, make_ids(2, 1)[0]] and m2 not in a.ids
 
     in_loop(body)
+
+
+def test_a_replica_keeps_its_leaders_deferred_messages(clock: FrozenClock, idle_nsqd: NSQD) -> None:
+    """A follower's channel takes its leader's position and deferred messages (each due
+    as long after now as it was after the leader's now): when it leads, the log's read
+    passes them, and they come when due; the rest of the log comes at once."""
+
+    def body() -> None:
+        part, ch = setup(idle_nsqd)
+        ids = publish(part, b"0", b"1", b"2", b"3")
+        leader_now_ms = 5_000  # (the leader's clock need not agree with this one)
+        ch.take_leader_state(1, [(2, 1, leader_now_ms + 3000)], leader_now_ms)
+        assert ch.cursor == 1 and ch.deferred_count == 1 and ch.depth == 2
+        # the same state again changes nothing (a leader sends it twice a second)
+        ch.take_leader_state(1, [(2, 1, leader_now_ms + 3000)], leader_now_ms + 500)
+        assert ch.deferred_count == 1
+        a = FakeConsumer("a", 10)
+        subscribe(ch, a)
+        deliver(ch)
+        assert a.ids == [ids[1], ids[3]]  # 2 waits for its time
+        clock.advance(2.999)
+        ch.scan(clock.now, int(clock.now * 1e9))
+        deliver(ch)
+        assert len(a.got) == 2
+        clock.advance(0.001)
+        ch.scan(clock.now, int(clock.now * 1e9))
+        deliver(ch)
+        assert a.got[-1] == (ids[2], 2)  # its second attempt, as on the leader
+        assert ch.deferred_count == 0 and not ch.ahead
+
+    in_loop(body)
+
+
+def test_the_earliest_deferred_messages_go_to_the_replicas(
+    clock: FrozenClock, idle_nsqd: NSQD
+) -> None:
+    def body() -> None:
+        part, ch = setup(idle_nsqd)
+        publish(part, *[b"%d" % i for i in range(50)])
+        for i in range(50):
+            ch.flight.defer(i, 1, int(clock.now * 1e9) + (97 * i % 50 + 1) * 1_000_000)
+        wall = clock.wall_start_ns // 1_000_000
+        earliest = ch.deferred_for_replicas(5)
+        assert [due - wall for _, _, due in earliest] == [1, 2, 3, 4, 5]
+        assert len(ch.deferred_for_replicas(100)) == 50
+
+    in_loop(body)

@@ -230,6 +230,32 @@ def test_a_restart_keeps_positions_and_never_gives_an_id_twice(tmp_path: Path) -
     run(main)
 
 
+def test_a_crashs_skipped_sequences_are_not_counted_in_depths(tmp_path: Path) -> None:
+    """After a crash the log goes on past its sequence lease (no id given twice): the
+    sequences it skipped hold no message, so no depth counts them."""
+
+    async def main() -> None:
+        _, _, part = make(tmp_path, "disk")
+        part.publish([b"1", b"2", b"3"])
+        await turn()
+        part.get_channel("c")
+        part.checkpoint()
+        part.log.close(sync=False)  # a crash: the lease is left as it was
+        _, _, again = make(tmp_path, "disk")
+        skipped = again.log.end - 3
+        assert skipped > 0
+        ch = again.get_channel("c")
+        assert (ch.cursor, ch.depth, ch.reported_depths()) == (0, 3, (3, 0))
+        again.publish([b"4"])
+        await turn()
+        assert ch.depth == 4
+        ch.cursor = again.log.end - 1  # (as if past the gap)
+        assert ch.depth == 1
+        again.close()
+
+    run(main)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_follower_stores_its_leaders_batches_at_the_same_offsets(
     tmp_path: Path, kind: str
@@ -274,6 +300,92 @@ def test_positions_name_sequences(tmp_path: Path, kind: str) -> None:
             part.position((OFFSET_MSGCOUNT, -1))
         with pytest.raises(ValueError):
             part.position((OFFSET_SPECIAL, 7))
+
+    run(main)
+
+
+class _NoReplicas:
+    """A replicated topic's partition, its replication left out: only how its log is
+    opened is looked at."""
+
+    def attach(self, part: Partition) -> None:
+        return None
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_a_replicated_partitions_log_ends_at_its_last_whole_record(
+    tmp_path: Path, replicas: int
+) -> None:
+    """After a torn tail, a single node's log skips the sequences the tail may have held
+    (no id given twice); a replica's ends at its last whole record, for its leader to
+    ship what follows (docs/storage.md)."""
+
+    async def main() -> None:
+        host, _, part = make(tmp_path, "disk")
+        for n in (2, 3):
+            part.publish([b"m%d" % k for k in range(n)])
+            await turn()
+        part.close()
+        seg = os.path.join(part.directory or "", "00000000000000000000.seg")
+        with open(seg, "r+b") as f:
+            f.truncate(os.path.getsize(seg) - 5)  # the second batch torn
+        host = FakeHost(str(tmp_path))
+        host.replication = _NoReplicas()  # type: ignore[assignment]
+        topic = Topic(host, "t", TopicMeta(partition_num=1, replica=replicas))
+        again = topic.add_partition(0)
+        if replicas > 1:
+            assert again.log.end == 2 and again.log.set_aside[0].kind == "tail"
+        else:
+            assert again.log.end > 5
+        again.close()
+
+    run(main)
+
+
+def test_answers_past_the_sync_window_wait_for_an_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--sync-every 100: once 100 written messages wait for an fsync, one starts at once
+    (not at the next scan); publishes go on while it runs, and those past 4 windows
+    (SYNC_PACE_WINDOWS) are answered when it is done: a power cut loses at most 400
+    acknowledged messages (docs/storage.md)."""
+    import threading
+
+    import nsqx.store.disklog as disklog
+    from nsqx.nsqd.partition import SYNC_PACE_WINDOWS
+
+    from rawnsq import wait_for
+
+    async def main() -> None:
+        host, _, part = make(tmp_path, "disk", sync_every=100)
+        told: list[BaseException | None] = []
+        part.publish([b"first"])  # (its files made, its sequence lease taken)
+        part.when_acknowledged(told.append)
+        await turn()
+        gate = threading.Event()
+        real = os.fsync
+
+        def held_fsync(fd: int) -> None:
+            gate.wait(30)
+            real(fd)
+
+        monkeypatch.setattr(disklog.os, "fsync", held_fsync)
+        try:
+            cap = 100 * SYNC_PACE_WINDOWS
+            for i in range(60):
+                part.publish([b"m%d-%d" % (i, k) for k in range(10)])
+                part.when_acknowledged(told.append)
+                await turn()
+            # "first" and 10 a batch unsynced: the 10th batch made 101, an fsync was
+            # asked for (held); the batches up to the cap (1 + 390) were answered
+            # while it ran, the one that passed it and every later one wait for it
+            assert len(told) == 1 + (cap - 1) // 10 and part.log.unsynced == 601
+            assert host.syncers[part.key].log is part.log
+        finally:
+            gate.set()
+        await wait_for(lambda: len(told) == 61, what="every answer after the fsyncs")
+        assert told == [None] * 61 and part.log.unsynced == 0
+        part.close()
 
     run(main)
 

@@ -20,6 +20,7 @@ from nsqx.wire.batch import StoredBatch
 
 class FakeLog:
     def __init__(self) -> None:
+        self.start = 0
         self.end = 0
         self.end_offset = 0
 
@@ -45,7 +46,7 @@ class FakePartition:
     def committed(self, seq: int) -> None:
         self.commits.append(seq)
 
-    def apply_cursors(self, channels: Any, hold_from: int) -> None:
+    def apply_cursors(self, *cursors: Any) -> None:
         pass
 
 
@@ -56,6 +57,15 @@ class FakeReplica:
         self.part = FakePartition()
         self.role = SimpleNamespace(epoch=3, history=((3, 0),))
         self.history: tuple[tuple[int, int], ...] = ()
+        self.intact = False
+        self.durable_end = 0
+        self.syncs = 0
+
+    def sync_soon(self) -> None:
+        self.syncs += 1
+
+    def log_cut(self, end: int) -> None:
+        pass
 
     def adopt_history(self, history: tuple[tuple[int, int], ...]) -> None:
         self.history = history
@@ -189,6 +199,44 @@ def test_a_leader_answering_nonsense_is_dropped_and_tried_again() -> None:
             await asyncio.sleep(0.05)
         assert leader.connections >= 4  # it came again after each
         assert not replica.part.appended and not follower.connected
+        await follower.close()
+        assert leader.server is not None
+        leader.server.close()
+
+    asyncio.run(body())
+
+
+def test_a_follower_asked_for_its_durable_end_fsyncs_and_reports_it() -> None:
+    async def body() -> None:
+        done = asyncio.Event()
+        got: list[rp.Message] = []
+
+        async def script(reader: Any, writer: Any, next_message: Any) -> None:
+            await accept(reader, writer)
+            hello = rp.decode((await next_message())[1])
+            assert isinstance(hello, rp.Hello) and hello.durable  # it offers
+            welcome = rp.Welcome(4, [(3, 0), (4, 0)], 0, None, True)  # and is asked
+            writer.write(message(rp.encode_welcome(welcome)))
+            got.append(rp.decode((await next_message())[1]))  # ACK 0
+            got.append(rp.decode((await next_message())[1]))  # what is durable already
+            writer.write(message(rp.encode_batches(0, [StoredBatch(0, 2, 0, 0, 0, b"ab")])))
+            got.append(rp.decode((await next_message())[1]))  # ACK 2
+            done.set()
+            got.append(rp.decode((await next_message())[1]))  # DURABLE 2, once fsynced
+            done.set()
+            await reader.read()
+
+        leader = Leader(script)
+        address = await leader.start()
+        replica = FakeReplica()
+        follower = FollowerReplication(replica, address)  # type: ignore[arg-type]
+        await asyncio.wait_for(done.wait(), 10)
+        done.clear()
+        assert got == [rp.Ack(0), rp.Durable(0), rp.Ack(2)]
+        assert replica.syncs == 2  # at the stream's start, and for the appended batch
+        follower.durable_advanced(2)  # (what the partition's fsync reports)
+        await asyncio.wait_for(done.wait(), 10)
+        assert got[-1] == rp.Durable(2)
         await follower.close()
         assert leader.server is not None
         leader.server.close()

@@ -64,7 +64,9 @@ class Part:
 def make_leader() -> tuple[LeaderReplication, Part]:
     part = Part()
     role = ReplicaRole(1, "me", "127.0.0.1:1", ("me", "f1"), ("me", "f1"), 2)
-    replica: Any = SimpleNamespace(part=part, role=role, node_id="me", may_acknowledge=lambda: True)
+    replica: Any = SimpleNamespace(
+        part=part, role=role, node_id="me", may_acknowledge=lambda: True, durable_ack=False
+    )
     return LeaderReplication(replica, 0), part
 
 

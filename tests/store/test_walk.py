@@ -1,5 +1,6 @@
 """The batch walk (nsqx.store.walk): every read of a segment file meets damage the same
-way, by the one corruption policy; and the interface both logs share. No network."""
+way, by the one corruption policy (the damaged batch becomes a hole, the records around
+it are served); and the interface both logs share. No network."""
 
 from __future__ import annotations
 
@@ -74,19 +75,32 @@ READERS: dict[str, Callable[[DiskLog, int], object]] = {
 def test_every_reader_meets_damage_by_the_one_policy(tmp_path: Path, reader: str) -> None:
     log, bad = damaged_log(tmp_path)
     seg = log.segments[1]
+    end_seq = seg.end_seq
     READERS[reader](log, bad)
-    # whichever read found it: the segment's readable records end at the damage, the
-    # damaged record is never served, the log's end stays, the rest is read past the gap
-    assert seg.end_seq == bad
+    # whichever read found it: the damaged batch is a hole (never served), the records
+    # after it in its segment are served, the log's end stays, nothing is given twice
+    assert seg.end_seq == end_seq and seg.hole_holding(bad) is not None
     assert log.get(bad) is None and log.offset_of(bad) is None
     assert log.read(bad, 10) == ([], [])
-    after = log.resume_at(bad)
-    assert after == log.segments[2].base_seq
-    chunks, ids = log.read(after, 1000)
-    assert len(split_chunks(chunks)) == len(ids) > 0
+    assert log.resume_at(bad) == bad + 1
+    chunks, ids = log.read(bad + 1, 1000)
+    assert ids == make_ids(bad + 1, len(ids)) and len(split_chunks(chunks)) == len(ids) > 0
+    assert log.get(bad - 1) is not None and log.get(bad + 1) is not None
+    assert log.seek_time(TS + bad) == bad + 1 and log.seek_time(TS + bad - 1) == bad - 1
+    [found] = log.set_aside
+    assert (found.first, found.end, found.kind) == (bad, bad + 1, "hole")
+    assert (
+        Path(found.kept_in).read_bytes() == Path(seg.path).read_bytes()[found.pos :][: found.nbytes]
+    )
     assert log.end == 30
     assert put(log, [b"next"]) == 30  # no sequence is given twice
     log.close()
+    # the damage stays in the file: a restart finds the same hole, and keeps no new copy
+    again = DiskLog(str(tmp_path), max_bytes_per_file=600, cache_size=1)
+    assert again.get(bad) is None and again.resume_at(bad) == bad + 1
+    assert again.get(bad + 1) is not None and again.end == 31
+    assert len(list(tmp_path.glob("*.bad*"))) == 1
+    again.close()
 
 
 def test_frames_that_do_not_tile_their_batch_are_damage(tmp_path: Path) -> None:
@@ -106,14 +120,17 @@ def test_frames_that_do_not_tile_their_batch_are_damage(tmp_path: Path) -> None:
     assert log.end == 3  # its header and crc are whole: recovery keeps it
     log.cache.trim_to(log.end)  # (read from the file, not the cache)
     assert log.read(1, 10) == ([], [])
-    assert log.segments[0].end_seq == 1  # a gap from there: never delivered
+    assert log.segments[0].hole_holding(1) is not None  # a hole: never delivered
+    assert log.resume_at(1) == 3 and log.get(0) is not None
     assert log.end == 3 and put(log, [b"after"]) == 3
     log.close()
 
 
-def test_a_cut_through_damage_ends_at_the_damage(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cut", [5, 7])
+def test_a_cut_through_damage(tmp_path: Path, cut: int) -> None:
     """truncate() walks like every read: damage on its way (a header rewritten under
-    nsqd) ends the records there, and the cut leaves nothing of it in the file."""
+    nsqd) becomes a hole; a cut inside the hole cuts where it starts (nothing of it
+    stays in the file), a cut after it keeps the records before and the hole."""
     log = DiskLog(str(tmp_path), cache_size=1)
     for i in range(5):
         put(log, [b"a%d" % i, b"b%d" % i])
@@ -123,13 +140,18 @@ def test_a_cut_through_damage_ends_at_the_damage(tmp_path: Path) -> None:
     with open(seg.path, "r+b") as f:  # the third batch's first sequence, rewritten
         f.seek(third + 8)
         f.write((99).to_bytes(8, "big"))
-    assert log.truncate(7) == 4
-    assert os.path.getsize(seg.path) == third
+    if cut == 5:  # inside the hole (sequences 4 and 5)
+        assert log.truncate(5) == 4
+        assert os.path.getsize(seg.path) == third and seg.holes is None
+    else:  # in the batch after it (6 and 7)
+        assert log.truncate(7) == 6
+        assert os.path.getsize(seg.path) == third + batch
     assert [len(log.read(s, 1)[1]) for s in range(4)] == [1, 1, 1, 1]
-    assert put(log, [b"again"]) == 4
+    assert put(log, [b"again"]) == log.end - 1
     log.close()
     log = DiskLog(str(tmp_path))
-    assert (log.start, log.end) == (0, 5)
+    assert (log.start, log.end) == (0, 5 if cut == 5 else 7)
+    assert log.get(4) is None if cut == 7 else log.get(4) is not None
     log.close()
 
 

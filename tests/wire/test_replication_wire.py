@@ -24,6 +24,34 @@ def test_messages_round_trip() -> None:
     assert rp.decode(rp.encode_cursors(cursors)) == cursors
     marked = rp.Cursors({"a": (10, False)}, 2, {"a": {"t.dead:0": (7, 1795000000123)}})
     assert rp.decode(rp.encode_cursors(marked)) == marked
+    # durable acknowledgement: the HELLO offers, the WELCOME asks, DURABLE reports
+    offering = rp.Hello("t", 0, "n", 1, 5, 50, [(1, 0)], True, 2)
+    assert rp.decode(rp.encode_hello(offering)) == offering
+    asking = rp.Welcome(7, [(7, 100)], 110, None, True)
+    assert rp.decode(rp.encode_welcome(asking)) == asking
+    assert rp.decode(rp.encode_durable(42)) == rp.Durable(42)
+    deferred = rp.Cursors(
+        {"a": (10, False)}, 2, deferred={"a": [(11, 2, 1_700_000_000_000)]}, now_ms=1_699
+    )
+    assert rp.decode(rp.encode_cursors(deferred)) == deferred
+
+
+def test_the_previous_release_s_messages_still_decode() -> None:
+    """What nsqx wrote before durable acknowledgement and replicated schedules: no
+    durable flags, no deferred messages (read as "none")."""
+    hello = rp.decode(
+        b'\x01{"topic":"t","partition":0,"node":"n","epoch":1,"end":5,"end_offset":50,'
+        b'"history":[[1,0]]}'
+    )
+    assert isinstance(hello, rp.Hello) and not hello.durable
+    welcome = rp.decode(b'\x02{"epoch":1,"history":[[1,0]],"truncate_to":5}')
+    assert isinstance(welcome, rp.Welcome) and not welcome.durable
+    cursors = rp.decode(b'\x06{"channels":{"a":[3,false]},"hold_from":0}')
+    assert cursors == rp.Cursors({"a": (3, False)}, 0)
+    # and what the previous release reads of the new ones: fields it does not know are
+    # extra keys of the JSON objects, the channel entries keep their shape
+    new = rp.encode_cursors(rp.Cursors({"a": (3, False)}, 0, deferred={"a": [(4, 1, 9)]}, now_ms=5))
+    assert b'"channels":{"a":[3,false]}' in new
 
 
 def test_cursors_without_replay_marks_are_what_they_were() -> None:
@@ -66,6 +94,10 @@ def test_batches_round_trip(commit: int, shapes: list[tuple[int, int, int]]) -> 
         rp.encode_batches(0, [StoredBatch(0, 1, 0, 0, 0, b"abc")]) + b"!",
         rp.encode_batches(0, [StoredBatch(0, 1, 0, 0, 0, b"abc")])[:-1],
         b'\x06{"channels": {"a": [1]}, "hold_from": 0}',
+        b'\x06{"channels": {}, "hold_from": 0, "deferred": {"a": [[1, 2]]}, "now_ms": 0}',
+        b'\x06{"channels": {}, "hold_from": 0, "deferred": {"a": [[1, 2, 3]]}}',
+        b'\x06{"channels": {}, "hold_from": 0, "deferred": [], "now_ms": 0}',
+        b"\x07\x00",
         b'\x06{"channels": {}, "hold_from": 0, "replay_marks": []}',
         b'\x06{"channels": {}, "hold_from": 0, "replay_marks": {"a": [1, 2]}}',
         b'\x06{"channels": {}, "hold_from": 0, "replay_marks": {"a": {"t:0": [1]}}}',

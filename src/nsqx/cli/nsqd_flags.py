@@ -262,6 +262,16 @@ NSQD_FLAGS: tuple[FlagSpec, ...] = (
         "[nsqx] an in-sync replica behind the leader this long leaves the ISR",
     ),
     FlagSpec(
+        "replication-ack",
+        _S,
+        "replication_ack",
+        "durable",
+        "[nsqx] when a replicated publish is answered: durable (every in-sync replica"
+        " holds it and a majority of the replicas has it fsynced) or written (every"
+        " in-sync replica wrote it, not fsynced: faster, lost if every replica loses"
+        " power at once); a topic's replication_ack overrides it",
+    ),
+    FlagSpec(
         "replication-address",
         _S,
         "replication_address",

@@ -394,6 +394,7 @@ class Coordinator:
         retention_days: int | None = None,
         upgrade_ext: bool = False,
         disable_channel_auto_create: bool | None = None,
+        replication_ack: str | None = None,
     ) -> None:
         """Youzan's ChangeTopicMetaParam: change settings, tell every partition's node."""
         async with self._admin:
@@ -416,6 +417,8 @@ class Coordinator:
                 meta = replace(meta, ext=True)
             if disable_channel_auto_create is not None:
                 meta = replace(meta, disable_channel_auto_create=disable_channel_auto_create)
+            if replication_ack is not None:
+                meta = replace(meta, replication_ack=replication_ack)
             nodes = self.nodes()
             if not enough_nodes(meta, len(nodes)):
                 raise CoordinatorError(400, ERR_NODE_UNAVAILABLE)

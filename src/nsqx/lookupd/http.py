@@ -77,6 +77,7 @@ MEMBER_PATHS = frozenset(
         "/partition/isr/leave",
         "/partition/isr/join",
         "/partition/leader/unreachable",
+        "/partition/leader/restarted",
         "/cluster/node/roles",
         "/cluster/node/drain",
     }
@@ -139,6 +140,8 @@ class LookupdHTTP:
             # followers that cannot hear their leader; a node confirming its leaderships
             # within a new lease; each partition's epoch history
             "/partition/leader/unreachable": {post: self.partitions.leader_unreachable},
+            # a node that led a partition when it stopped asks for an election
+            "/partition/leader/restarted": {post: self.partitions.leader_restarted},
             "/cluster/node/roles": {post: self.partitions.node_roles},
             "/partition/history": {get: self.partitions.partition_history},
             "/topic/partition/move": {post: self.partitions.move_partition},

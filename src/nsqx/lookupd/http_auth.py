@@ -47,6 +47,7 @@ TOPIC_ACTIONS = frozenset(
         "/partition/isr/leave",
         "/partition/isr/join",
         "/partition/leader/unreachable",
+        "/partition/leader/restarted",
     }
 )
 CHANNEL_ACTIONS = frozenset({"/channel/create", "/channel/delete"})

@@ -29,7 +29,7 @@ from nsqx.lookupd.registration_db import CHANNEL, TOPIC, Producer, Registration
 from nsqx.lookupd.topic_record import MAX_LOAD_FACTOR, UNKNOWN_TOPIC_META_JSON
 from nsqx.wire.lookupd import parse_partition_id
 from nsqx.wire.names import is_valid_name
-from nsqx.wire.topic_meta import MAX_PARTITION_NUM, MAX_REPLICATOR, TopicMeta
+from nsqx.wire.topic_meta import MAX_PARTITION_NUM, MAX_REPLICATOR, REPLICATION_ACKS, TopicMeta
 
 if TYPE_CHECKING:
     from nsqx.lookupd.nsqlookupd import NSQLookupd
@@ -236,6 +236,7 @@ class PartitionAPI:
         # negative count of days or messages means nothing, so nsqx refuses it
         sync_every = _int_param(params, "syncdisk", "0", 0, None, "INVALID_ARG_TOPIC_SYNC_DISK")
         retention = _int_param(params, "retention", "0", 0, None, "INVALID_ARG_TOPIC_RETENTION")
+        replication_ack = _replication_ack(params)
         self.leader_only()
         meta = TopicMeta(
             partition_num=pnum,
@@ -247,6 +248,7 @@ class PartitionAPI:
             multipart=params.get("multipart") == "true",
             ext=params.get("extend") == "true",
             disable_channel_auto_create=params.get("disable_channel_auto_create") == "true",
+            replication_ack=replication_ack or "",
         )
         try:
             await self.coordinator.create_topic(topic, meta)
@@ -335,6 +337,23 @@ class PartitionAPI:
         in-sync follower cannot hear its leader."""
         await self._isr_report(request, self.coordinator.replicas.leader_unreachable, True)
 
+    async def leader_restarted(self, request: web.Request) -> dict[str, Any]:
+        """nsqx: ``POST /partition/leader/restarted?topic&partition&node&epoch``: a node
+        that led the partition when it stopped asks for an election (it may have lost
+        what it had not fsynced). ``{"epoch": n}`` once decided (the role of epoch ``n``
+        says who leads); 503 while too few replicas answer (it asks again)."""
+        params = Params(request)
+        topic = params.get("topic") or ""
+        node = params.get("node") or ""
+        pid = parse_partition_id(params.get("partition") or "")
+        if not topic or not node or pid is None:
+            raise HTTPError(400, "MISSING_ARG")
+        self.leader_only()
+        result, epoch = await self.coordinator.replicas.leader_restarted(topic, pid, node)
+        if result != "OK":
+            raise HTTPError(503, result)
+        return {"epoch": epoch}
+
     async def node_roles(self, request: web.Request) -> dict[str, Any]:
         """nsqx: ``POST /cluster/node/roles?node=<id>``: a node that holds a new lease
         asks which leaderships it may acknowledge writes for (fencing: see
@@ -399,7 +418,8 @@ class PartitionAPI:
 
     async def update_topic_meta(self, request: web.Request) -> None:
         """Youzan's ``/topic/meta/update?topic[&replicator&syncdisk&retention&upgradeext
-        &disable_channel_auto_create]``: absent parameters stay as they are."""
+        &disable_channel_auto_create]`` and nsqx's ``replication_ack``: absent parameters
+        stay as they are."""
         params = Params(request)
         topic = params.get("topic") or ""
         if not topic:
@@ -419,10 +439,12 @@ class PartitionAPI:
         if params.get("retention"):
             retention = _int_param(params, "retention", "", 0, None, "INVALID_ARG_TOPIC_RETENTION")
         disable = params.get("disable_channel_auto_create")
+        replication_ack = _replication_ack(params)
         self.leader_only()
         try:
             await self.coordinator.update_topic(
                 topic,
+                replication_ack=replication_ack,
                 replica=replica,
                 sync_every=sync_every,
                 retention_days=retention,
@@ -448,3 +470,14 @@ class PartitionAPI:
             return await self.coordinator.delete_channel(topic, channel)
         except CoordinatorError as err:
             raise _error(err) from None
+
+
+def _replication_ack(params: Params) -> str | None:
+    """nsqx's ``replication_ack`` (durable|written; None if absent): when a publish of a
+    replicated topic is answered (docs/replication.md)."""
+    value = params.get("replication_ack")
+    if not value:
+        return None
+    if value not in REPLICATION_ACKS:
+        raise HTTPError(400, "INVALID_ARG_TOPIC_REPLICATION_ACK")
+    return value

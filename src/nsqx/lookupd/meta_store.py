@@ -9,8 +9,11 @@ Two embedded implementations, for a single nsqlookupd:
 * :class:`MemoryMetaStore`: a dict; the records die with the process (no
   ``--data-path``).
 * :class:`FileMetaStore`: the same dict, written after every change to one JSON file
-  by temp file + fsync + rename (+ fsync of the directory), so a crash leaves either
-  the old file or the new one, never a torn one. The file is small (a few hundred
+  by temp file + fsync + rename (+ fsync of the directory), so a crash or a power cut
+  leaves either the old file or the new one, never a torn one; ``put`` returns once the
+  new one is on the disk, and the coordinator tells nodes of a decision (a new epoch)
+  only after that, so no node ever holds an epoch that a power cut of nsqlookupd could
+  take back (and give again, to another decision). The file is small (a few hundred
   bytes per topic) and changes only on administrative calls, so rewriting it whole
   is simpler than any log and costs nothing that matters.
 
@@ -29,7 +32,7 @@ import os
 from collections.abc import Callable, Mapping
 
 from nsqx.lookupd.topic_record import TopicRecord
-from nsqx.store.durable_file import write_durable
+from nsqx.store.durable_file import fsync_dir, write_durable
 
 #: The file FileMetaStore keeps in ``--data-path``.
 META_FILE = "nsqlookupd.meta.json"
@@ -136,19 +139,39 @@ class FileMetaStore(MetaStore):
 
         Raises ValueError naming the file if it is not a valid meta file.
         """
-        os.makedirs(directory, exist_ok=True)
+        if not os.path.isdir(directory):
+            os.makedirs(directory, exist_ok=True)
+            # (its entry in the parent: a power cut must not take the directory away
+            # with the records written in it)
+            fsync_dir(os.path.dirname(os.path.abspath(directory)))
         return cls(directory, read_meta_file(os.path.join(directory, META_FILE)))
 
     async def get(self, topic: str) -> TopicRecord | None:
         return self._records.get(topic)
 
     async def put(self, topic: str, record: TopicRecord) -> None:
+        old = self._records.get(topic)
         self._records[topic] = record
-        await self._flush()
+        try:
+            await self._flush()
+        except BaseException:
+            # not stored: a later write must not store it either (the coordinator acts
+            # as if it never was, and may decide otherwise in the same epoch)
+            if self._records.get(topic) is record:
+                if old is None:
+                    del self._records[topic]
+                else:
+                    self._records[topic] = old
+            raise
 
     async def delete(self, topic: str) -> None:
-        if self._records.pop(topic, None) is not None:
-            await self._flush()
+        old = self._records.pop(topic, None)
+        if old is not None:
+            try:
+                await self._flush()
+            except BaseException:
+                self._records.setdefault(topic, old)
+                raise
 
     async def list(self) -> dict[str, TopicRecord]:
         return dict(self._records)

@@ -47,6 +47,7 @@ def topic_create_params(topic: str, partition: int, meta: TopicMeta) -> dict[str
         "retention": str(meta.retention_days),
         "syncdisk": str(meta.sync_every),
         "replicator": str(meta.replica),
+        **({"replication_ack": meta.replication_ack} if meta.replication_ack else {}),
     }
 
 

@@ -12,12 +12,18 @@ accepts a write).
   over etcd) no other nsqlookupd holds a session of it
   (:mod:`nsqx.lookupd.node_sessions`): a node cut off from the leading nsqlookupd only
   keeps its roles, and a node whose last session ends anywhere is judged even if it
-  never connected to the leading one. For each partition it led,
-  the coordinator asks the other live ISR members for their log end (``GET
-  nsqd/partition/state``), elects the one with the newest log, moves the old leader to
-  the end of the placement (it will catch up when it returns, after cutting what the
-  new leader never had) and bumps the epoch.
+  never connected to the leading one. For each partition it led, the coordinator holds
+  an *election* (below), moves the old leader to the end of the placement (it will catch
+  up when it returns, after cutting what the new leader never had) and bumps the epoch.
   An ISR member that is lost leaves the ISR.
+* **Elections** (nsqx.lookupd.elections) never pick a replica with less than the
+  committed log: the coordinator asks the live replicas for their log (``GET
+  nsqd/partition/state``) and elects once an intact in-sync replica answered, or enough
+  replicas that every write quorum includes one of them; the newest log wins. Until
+  then the partition has no leader; the election is tried again as nodes come back, and
+  when a node that led the partition when it stopped asks for it
+  (``/partition/leader/restarted``: a restarted node never takes a leadership back
+  without one).
 * **Write quorum** (Youzan's rule): writes need an ISR of more than half of the
   replicas. When a lost node leaves an ISR too small for writes, a live node that holds
   no replica of the partition takes the lost node's place in the placement: it is asked
@@ -46,6 +52,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from nsqx.lookupd.elections import LogState, choose, log_state
 from nsqx.lookupd.nsqd_client import NsqdCallError
 from nsqx.lookupd.registration_db import Peer
 from nsqx.lookupd.topic_record import TopicRecord
@@ -137,6 +144,9 @@ class Replicas:
         # (topic, partition, epoch) -> in-sync follower -> loop time of its report that
         # it cannot hear the leader
         self._unreachable: dict[tuple[str, int, int], dict[str, float]] = {}
+        # partitions whose lost leader could not be replaced yet (too few replicas
+        # answered): tried again as nodes come back
+        self._leaderless: set[tuple[str, int]] = set()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -306,9 +316,49 @@ class Replicas:
 
     def peer_arrived(self, peer: Peer) -> None:
         """A node connected: partitions that lost a replica when no spare was free may
-        take one now."""
+        take one now, and partitions left without a leader may elect one."""
         if peer.speaks_partitions and self.coord.leading:
             self._spawn(self._fill_gaps())
+            if self._leaderless:
+                self._spawn(self._elect_leaderless())
+
+    async def _elect_leaderless(self) -> None:
+        """Elect a leader where a lost one could not be replaced yet (more replicas may
+        answer now)."""
+        await asyncio.sleep(self.lost_grace)  # registered and serving by then
+        coord = self.coord
+        if not coord.leading:
+            return
+        async with coord.admin_lock:
+            for topic, pid in sorted(self._leaderless):
+                record = coord.records.get(topic)
+                placement = record.placements.get(pid) if record is not None else None
+                if record is None or not placement or coord.alive(placement[0]):
+                    # gone, or its leader is back (it asks for an election itself)
+                    self._leaderless.discard((topic, pid))
+                    continue
+                old = placement[0]
+                chosen = await self._elect(topic, record, pid, [n for n in placement if n != old])
+                if isinstance(chosen, str):
+                    log.warning("REPL: %s:%d: still no leader: %s", topic, pid, chosen)
+                    continue
+                self._leaderless.discard((topic, pid))
+                leader, new_isr = chosen
+                new_placement = (leader, *[n for n in placement if n != leader])
+                changed = record.with_replicas(
+                    pid, new_placement, new_isr, f"node {old} lost, elected when {leader} answered"
+                )
+                await coord.save(topic, changed)
+                log.warning(
+                    "REPL: %s:%d epoch %d: %s leads, isr %s (leader %s lost)",
+                    topic,
+                    pid,
+                    changed.epoch_of(pid),
+                    leader,
+                    ",".join(new_isr),
+                    old,
+                )
+                await self._apply(topic, changed, pid)
 
     async def _fill_gaps(self) -> None:
         """Partitions too small to write (ISR at or below half of the replicas) with a
@@ -433,21 +483,21 @@ class Replicas:
         isr = record.isr_of(pid)
         nodes = self.coord.nodes()
         if placement[0] == node_id:
-            candidates = [n for n in isr if n != node_id and n in nodes]
-            ends = await self._log_ends(topic, pid, candidates, nodes)
-            if not ends:
+            chosen = await self._elect(topic, record, pid, [n for n in placement if n != node_id])
+            if isinstance(chosen, str):
                 log.error(
-                    "REPL: %s:%d: leader %s lost and no in-sync replica answers; "
-                    "the partition waits for one of %s",
+                    "REPL: %s:%d: leader %s lost and no leader can be elected yet (%s); "
+                    "the partition waits for more of %s",
                     topic,
                     pid,
                     node_id,
-                    ",".join(isr),
+                    chosen,
+                    ",".join(placement),
                 )
+                self._leaderless.add((topic, pid))
                 return None
-            # the newest log; among equals, the first in the ISR order
-            leader = max(ends, key=lambda n: (ends[n], -isr.index(n)))
-            new_isr = (leader, *[n for n in isr if n in ends and n != leader])
+            self._leaderless.discard((topic, pid))
+            leader, new_isr = chosen
             new_placement = (leader, *[n for n in placement if n != leader])
         elif node_id in isr:
             new_isr = tuple(n for n in isr if n != node_id)
@@ -592,12 +642,18 @@ class Replicas:
         if to is not None:
             if to not in isr:
                 raise ValueError(f"{to} is not a live in-sync replica")
-            new = to
-        elif isr:
-            new = isr[0]
+            isr = [to]
+        # only one that holds every committed record (not one that restarted and has
+        # not caught up yet)
+        states = await self._log_states(topic, pid, isr, nodes)
+        ready = [n for n in isr if n in states and states[n].intact]
+        if ready:
+            new = ready[0]
+        elif to is not None:
+            raise ValueError(f"{to} has not caught up with the leader since it started")
         else:
-            raise ValueError("no other live in-sync replica")
-        new_isr = (new, *[n for n in isr if n != new])
+            raise ValueError("no other live in-sync replica that holds every committed record")
+        new_isr = (new, *[n for n in record.isr_of(pid) if n not in (new, old) and n in nodes])
         new_placement = (new, *[n for n in placement if n not in (new, old)], old)
         changed = record.with_replicas(pid, new_placement, new_isr, f"moved from {old}")
         # the new leader is confirmed once the old one took its new role (or is lost);
@@ -726,11 +782,11 @@ class Replicas:
                     record.meta.replica // 2 + 1,
                 )
                 return "OK"
-            ends = await self._log_ends(topic, pid, voters, nodes)
-            if len(ends) <= record.meta.replica // 2:
+            chosen = await self._elect(topic, record, pid, voters)
+            if isinstance(chosen, str):
+                log.warning("REPL: %s:%d: leader %s unreachable: %s", topic, pid, leader, chosen)
                 return "OK"
-            new = max(ends, key=lambda n: (ends[n], -isr.index(n)))
-            new_isr = (new, *[n for n in isr if n in ends and n != new])
+            new, new_isr = chosen
             new_placement = (new, *[n for n in placement if n not in (new, leader)], leader)
             changed = record.with_replicas(
                 pid, new_placement, new_isr, f"leader {leader} unreachable from {','.join(voters)}"
@@ -758,6 +814,49 @@ class Replicas:
             await self._apply(topic, changed, pid)
             return "OK"
 
+    async def leader_restarted(self, topic: str, pid: int, node: str) -> tuple[str, int]:
+        """A node that led the partition when it stopped asks for an election: it may
+        have lost records it acknowledged (a power cut takes what was not fsynced), so
+        it does not take the leadership back on its own. Returns ("OK", the epoch whose
+        role says who leads now) once decided: elected now (it may be the node again,
+        in a new epoch), or another node leads already; else why not yet (too few
+        replicas answer: the node asks again)."""
+        coord = self.coord
+        async with coord.admin_lock:
+            record = coord.records.get(topic)
+            if record is None or pid not in record.placements or record.meta.replica < 2:
+                return "OK", 0  # nothing to elect (nor to confirm it for)
+            placement = record.placements[pid]
+            if placement[0] != node:
+                return "OK", record.epoch_of(pid)  # its role says who leads
+            chosen = await self._elect(topic, record, pid, list(placement))
+            if isinstance(chosen, str):
+                log.warning(
+                    "REPL: %s:%d: leader %s restarted; no leader can be elected yet: %s",
+                    topic,
+                    pid,
+                    node,
+                    chosen,
+                )
+                return chosen, record.epoch_of(pid)
+            self._leaderless.discard((topic, pid))
+            leader, new_isr = chosen
+            new_placement = (leader, *[n for n in placement if n != leader])
+            # (no step-down to wait for: the node has not led since it started)
+            changed = record.with_replicas(pid, new_placement, new_isr, f"leader {node} restarted")
+            await coord.save(topic, changed)
+            log.warning(
+                "REPL: %s:%d epoch %d: leader %s restarted: %s leads, isr %s",
+                topic,
+                pid,
+                changed.epoch_of(pid),
+                node,
+                leader,
+                ",".join(new_isr),
+            )
+            await self._apply(topic, changed, pid)
+            return "OK", changed.epoch_of(pid)
+
     async def _fence(
         self, topic: str, pid: int, leader: str, epoch: int, nodes: dict[str, Peer]
     ) -> None:
@@ -774,21 +873,31 @@ class Replicas:
         except (NsqdCallError, TimeoutError) as err:
             log.warning("REPL: %s:%d: fencing %s failed: %s", topic, pid, leader, err)
 
-    async def _log_ends(
+    async def _log_states(
         self, topic: str, pid: int, candidates: list[str], nodes: dict[str, Peer]
-    ) -> dict[str, int]:
-        """The log end of each candidate that answers."""
-        ends: dict[str, int] = {}
-        states = await asyncio.gather(
+    ) -> dict[str, LogState]:
+        """What each live candidate that answers says of its log."""
+        candidates = [n for n in candidates if n in nodes]
+        out: dict[str, LogState] = {}
+        answers = await asyncio.gather(
             *(self.coord.client.partition_state(nodes[n].info, topic, pid) for n in candidates),
             return_exceptions=True,
         )
-        for n, state in zip(candidates, states, strict=True):
-            if isinstance(state, dict) and isinstance(state.get("end"), int):
-                ends[n] = state["end"]
+        for n, answer in zip(candidates, answers, strict=True):
+            state = log_state(answer)
+            if state is not None:
+                out[n] = state
             else:
-                log.warning("REPL: %s:%d: no state from %s: %s", topic, pid, n, state)
-        return ends
+                log.warning("REPL: %s:%d: no state from %s: %s", topic, pid, n, answer)
+        return out
+
+    async def _elect(
+        self, topic: str, record: TopicRecord, pid: int, candidates: list[str]
+    ) -> tuple[str, tuple[str, ...]] | str:
+        """Elect among ``candidates`` (the live ones that answer): (the new leader, the
+        new ISR), or why no leader can be elected yet. See the module's docstring."""
+        states = await self._log_states(topic, pid, candidates, self.coord.nodes())
+        return choose(states, record.isr_of(pid), record.placements[pid], record.meta.replica)
 
     # -- views ------------------------------------------------------------------------
 

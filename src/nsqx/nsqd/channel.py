@@ -9,6 +9,7 @@ tests drive a channel with fake consumers (tests/nsqd/test_channel_unit.py).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import os
 import random
@@ -79,6 +80,21 @@ class Consumer(Protocol):
     def fail(self, err: ProtocolError) -> None:
         """Send an error now; a fatal one closes the connection (its partition moved)."""
         ...
+
+
+def _smallest(heap: list[tuple[int, int, int]], k: int) -> list[tuple[int, int, int]]:
+    """The ``k`` smallest entries of a heap, in order, walking only the heap's top (k log
+    k, not a sort of the whole heap: a channel may hold a million deferred messages)."""
+    out: list[tuple[int, int, int]] = []
+    n = len(heap)
+    candidates: list[tuple[tuple[int, int, int], int]] = [(heap[0], 0)]
+    while candidates and len(out) < k:
+        entry, i = heapq.heappop(candidates)
+        out.append(entry)
+        for j in (2 * i + 1, 2 * i + 2):
+            if j < n:
+                heapq.heappush(candidates, (heap[j], j))
+    return out
 
 
 def _sample(frames: list[bytes], ids: list[bytes], rate: int) -> tuple[list[bytes], list[bytes]]:
@@ -162,6 +178,12 @@ class Channel:
         #: messages being written to the dead-letter topic (seq -> attempts): pending,
         #: as if queued, until that publish is acknowledged
         self._dying: dict[int, int] = {}
+        #: deferred (or requeued) messages at or past the cursor: held by ``flight``
+        #: already, so a read of the log passes them (a replica that took its leader's
+        #: deferred messages, take_leader_state; or a checkpoint of one)
+        self.ahead: set[int] = set()
+        #: the leader's deferred messages last taken (a follower's channel)
+        self._leader_deferred: list[tuple[int, int, int]] = []
         #: with max_attempts: when stretches of the log were first delivered (their end
         #: sequences, in order, and wall ns; a stretch per millisecond at most), and the
         #: last delivery time (wall ns) of messages out on their last attempt: a dead
@@ -262,6 +284,7 @@ class Channel:
         self.cursor = min(max(state.cursor, lo), hi)
         to_mono = clock.monotonic_ns() - clock.time_ns()
         flight = self.flight
+        cursor = self.cursor
         for seq, attempts, due in state.entries():
             if not lo <= seq < hi:
                 continue  # gone from the log (deleted segment, or lost with the page cache)
@@ -269,6 +292,8 @@ class Channel:
                 flight.defer(seq, attempts, due + to_mono)
             else:
                 flight.requeued.append((seq, attempts))
+            if seq >= cursor:
+                self.ahead.add(seq)  # (a replica's: its leader's deferred messages)
         self._arm_deferred()
 
     def cursor_state(self) -> CursorState:
@@ -293,7 +318,12 @@ class Channel:
     @property
     def depth(self) -> int:
         """Messages waiting (not in flight, not deferred)."""
-        return len(self.flight.requeued) + max(self.partition.visible_end - self.cursor, 0)
+        # (messages ahead of the cursor that the deferred heap holds are not waiting)
+        ahead = len(self.ahead)
+        end = self.partition.visible_end
+        # (sequences without a record: skipped after damage or a crash)
+        missing = self.log.missing_between(self.cursor, end) if self.cursor < end else 0
+        return len(self.flight.requeued) + max(end - self.cursor - ahead - missing, 0)
 
     def reported_depths(self) -> tuple[int, int]:
         """(depth, deferred_count) as /stats and /channel/peek report them: NSQ defers a
@@ -304,7 +334,12 @@ class Channel:
         later = 0
         if self.cursor < end:
             now = clock.time_ns()
-            later = sum(1 for _, due in self.log.deferred_between(self.cursor, end) if due > now)
+            ahead = self.ahead  # (held by the deferred heap already: counted there)
+            later = sum(
+                1
+                for seq, due in self.log.deferred_between(self.cursor, end)
+                if due > now and seq not in ahead
+            )
         return self.depth - later, self.deferred_count + later
 
     @property
@@ -412,8 +447,46 @@ class Channel:
         deferred messages are forgotten; messages in flight stay in flight."""
         self.cursor = seq
         self.flight.drop_queued()
+        self.ahead.clear()
+        self._leader_deferred = []
         self._forget_sent()
         self.dirty = True
+
+    # -- replication ------------------------------------------------------------------
+
+    def deferred_for_replicas(self, limit: int) -> list[tuple[int, int, int]]:
+        """The deferred messages (REQ with a delay, DPUB) as (sequence, attempts so far,
+        due time in ms of the wall clock), the ``limit`` earliest due: what a leader
+        sends its followers so that a new leader keeps the schedule."""
+        deferred = self.flight.deferred
+        if not deferred:
+            return []
+        to_wall = clock.time_ns() - clock.monotonic_ns()
+        taken = deferred if len(deferred) <= limit else _smallest(deferred, limit)
+        return [(seq, attempts, (due + to_wall) // 1_000_000) for due, seq, attempts in taken]
+
+    def take_leader_state(
+        self, cursor: int, deferred: list[tuple[int, int, int]], leader_now_ms: int
+    ) -> None:
+        """A follower's channel takes its leader's position (the oldest message the
+        leader still needs) and deferred messages, each due as long after now as it was
+        after ``leader_now_ms`` on the leader (the nodes' clocks need not agree): if it
+        leads next, it delivers from there, the deferred ones when due (the log's read
+        passes them)."""
+        if cursor == self.cursor and deferred == self._leader_deferred:
+            return
+        self.seek(cursor)
+        if deferred:
+            now = clock.monotonic_ns()
+            defer = self.flight.defer
+            ahead = self.ahead
+            for seq, attempts, due_ms in deferred:
+                if seq < cursor:
+                    continue
+                defer(seq, attempts, now + max(due_ms - leader_now_ms, 0) * 1_000_000)
+                ahead.add(seq)
+            self._leader_deferred = deferred
+            self._arm_deferred()
 
     def advance_to(self, seq: int) -> None:
         """Count everything below ``seq`` as consumed (a range consumer, such as a Spark
@@ -758,7 +831,7 @@ class Channel:
             self.dirty = True
             self.message_count += hi - lo
             deferred = self.log.deferred_between(lo, hi)
-            if deferred:
+            if deferred or self.ahead:
                 f, i = self._defer_from_log(deferred, lo, f, i)
             if active and policy.max_attempts:
                 self._first_sent(hi)
@@ -1046,10 +1119,18 @@ class Channel:
         now_ns = clock.time_ns()
         to_mono = clock.monotonic_ns() - now_ns
         skip = set()
+        ahead = self.ahead
         for seq, due in deferred:
-            if due > now_ns:
+            if due > now_ns and seq not in ahead:
                 self.flight.defer(seq, 0, due + to_mono)
                 skip.add(seq - lo)
+        if ahead:
+            # held by the deferred heap (or requeued) already: not delivered from here
+            hi = lo + len(ids)
+            for seq in [s for s in ahead if s < hi]:
+                ahead.discard(seq)
+                if seq >= lo:
+                    skip.add(seq - lo)
         if not skip:
             return frames, ids
         self._arm_deferred()

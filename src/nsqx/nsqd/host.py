@@ -97,6 +97,11 @@ class PartitionHost(Protocol):
         fsynced (--sync-before-ack) and held by their ISR if replicated."""
         ...
 
+    def sync_partitions(self, keys: set[tuple[str, int]]) -> asyncio.Future[list[None]]:
+        """A future done once the writes so far to these partitions are fsynced (an
+        fsync starts now if none is running)."""
+        ...
+
 
 class TopicHost(PartitionHost, Protocol):
     """What a topic needs from its node besides what its partitions need."""

@@ -1259,7 +1259,7 @@ class HTTPServer:
             await ws.close()
             return ws
         await ws.send_bytes(rp.encode_welcome(answer))
-        await leader.serve(hello.node, ws, answer.truncate_to, request)
+        await leader.serve(hello.node, ws, answer.truncate_to, request, answer.durable)
         await ws.close()
         return ws
 
@@ -1291,6 +1291,7 @@ class HTTPServer:
                 ),
                 retention_days=_int_param(params, "retention", base.retention_days),
                 sync_every=_int_param(params, "syncdisk", base.sync_every),
+                replication_ack=(params.get("replication_ack") or [base.replication_ack])[0],
             )
             self.nsqd.create_partition(name, _int_param(params, "partition", 0), meta)
         except ValueError as err:
@@ -1438,6 +1439,7 @@ _SETTINGS_PARAMS = frozenset(
         "disable_channel_auto_create",
         "retention",
         "syncdisk",
+        "replication_ack",
     }
 )
 

@@ -39,6 +39,8 @@ PARAMS: Final[dict[tuple[str, str], frozenset[str]]] = {
         "disable_channel_auto_create",
         "retention",
         "syncdisk",
+        # nsqx's: when a publish of a replicated topic is answered
+        "replication_ack",
     },
     ("POST", "/topic/delete"): _TOPIC,
     ("POST", "/topic/empty"): _TOPIC,

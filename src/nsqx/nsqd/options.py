@@ -16,6 +16,7 @@ from nsqx import NSQ_VERSION
 from nsqx.wire.auth import parse_http_auth
 from nsqx.wire.commands import ParserLimits
 from nsqx.wire.identify import ServerLimits
+from nsqx.wire.topic_meta import REPLICATION_ACKS
 
 
 def default_node_id() -> int:
@@ -52,6 +53,10 @@ class NsqdOptions:
     #: nsqx: an ISR member behind the leader this long (seconds) is reported to the
     #: coordinator, which takes it out of the ISR
     replication_lag_timeout: float = 2.5
+    #: nsqx: when a replicated publish is answered (a topic's replication_ack overrides
+    #: it): "durable", once every ISR member holds it and a write quorum of the replicas
+    #: has it fsynced; "written", once every ISR member wrote it (nsqx.wire.topic_meta)
+    replication_ack: str = "durable"
     #: nsqx: host:port where followers reach this node's HTTP API for replication
     #: (empty: the broadcast address and HTTP port)
     replication_address: str = ""
@@ -166,6 +171,10 @@ class NsqdOptions:
                 ipaddress.ip_network(net, strict=False)
             except ValueError:
                 raise ValueError(f"--http-admin-allow {net!r} is not a network (CIDR)") from None
+        if self.replication_ack not in REPLICATION_ACKS:
+            raise ValueError(
+                f"--replication-ack must be durable|written, got {self.replication_ack}"
+            )
         if self.log_level not in ("debug", "info", "warn", "error", "fatal"):
             raise ValueError(
                 f"--log-level must be debug|info|warn|error|fatal, got {self.log_level}"

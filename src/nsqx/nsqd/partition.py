@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from nsqx.nsqd import clock
 from nsqx.nsqd.channel import Channel
@@ -49,8 +49,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nsqx.nsqd")
 
+#: publishes wait for an fsync only once this many --sync-every windows are unsynced:
+#: an fsync starts as one window fills, and publishes go on while it runs (holding
+#: them at one window halved ingest on a disk whose fsync takes 5 ms)
+SYNC_PACE_WINDOWS: Final = 4
+
 #: Told None once publishes are acknowledged, or the error that failed them.
 AckWaiter = Waiter
+
+
+def _seen(fut: asyncio.Future[list[None]]) -> None:
+    """An fsync nobody waits for: its failure is kept by the log (sync_error) and told
+    by /ping, not left for asyncio to report."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 class StagedDropped(Exception):
@@ -120,6 +132,9 @@ class Partition:
             self.directory,
             max_bytes_per_file=opts.max_bytes_per_file,
             cache_size=opts.mem_queue_size,
+            # a replica never skips sequences of its own after damage: its log ends at
+            # its last whole record and converges to its leader's (docs/storage.md)
+            skip_lost=topic.meta.replica <= 1,
         )
         if self.directory is not None:
             os.makedirs(self.channel_dir, exist_ok=True)
@@ -144,6 +159,8 @@ class Partition:
         self._waiters: list[AckWaiter] = []
         #: --sync-before-ack (read once: nsqd's options are a Python object)
         self._sync_before_ack = nsqd.options.sync_before_ack
+        #: the fsync started ahead of a full --sync-every window
+        self._sync_ahead: asyncio.Future[list[None]] | None = None
         #: messages and body bytes staged (counted already) since the last commit
         self._staged_messages = 0
         self._staged_bytes = 0
@@ -402,14 +419,48 @@ class Partition:
         if self._turn.health_error is not None:
             self._turn.health_error = None
         self._appended()
-        if not waiters:
-            return None
         if self._sync_before_ack or self.replica is not None:
-            self._after_write(waiters)
+            if waiters:
+                self._after_write(waiters)
+            return None
+        synced = self._sync_window()
+        if synced is not None and waiters:
+
+            def done(fut: asyncio.Future[list[None]]) -> None:
+                err = OSError("cancelled") if fut.cancelled() else fut.exception()
+                for w in waiters:
+                    w(err)
+
+            synced.add_done_callback(done)
         else:
             for w in waiters:
                 w(None)
         return None
+
+    def _sync_window(self) -> asyncio.Future[list[None]] | None:
+        """--sync-every (or the topic's) is a window of acknowledged messages: an fsync
+        starts (here, not at the next scan) once so many are written that the window
+        would fill while it runs (what was written during the last one, twice over,
+        before the window's end), and publishes past a full window are answered once
+        an fsync that covers them is done (the future returned). So a power cut loses
+        at most that many acknowledged messages (docs/storage.md), and a disk that
+        keeps up costs about one fsync per window. Not after an fsync failed: /ping
+        says so, and publishes go on unsynced."""
+        log_ = self.log
+        unsynced = log_.unsynced
+        every = self.topic.meta.sync_every or self.nsqd.options.sync_every
+        start = max(every - 2 * log_.sync_lag, every // 4)
+        if unsynced < start or log_.sync_error is not None or not self._stages:
+            return None
+        fresh = None
+        ahead = self._sync_ahead
+        if ahead is None or ahead.done():
+            fresh = self._sync_ahead = self.nsqd.sync_partitions({self.key})
+            fresh.add_done_callback(_seen)
+        if unsynced <= SYNC_PACE_WINDOWS * every:
+            return None
+        # (an fsync asked for before this commit's write may not cover it)
+        return fresh if fresh is not None else self.nsqd.sync_partitions({self.key})
 
     def when_acknowledged(self, waiter: AckWaiter) -> None:
         """The one barrier before a publish is answered: call ``waiter(None)`` once every
@@ -598,17 +649,23 @@ class Partition:
             ch.seek(seq)
         self.save_state()
 
-    def apply_cursors(self, channels: dict[str, tuple[int, bool]], hold_from: int) -> None:
-        """A follower takes its leader's channel positions (and makes its channels), so
-        that consumers resume near there if it becomes the leader."""
+    def apply_cursors(
+        self,
+        channels: dict[str, tuple[int, bool]],
+        hold_from: int,
+        deferred: dict[str, list[tuple[int, int, int]]] | None = None,
+        leader_now_ms: int = 0,
+    ) -> None:
+        """A follower takes its leader's channel positions and deferred messages (and
+        makes its channels), so that consumers resume near there, and deferred messages
+        keep their schedule, if it becomes the leader."""
         end = self.log.end
         for name, (cursor, ordered) in channels.items():
             cursor = min(cursor, end)
             ch = self.channels.get(name)
             if ch is None:
                 ch = self.get_channel(name, start=cursor)
-            elif ch.cursor != cursor:
-                ch.seek(cursor)
+            ch.take_leader_state(cursor, deferred.get(name, []) if deferred else [], leader_now_ms)
             if ch.ordered_flag != ordered:
                 ch.set_ordered(ordered)
         if hold_from != self.hold_from:
@@ -711,9 +768,17 @@ class Partition:
     @property
     def depth(self) -> int:
         """Messages no channel can see yet: held for the first channel, or paused."""
-        if not self.channels:
-            return max(self.log.end - max(self.hold_from, self.log.start), 0)
-        return self.log.end - max(self.visible_end, self._emptied_to)
+        log_ = self.log
+        end = log_.end
+        lo = (
+            max(self.hold_from, log_.start)
+            if not self.channels
+            else max(self.visible_end, self._emptied_to)
+        )
+        if lo >= end:
+            return 0
+        # (sequences without a record: skipped after damage or a crash)
+        return end - lo - log_.missing_between(lo, end)
 
     def empty(self) -> None:
         """Drop the messages no channel has seen yet (channels keep their own backlog).

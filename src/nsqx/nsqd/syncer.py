@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from nsqx.store.cursor import CursorState, write_cursor
@@ -29,13 +30,26 @@ class LogSyncer:
 
     Whoever asks while an fsync runs is served by the next one, which covers every
     write made before it started: a group commit. ``request()`` returns a future that
-    completes once the log's writes up to now are on the device.
+    completes once the log's writes up to now are on the device; ``kick()`` asks the
+    same without a future, for a caller that listens to ``on_durable`` instead (a
+    replicated partition: its durable end moves the commit point in the call that
+    learns of it, not a loop iteration later).
     """
 
     def __init__(self, disklog: MessageLog) -> None:
         self.log = disklog
         self._waiters: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
+        self._wanted = False
+        #: every record below this sequence is on the device, as far as this process
+        #: knows (what it found at start is not known to be: a killed process leaves
+        #: unsynced pages; the first fsync tells)
+        self.durable_end = disklog.start
+        #: called on the loop with the new durable end after each fsync that moved it
+        self.on_durable: Callable[[int], None] | None = None
+        # the lowest end the log was cut to while an fsync ran (None: no cut): that
+        # fsync covers nothing past it (what follows the cut was written after)
+        self._cut_during: int | None = None
 
     def request(self) -> asyncio.Future[None]:
         loop = asyncio.get_running_loop()
@@ -45,10 +59,28 @@ class LogSyncer:
             self._task = loop.create_task(self._run())
         return fut
 
+    def kick(self) -> None:
+        """Have an fsync cover every write made so far (no future: see on_durable)."""
+        self._wanted = True
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def truncated(self, end: int) -> None:
+        """The log was cut (or reset) to ``end``: records from there are not durable
+        until a later fsync says so."""
+        if self.durable_end > end:
+            self.durable_end = end
+        if self._task is not None and not self._task.done():
+            cut = self._cut_during
+            self._cut_during = end if cut is None else min(cut, end)
+
     async def _run(self) -> None:
-        while self._waiters:
+        while self._waiters or self._wanted:
             waiters, self._waiters = self._waiters, []
+            self._wanted = False
             covered = self.log.unsynced
+            end = self.log.end
+            self._cut_during = None
             try:
                 await asyncio.to_thread(self.log.sync)
             except Exception as err:  # pragma: no cover - disk failure
@@ -58,7 +90,18 @@ class LogSyncer:
                         w.set_exception(err)
                 continue
             self.log.unsynced = max(0, self.log.unsynced - covered)
+            self.log.sync_lag = self.log.unsynced  # (written while it ran)
             self.log.last_sync = time.monotonic()
+            if self._cut_during is not None:
+                end = min(end, self._cut_during)
+                self._cut_during = None
+            if end > self.durable_end:
+                self.durable_end = end
+                if self.on_durable is not None:
+                    try:
+                        self.on_durable(end)
+                    except Exception:  # (its bug must not stop the fsyncs)
+                        log.exception("STORE: %s: durable-end listener failed", self.log)
             for w in waiters:
                 if not w.done():
                     w.set_result(None)

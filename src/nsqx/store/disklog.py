@@ -32,11 +32,11 @@ from nsqx.store.batchcache import BatchCache, CachedBatch
 from nsqx.store.deferred import DeferredIndex
 from nsqx.store.durable_file import fsync_dir
 from nsqx.store.fsutil import remove_file
+from nsqx.store.lease import LEASE_BYTES, LEASE_SEQUENCES, SequenceLease
 from nsqx.store.log import MessageLog, RangeFramesOut, frame_starts
 from nsqx.store.record import (
     BATCH_HEAD,
     BATCH_HEAD_SIZE,
-    MIN_FRAME_SIZE,
     TS,
     CorruptRecord,
     batch_head,
@@ -72,6 +72,13 @@ class DiskLog(MessageLog):
     --sync-every / --sync-timeout, from a thread). A roll to a new segment does no
     fsync on the caller's thread: the sealed segment, the new one and the directory
     are fsynced by the next :meth:`sync` (a 100 MB segment's fsync takes tens of ms).
+
+    Damage found when the log is opened, or while reading, is set aside by the
+    corruption policy (:mod:`nsqx.store.recovery`) and listed in ``set_aside``.
+    ``skip_lost`` (a single node's log): the sequences that bytes set aside at the
+    log's end may have held are skipped, so that no id is ever given twice; a replica
+    opens its log with ``skip_lost=False``: it ends at its last whole record, and its
+    leader ships what follows.
     """
 
     def __init__(
@@ -80,6 +87,7 @@ class DiskLog(MessageLog):
         *,
         max_bytes_per_file: int = 100 * 1024 * 1024,
         cache_size: int = 10000,
+        skip_lost: bool = True,
     ) -> None:
         super().__init__()
         self.directory = directory
@@ -101,14 +109,20 @@ class DiskLog(MessageLog):
         # a failed write whose partial record could not be cut off yet
         self._tail_dirty = False
         self._roll_failing = False
-        self._reader = SegmentReader(self._seal_if_active)
+        self._reader = SegmentReader(self.set_aside.append)
         self.last_sync = time.monotonic()
         # batches waiting for commit(), the sequence and virtual offset after them
         self._staged: list[StagedBatch] = []
         self._staged_end = 0
         self._staged_offset = 0
         os.makedirs(directory, exist_ok=True)
-        self.segments = open_segments(directory, self._deferred)
+        #: how far sequences and offsets may have been given out (a single node's log:
+        #: a replica's come from its leader)
+        self._lease: SequenceLease | None = SequenceLease(directory) if skip_lost else None
+        leased = (self._lease.seq, self._lease.offset) if self._lease is not None else (0, 0)
+        self.segments = open_segments(
+            directory, self._deferred, self.set_aside, skip_lost=skip_lost, leased=leased
+        )
         self._fd = os.open(self.segments[-1].path, os.O_WRONLY | os.O_APPEND)
         self.cache = BatchCache(self.end)
 
@@ -243,6 +257,10 @@ class DiskLog(MessageLog):
             pos += BATCH_HEAD_SIZE + len(chunk)
             seq += count
         total = pos - seg.size
+        lease = self._lease
+        if lease is not None and lease.needs(seq, seg.base_offset + pos - SEG_HEAD_SIZE):
+            # (the sync renews it long before this: only a stalled sync gets here)
+            self._renew_lease(seq, seg.base_offset + pos - SEG_HEAD_SIZE)
         if self._tail_dirty:
             # a failed write left bytes that could not be cut then: cut them first (the
             # file is appended to at its end, which must be the last whole record's)
@@ -275,8 +293,6 @@ class DiskLog(MessageLog):
             cache.append(cached)
             first += st.count
             at += BATCH_HEAD_SIZE + len(cached.chunk)
-        if seg.verified_upto == seg.size:
-            seg.verified_upto += total
         self.unsynced += seq - seg.end_seq
         seg.size = pos
         seg.end_seq = seq
@@ -336,11 +352,24 @@ class DiskLog(MessageLog):
 
     def sync(self) -> None:
         """fsync everything appended so far: segments sealed since the last sync (then
-        closed), the directory entries of new segments, the active segment. Safe to
-        call from a thread. An OSError is raised to the caller (the data is not known
-        to be on disk) and kept: every later sync raises it too (see ``sync_error``)."""
+        closed), the directory entries of new segments, the active segment; and renew
+        the sequence lease when half of it is used. Safe to call from a thread. An
+        OSError is raised to the caller (the data is not known to be on disk) and kept:
+        every later sync raises it too (see ``sync_error``)."""
         with self._syncing:
             self._sync()
+            lease = self._lease
+            if lease is not None and not self._closed:
+                end, end_offset = self.end, self.end_offset
+                if lease.needs(end + LEASE_SEQUENCES // 2, end_offset + LEASE_BYTES // 2):
+                    self._renew_lease(end, end_offset)
+
+    def _renew_lease(self, seq: int, offset: int) -> None:
+        """Lease sequences and offsets ahead of ``seq`` and ``offset`` before they are
+        given out (see nsqx.store.lease). The first commit after the log is opened
+        takes the first lease: an idle log writes none."""
+        if self._lease is not None:
+            self._lease.set(seq + LEASE_SEQUENCES, offset + LEASE_BYTES)
 
     def _sync(self) -> None:
         if self.sync_error is not None:
@@ -408,24 +437,44 @@ class DiskLog(MessageLog):
                 return segs[i]
         return None
 
+    def missing_between(self, lo: int, hi: int) -> int:
+        """Sequences in ``lo .. hi-1`` without a record: between segments (a skip
+        after damage or a crash) and in holes (a damaged record). Rare, so a walk over
+        the segments, with no state to keep in step."""
+        lo = max(lo, self.start)
+        if lo >= hi:
+            return 0
+        missing = 0
+        prev_end: int | None = None
+        for seg in self.segments:
+            if prev_end is not None and seg.base_seq > prev_end:
+                missing += _overlap(prev_end, seg.base_seq, lo, hi)
+            prev_end = seg.end_seq
+            if seg.holes is not None:
+                for _end, first, nxt in seg.holes.values():
+                    missing += _overlap(first, nxt, lo, hi)
+        return missing
+
     def resume_at(self, seq: int) -> int:
         """The first sequence at or after ``seq`` that has a record (or the end): where
         a reader goes on when :meth:`read` finds none at ``seq`` (a gap left by damage,
-        see the corruption policy in nsqx.store.recovery)."""
+        between segments or in a hole: see the corruption policy in
+        nsqx.store.recovery)."""
         seq = max(seq, self.start)
-        cache_start = self.cache.start
+        cache_start = self.cache.start  # (the cache's records are whole, in memory)
         if seq >= cache_start:
             return seq
-        seg = self._segment_for(seq)
-        if seg is None:
-            return cache_start
-        return min(max(seq, seg.base_seq), cache_start)
-
-    def _seal_if_active(self, seg: Segment) -> None:
-        """Damage was found in ``seg`` while reading (SegmentReader.damaged): if it is
-        the one being written, appends go on in a new segment, at the same end."""
-        if seg is self.segments[-1]:
-            self._roll()
+        while True:
+            seg = self._segment_for(seq)
+            if seg is None:
+                return cache_start
+            seq = max(seq, seg.base_seq)
+            hole = seg.hole_holding(seq) if seg.holes is not None else None
+            if hole is None:
+                return min(seq, cache_start)
+            seq = hole[3]  # past it (to the segment's end, if no record follows it)
+            if seq >= cache_start:
+                return cache_start
 
     def _read_disk(self, seq: int, limit: int) -> tuple[list[bytes], list[bytes]]:
         """Up to ``limit`` records from ``seq`` on, from one segment's file: frames as
@@ -439,7 +488,9 @@ class DiskLog(MessageLog):
         walk = self._reader.walk(seg, seq)
         while len(ids) < limit and walk.advance():
             first = walk.first
-            skip = seq - first if seq > first else 0
+            if first > seq:
+                break  # a hole: what is read is consecutive from the sequence asked
+            skip = seq - first
             take = min(walk.count - skip, limit - len(ids))
             try:
                 self._cut_batch(
@@ -525,19 +576,24 @@ class DiskLog(MessageLog):
             if seg is None or (out.count and seg.base_seq > seq):
                 break
             seq = max(seq, seg.base_seq)
-            if not out.count:
-                out.first = seq
             walk = self._reader.walk(seg, seq)
-            while seq < stop and out.count < max_messages and taken < max_bytes:
+            budget = False  # a budget ran out
+            while seq < stop:
                 if not walk.advance():
                     break
                 buf = walk.buf
                 first = walk.first
+                if first > seq:  # a hole passed over: the records after it go next time
+                    if out.count:
+                        return out
+                    seq = first
+                    if seq >= stop:
+                        break
                 count = walk.count
                 plen = walk.plen
                 p0 = walk.off + BATCH_HEAD_SIZE
                 vbase = seg.base_offset + walk.pos - walk.off - SEG_HEAD_SIZE
-                skip = seq - first if seq > first else 0
+                skip = seq - first
                 room = min(count - skip, stop - seq, max_messages - out.count)
                 size = equal_frames(buf, p0, plen, count)
                 if size:
@@ -546,6 +602,8 @@ class DiskLog(MessageLog):
                     a = p0 + skip * size
                     b = a + take * size
                     ts = TS.unpack_from(buf, a + TIMESTAMP_AT)[0]  # one publish: one timestamp
+                    if not out.count:
+                        out.first = seq
                     out.add_run(buf[a:b], take, size, vbase + a, ts)
                     taken += take * size
                 else:
@@ -554,6 +612,8 @@ class DiskLog(MessageLog):
                     except CorruptRecord as err:
                         walk.damaged(err)
                         break
+                    if not out.count:
+                        out.first = seq
                     p = p0 + sum(len(f) for f in frames[:skip])
                     take = 0
                     for f in frames[skip : skip + room]:
@@ -564,14 +624,22 @@ class DiskLog(MessageLog):
                         taken += len(f)
                         take += 1
                 seq = first + skip + take
-                if seq < first + count:
-                    break  # the batch is read in part: a budget ran out
+                if seq < first + count or out.count >= max_messages or taken >= max_bytes:
+                    budget = True
+                    break
+            if budget or seq >= stop:
+                break
             if walk.broken:
                 if out.count:
                     break
-                continue  # nothing yet: go on after the gap
-            if seq < seg.end_seq:
-                break  # a budget ran out
+                continue  # its batch is a hole now: the next walk passes over it
+            if walk.first > seq:  # the segment ends in a hole
+                if out.count:
+                    break
+                seq = walk.first
+            seq = max(seq, seg.end_seq)  # on to the next segment
+        if not out.count:
+            out.first = seq
         return out
 
     def _find(self, seq: int) -> BatchWalk | None:
@@ -583,7 +651,7 @@ class DiskLog(MessageLog):
         if seg is None or seq < seg.base_seq:
             return None
         walk = self._reader.walk(seg, seq)
-        return walk if walk.advance() else None
+        return walk if walk.advance() and walk.first <= seq else None
 
     def batch_start(self, seq: int) -> int | None:
         """The first sequence of the stored batch that holds ``seq`` (None if no record
@@ -635,13 +703,13 @@ class DiskLog(MessageLog):
     def _disk_batch(self, seq: int) -> StoredBatch:
         """The stored batch that starts at ``seq``, read from its segment file and
         crc-checked (replication ships it as it is). Damage found on the way is set
-        aside as any read does (a gap, see nsqx.store.walk): ValueError then."""
+        aside as any read does (a hole, see nsqx.store.walk): ValueError then."""
         seg = self._segment_for(seq)
         if seg is None or seg.base_seq > seq:
             raise ValueError(f"sequence {seq} is not in the log")
-        walk = self._reader.walk(seg, seq, verify=True)
-        if not walk.advance():
-            if walk.broken:
+        walk = self._reader.walk(seg, seq)
+        if not walk.advance() or walk.first > seq:
+            if seg.hole_holding(seq) is not None:
                 raise ValueError(f"sequence {seq} was in damaged records (set aside)")
             raise ValueError(f"sequence {seq} is not in {seg.path}")
         first = walk.first
@@ -709,15 +777,15 @@ class DiskLog(MessageLog):
                 self._fd = os.open(prev.path, os.O_WRONLY | os.O_APPEND)
         seg = self.segments[-1]
         walk = self._reader.walk(seg, seq, load=False)
-        if walk.advance():  # the batch that holds seq
+        found = walk.advance()  # (damage found on the way becomes a hole)
+        hole = seg.hole_holding(seq) if seg.holes is not None else None
+        if hole is not None:  # a hole held seq: cut where it starts
+            pos, cut = hole[0], hole[2]
+        elif found:  # the batch that holds seq
             cut, pos = walk.first, walk.pos
-        elif walk.broken:
-            # damage on the way ends the segment before it (it was sealed: the cut
-            # above takes the new one back); cut again, at most to the damage
-            return self.truncate(seq)
-        else:
+        else:  # seq is past the segment's records (in a gap after them)
             cut, pos = seg.end_seq, seg.size
-        # (a file longer than its records holds damage found while reading: cut too)
+        # (a file longer than its records holds a failed write's bytes: cut too)
         if cut < seg.end_seq or os.fstat(self._fd).st_size > pos:
             log.warning("STORE: %s: truncating to sequence %d (byte %d)", seg.path, cut, pos)
             os.ftruncate(self._fd, pos)
@@ -725,27 +793,24 @@ class DiskLog(MessageLog):
             self._reader.close_file(seg.path)
             seg.size = pos
             seg.end_seq = cut
-            seg.verified_upto = min(seg.verified_upto, pos)
             seg.forget_index_from(cut)
+            seg.forget_holes_from(pos)
         fsync_dir(self.directory)
         self._deferred.forget_from(self.end)
         self.cache = BatchCache(self.end)
         return self.end
 
     def first_id(self) -> tuple[int, bytes] | None:
-        """The sequence and hex id of the oldest record, read from its file with one
-        small read (no cache, no crc check: nsqd reads its id rule from it, see
-        nsqx.nsqd.guid), or None if the log has no record."""
+        """The sequence and hex id of the oldest record, read from its file (no cache:
+        nsqd reads its id rule from it, see nsqx.nsqd.guid; crc-checked, past damage),
+        or None if the log has no record."""
         for seg in self.segments:
             if seg.end_seq <= seg.base_seq:
                 continue
-            with open(seg.path, "rb") as f:
-                f.seek(SEG_HEAD_SIZE)
-                head = f.read(BATCH_HEAD_SIZE + MIN_FRAME_SIZE)
-            if len(head) < BATCH_HEAD_SIZE + MIN_FRAME_SIZE:
-                return None
-            first = BATCH_HEAD.unpack_from(head, 0)[2]
-            return first, head[BATCH_HEAD_SIZE + ID_AT : BATCH_HEAD_SIZE + ID_END]
+            walk = self._reader.walk(seg, seg.base_seq)
+            if walk.advance():
+                p = walk.off + BATCH_HEAD_SIZE
+                return walk.first, bytes(walk.buf[p + ID_AT : p + ID_END])
         return None
 
     def locate(self, seq: int) -> tuple[int, int] | None:
@@ -786,8 +851,9 @@ class DiskLog(MessageLog):
                 try:
                     starts = frame_starts(memoryview(walk.buf)[b0 : b0 + walk.plen], walk.count)
                 except ValueError as err:
-                    walk.damaged(err)
-                    break
+                    walk.damaged(err)  # a hole now: walk again, past it
+                    walk = self._reader.walk_to_pos(seg, target)
+                    continue
                 for k in range(walk.count):
                     if p0 + starts[k] >= target:
                         return walk.first + k
@@ -795,22 +861,27 @@ class DiskLog(MessageLog):
 
     def seek_time(self, timestamp_ns: int) -> int:
         """The sequence of the first message published at or after ``timestamp_ns``."""
-        for seg in list(self.segments):
-            if seg.end_seq == seg.base_seq:
-                continue
-            last = self.locate(seg.end_seq - 1)
-            if last is None or last[1] < timestamp_ns:
-                continue
-            lo, hi = seg.base_seq, seg.end_seq - 1
-            while lo < hi:  # publish times grow with the sequence
-                mid = (lo + hi) // 2
-                at = self.locate(mid)
-                if at is not None and at[1] >= timestamp_ns:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            return lo
-        return self.end
+        lo, hi = self.start, self.end
+        while lo < hi:  # publish times grow with the sequence
+            mid = (lo + hi) // 2
+            if self._time_from(mid) >= timestamp_ns:
+                hi = mid
+            else:
+                lo = mid + 1
+        return self.resume_at(lo) if lo < self.end else self.end
+
+    def _time_from(self, seq: int) -> int:
+        """The publish time of the first record at or after ``seq`` (past a gap), or one
+        later than any if there is none."""
+        while seq < self.end:
+            found = self.locate(seq)
+            if found is not None:
+                return found[1]
+            nxt = self.resume_at(seq)
+            if nxt <= seq:
+                break
+            seq = nxt
+        return 1 << 62
 
     # -- space ------------------------------------------------------------------------
 
@@ -880,7 +951,15 @@ class DiskLog(MessageLog):
                 if sync and not self._closed:
                     self.commit()
                     self._sync()
+                    lease = self._lease
+                    if lease is not None and (
+                        lease.seq > self.end or lease.offset > self.end_offset
+                    ):
+                        # everything given out is on disk: a restart skips nothing
+                        lease.set(self.end, self.end_offset)
             finally:
+                if self._lease is not None:
+                    self._lease.close()
                 self._staged = []
                 with self._sync_lock:
                     fds = [fd for fd, _ in self._sealed_fds] + [self._fd]
@@ -897,3 +976,8 @@ class DiskLog(MessageLog):
         for name in os.listdir(self.directory):
             remove_file(os.path.join(self.directory, name))  # (a reclaim may race us)
         os.rmdir(self.directory)
+
+
+def _overlap(a: int, b: int, lo: int, hi: int) -> int:
+    """How many of ``a .. b-1`` lie in ``lo .. hi-1``."""
+    return max(0, min(b, hi) - max(a, lo))

@@ -15,6 +15,7 @@ import struct
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Final
 
 from nsqx.wire.batch import StoredBatch
@@ -105,6 +106,30 @@ class RangeFramesOut:
         self.count += n
 
 
+@dataclass(frozen=True)
+class SetAside:
+    """Damaged bytes of a log, set aside by the corruption policy (docs/reliability.md):
+    the sequences they held, or may have held, and where they were and are kept."""
+
+    #: the segment file they were in
+    segment: str
+    #: their file position in it
+    pos: int
+    nbytes: int
+    #: the first sequence they held (or may have held)
+    first: int
+    #: the sequence after them: the next record's (a hole), or past as many records as
+    #: they may have held (the end of a file)
+    end: int
+    #: the file that keeps a copy of them ("" if none could be made)
+    kept_in: str
+    #: "hole": records follow them, which are served (the bytes stay in the file);
+    #: "tail": they ended their segment (cut off it); "file": a whole segment file;
+    #: "header": a segment's header, rewritten from its name and its neighbours (no
+    #: record lost)
+    kind: str
+
+
 class MessageLog(ABC):
     """An append-only sequence of message records addressed by sequence number.
 
@@ -122,9 +147,15 @@ class MessageLog(ABC):
         self.unsynced = 0
         #: when the last fsync ended (time.monotonic)
         self.last_sync = 0.0
+        #: records appended while the last fsync ran (how far fsyncs run behind)
+        self.sync_lag = 0
         #: the first failed fsync, kept: after one, the kernel may have dropped the dirty
         #: pages and a later fsync would succeed without them, so no sync succeeds again
         self.sync_error: OSError | None = None
+        #: damage set aside since the log was opened (at its opening, then while
+        #: reading), oldest first: what a caller logs, or acts on (a replica cuts its log
+        #: at a hole, so that its leader ships the records again)
+        self.set_aside: list[SetAside] = []
 
     @property
     @abstractmethod
@@ -210,6 +241,11 @@ class MessageLog(ABC):
         """The first sequence at or after ``seq`` (and ``start``) that has a record, or
         ``end``: where a reader goes on when :meth:`read` returns nothing at ``seq``
         (sequences a DiskLog skipped after damage have no record)."""
+
+    def missing_between(self, lo: int, hi: int) -> int:
+        """How many sequences in ``lo .. hi-1`` have no record (skipped after damage, or
+        past a crash's sequence lease): what a depth must not count. None here."""
+        return 0
 
     @property
     @abstractmethod

@@ -14,6 +14,8 @@ here. The first data format's records carry zlib's CRC-32: read as well.)
 
 from __future__ import annotations
 
+import mmap
+import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -72,12 +74,113 @@ def iter_batches(buf: bytes, pos: int, limit: int) -> Iterator[tuple[int, int, i
         pos += BATCH_HEAD_SIZE + plen
 
 
-def check_batch(buf: bytes, pos: int, plen: int, crc: int) -> None:
-    """Raise CorruptRecord unless the crc of ``buf[pos+8 : pos+head+plen]`` is ``crc``:
-    CRC-32C, or zlib's CRC-32 for a record of nsqx's first data format (main before
-    cd52af0 wrote those; tests/fixtures/upgrade_crc32), looked at only on a mismatch."""
-    data = bytes(buf[pos + 8 : pos + BATCH_HEAD_SIZE + plen])
-    if google_crc32c.value(data) != crc and zlib.crc32(data) != crc:
+#: the sequence field's place in a batch header
+_SEQ_AT: Final = 8
+_ZERO_LEN: Final = b"\0\0\0\0"
+_NONZERO: Final = re.compile(rb"[^\0]")
+
+
+def max_records(nbytes: int) -> int:
+    """The most records ``nbytes`` of segment can hold (every frame is at least
+    MIN_FRAME_SIZE bytes): what damaged bytes may have held."""
+    return max(-(-nbytes // MIN_FRAME_SIZE), 0)
+
+
+def whole_record_at(
+    buf: bytes | mmap.mmap, pos: int, end: int, lo: int, hi: int, tiles: bool = True
+) -> tuple[int, int, int]:
+    """The record at ``buf[pos:]`` if it is whole and sound: it ends by ``end``, its first
+    sequence is in ``lo .. hi``, its crc checks and (``tiles``) its frames tile its
+    payload. Returns (payload length, first sequence, count), or (0, 0, 0) if it is not
+    one."""
+    if pos + BATCH_HEAD_SIZE > end:
+        return 0, 0, 0
+    plen, crc, first, count, _deliver_at, _flags = BATCH_HEAD.unpack_from(buf, pos)
+    if not lo <= first <= hi or count <= 0 or count * MIN_FRAME_SIZE > plen:
+        return 0, 0, 0
+    stop = pos + BATCH_HEAD_SIZE + plen
+    if stop > end:
+        return 0, 0, 0
+    covered = bytes(buf[pos + 8 : stop])  # (a mapped file's slice is a copy anyway)
+    if not crc_matches(covered, crc):
+        return 0, 0, 0
+    if tiles:
+        try:
+            frame_starts(memoryview(covered)[BATCH_HEAD_SIZE - 8 :], count)
+        except ValueError:
+            return 0, 0, 0
+    return plen, first, count
+
+
+def find_record(
+    buf: bytes | mmap.mmap,
+    damage: int,
+    start: int,
+    end: int,
+    expect: int,
+    last: int = -1,
+    hint: int = -1,
+) -> int:
+    """The file position of the first whole, sound record at or after ``start`` (and
+    ending by ``end``) in ``buf`` (a whole segment file, mapped) that can follow damage
+    at ``damage`` where sequence ``expect`` was due: its first sequence is at least
+    ``expect`` and at most ``expect`` plus what the damaged bytes before it may have held
+    (and at most ``last``, unless -1), so a record found never reuses a sequence, and a
+    stray copy of a record inside a message body is not taken for one unless it also
+    has the sequences due here, a crc that checks and frames that tile it. ``hint``,
+    where the damaged record's length says the next one is, is tried first. -1 if
+    there is none.
+
+    Candidates are found by the sequence's high bytes, which every sequence that can
+    follow shares, and zeroed stretches (what a power loss may leave) are passed in one
+    regex step: a scan costs C-speed searches, not a Python step per byte."""
+    hi_all = expect + max_records(end - damage)
+    if last >= 0:
+        hi_all = min(hi_all, last)
+    if hi_all < expect:
+        return -1
+    if start <= hint and whole_record_at(buf, hint, end, expect, hi_all)[2]:
+        return hint
+    lo_b = expect.to_bytes(8, "big")
+    hi_b = hi_all.to_bytes(8, "big")
+    k = 0
+    while k < 8 and lo_b[k] == hi_b[k]:
+        k += 1
+    prefix = lo_b[:k]
+    final = end - BATCH_HEAD_SIZE  # the last position a header fits at
+    pos = start
+    while pos <= final:
+        if k:
+            at = buf.find(prefix, pos + _SEQ_AT, final + _SEQ_AT + k)
+            if at < 0:
+                return -1
+            pos = at - _SEQ_AT
+        if buf[pos : pos + 4] == _ZERO_LEN:
+            # a zero length is no record: on to where the next non-zero byte could be a
+            # length's last byte
+            m = _NONZERO.search(buf, pos, final + 4)
+            if m is None:
+                return -1
+            pos = m.start() - 3
+            continue
+        hi = min(expect + max_records(pos - damage), hi_all)
+        if whole_record_at(buf, pos, end, expect, hi)[2]:
+            return pos
+        pos += 1
+    return -1
+
+
+def crc_matches(data: bytes, crc: int) -> bool:
+    """Whether ``crc`` is the crc of ``data`` (what a record's crc covers): CRC-32C, or
+    zlib's CRC-32 for a record of nsqx's first data format (main before cd52af0 wrote
+    those; tests/fixtures/upgrade_crc32), looked at only on a mismatch."""
+    return google_crc32c.value(data) == crc or zlib.crc32(data) == crc
+
+
+def check_batch(buf: bytes | mmap.mmap, pos: int, plen: int, crc: int) -> None:
+    """Raise CorruptRecord unless ``crc`` is the crc of ``buf[pos+8 : pos+head+plen]``
+    (see :func:`crc_matches`)."""
+    if not crc_matches(bytes(buf[pos + 8 : pos + BATCH_HEAD_SIZE + plen]), crc):
         raise CorruptRecord(f"crc mismatch at {pos}")
 
 

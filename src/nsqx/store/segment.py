@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from nsqx.store.durable_file import fsync_dir
-from nsqx.store.record import MIN_FRAME_SIZE
 
 SEGMENT_MAGIC: Final = b"NSQXSEG1"
 SEG_HEAD: Final = struct.Struct(">8sQQ")
@@ -47,12 +46,10 @@ class Segment:
     #: flat (seq, file position, deliver-at) triples, one per INDEX_INTERVAL bytes
     index: array[int] = field(default_factory=lambda: array("q"))
     sealed: bool = False
-    #: records below this file position were checked (written or scanned by us)
-    verified_upto: int = SEG_HEAD_SIZE
-    #: bytes of damage moved out of the file at start (see nsqx.store.recovery)
-    set_aside: int = 0
-    #: how many records those bytes may have held
-    set_aside_records: int = 0
+    #: damaged stretches of the file that records follow, left in place and passed
+    #: over by every walk (see nsqx.store.recovery): file position -> (the position of
+    #: the record after them, the first sequence they held, that record's sequence)
+    holes: dict[int, tuple[int, int, int]] | None = None
     last_write: float = field(default_factory=time.time)
     _last_indexed_pos: int = -INDEX_INTERVAL
 
@@ -73,6 +70,33 @@ class Segment:
             keep += 3
         del idx[keep:]
         self._last_indexed_pos = idx[-2] if idx else -INDEX_INTERVAL
+
+    def add_hole(self, pos: int, end: int, first: int, nxt: int) -> None:
+        """Bytes ``pos .. end`` are damage that held sequences ``first .. nxt-1``: walks
+        pass over them from now on (index entries inside them are dropped: they point
+        at damaged bytes)."""
+        if self.holes is None:
+            self.holes = {}
+        self.holes[pos] = (end, first, nxt)
+        idx = self.index
+        keep = array("q")
+        for i in range(0, len(idx), 3):
+            if not pos < idx[i + 1] < end:
+                keep.extend(idx[i : i + 3])
+        self.index = keep
+
+    def hole_holding(self, seq: int) -> tuple[int, int, int, int] | None:
+        """(position, end, first, next sequence) of the hole that held ``seq``, if any."""
+        if self.holes is not None:
+            for pos, (end, first, nxt) in self.holes.items():
+                if first <= seq < nxt:
+                    return pos, end, first, nxt
+        return None
+
+    def forget_holes_from(self, pos: int) -> None:
+        """Drop the holes at or after file position ``pos`` (the file was cut there)."""
+        if self.holes is not None:
+            self.holes = {p: h for p, h in self.holes.items() if p < pos} or None
 
     def start_at(self, seq: int) -> tuple[int, int]:
         """(file position, first sequence) of an indexed batch at or before ``seq``'s."""
@@ -105,12 +129,6 @@ def name_seq(name: str) -> int | None:
     """The first sequence a segment's file name gives (None if it is not one of ours)."""
     stem = name[:-4]
     return int(stem) if len(stem) == 20 and stem.isdigit() else None
-
-
-def max_records(nbytes: int) -> int:
-    """The most records ``nbytes`` of segment can hold (every frame is at least
-    MIN_FRAME_SIZE bytes): what bytes set aside may have held."""
-    return max(-(-nbytes // MIN_FRAME_SIZE), 0)
 
 
 def new_segment(directory: str, base_seq: int, base_offset: int, *, fsync: bool = True) -> Segment:

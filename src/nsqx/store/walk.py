@@ -4,10 +4,11 @@ Every read of a segment file (a consumer behind the cache, a range read, a seek,
 replication, a cut) walks the batch headers from an indexed position to the batch it
 wants, and on from there: :class:`BatchWalk` is that walk, written once. It checks
 each header (its sequence follows the one before, its length fits the segment), checks
-the crc of every batch it loads that an earlier process wrote, and applies the
-corruption policy (see :mod:`nsqx.store.recovery`) to any damage it finds, or that its
-caller finds in a batch's frames (:meth:`BatchWalk.damaged`): the segment's readable
-records end there and the walk ends.
+the crc of every batch it loads, passes over the holes damage left (see
+:mod:`nsqx.store.recovery`), and applies the corruption policy to damage it finds, or
+that its caller finds in a batch's frames (:meth:`BatchWalk.damaged`): the damaged
+bytes become a hole, from there to the next sound record, and the records after it
+are read as before (:meth:`SegmentReader.damaged`).
 
 One walk is one object; a batch costs no allocation but its bytes, read in large
 chunks (:class:`SegmentReader`). (An object with a method rather than a generator:
@@ -18,16 +19,21 @@ than the hand-written loops this replaced; with the object, 0-4%.)
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from collections.abc import Callable
 from typing import Final
 
+from nsqx.store.fsutil import keep_bad_bytes
+from nsqx.store.log import SetAside
 from nsqx.store.record import (
     BATCH_HEAD,
     BATCH_HEAD_SIZE,
+    MAX_BATCH,
     MIN_FRAME_SIZE,
     CorruptRecord,
     check_batch,
+    find_record,
 )
 from nsqx.store.segment import Segment
 
@@ -40,17 +46,22 @@ class SegmentReader:
     """Reads segment files for one DiskLog: one read-only fd per file, and the last
     chunk read kept, so that a walk through consecutive batches reads each byte once.
 
-    ``seal`` is called with a segment where damage was found, before its readable end
-    moves back: the log seals it if it is the one being written (appends go on in a new
-    segment, at the same end)."""
+    ``report`` is told of each stretch of damage found while reading (the log keeps
+    the list: ``DiskLog.set_aside``)."""
 
-    __slots__ = ("_chunk", "_fds", "_seal")
+    __slots__ = ("_chunk", "_fds", "_report")
 
-    def __init__(self, seal: Callable[[Segment], None]) -> None:
+    def __init__(self, report: Callable[[SetAside], None]) -> None:
         self._fds: dict[str, int] = {}
         # the last chunk read from a file: (path, file position, bytes)
         self._chunk: tuple[str, int, bytes] = ("", 0, b"")
-        self._seal = seal
+        self._report = report
+
+    def _fd(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is None:
+            fd = self._fds[path] = os.open(path, os.O_RDONLY)
+        return fd
 
     def chunk_at(self, seg: Segment, pos: int, need: int) -> tuple[bytes, int]:
         """Bytes of ``seg`` from ``pos`` (at least ``need`` if the file has them), and the
@@ -58,10 +69,7 @@ class SegmentReader:
         path, cpos, data = self._chunk
         if path == seg.path and cpos <= pos and pos + need <= cpos + len(data):
             return data, cpos
-        fd = self._fds.get(seg.path)
-        if fd is None:
-            fd = self._fds[seg.path] = os.open(seg.path, os.O_RDONLY)
-        data = os.pread(fd, max(_READ_CHUNK, need), pos)
+        data = os.pread(self._fd(seg.path), max(_READ_CHUNK, need), pos)
         self._chunk = (seg.path, pos, data)
         return data, pos
 
@@ -80,40 +88,54 @@ class SegmentReader:
             raise CorruptRecord(f"a batch of {count} records in {plen} bytes")
         return plen, crc, count
 
-    def batch_at(
-        self, seg: Segment, pos: int, plen: int, crc: int, verify: bool
-    ) -> tuple[bytes, int]:
-        """The whole batch at ``pos`` (its header read by :meth:`head_at`): bytes that
-        hold it from ``off`` on. A batch an earlier process wrote is crc-checked once
-        (every time with ``verify``)."""
+    def batch_at(self, seg: Segment, pos: int, plen: int, crc: int) -> tuple[bytes, int]:
+        """The whole batch at ``pos`` (its header read by :meth:`head_at`), crc-checked:
+        bytes that hold it from ``off`` on. Every batch read from a file is checked
+        (a page the kernel reads again from a disk that flipped a bit is found here;
+        a crc costs about 5 us per 64 KiB)."""
         buf, base = self.chunk_at(seg, pos, BATCH_HEAD_SIZE + plen)
         off = pos - base
         if off + BATCH_HEAD_SIZE + plen > len(buf):
             raise CorruptRecord("the file is shorter than its records")
-        if verify or pos >= seg.verified_upto:
-            check_batch(buf, off, plen, crc)
-            if pos == seg.verified_upto:
-                seg.verified_upto = pos + BATCH_HEAD_SIZE + plen
+        check_batch(buf, off, plen, crc)
         return buf, off
 
     def damaged(self, seg: Segment, pos: int, seq: int, err: Exception) -> None:
         """The read side of the corruption policy: damage found at ``pos`` of ``seg``,
-        where sequence ``seq`` must start, ends the segment's readable records there (a
-        gap up to the next segment); the one being written is sealed first, so the
-        log's end never moves back."""
+        where sequence ``seq`` must start. The bytes from there to the next sound record
+        (or to the segment's end, if none follows) become a hole that every walk passes
+        over: its sequences are never served, nor given again, and the records after it
+        are read as before; the bytes stay in the file (copied to a .bad file) and the
+        log's end does not move."""
+        end, nxt = seg.size, seg.end_seq
+        fd = self._fd(seg.path)
+        if os.fstat(fd).st_size >= seg.size:
+            with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:
+                hint = -1
+                if pos + BATCH_HEAD_SIZE <= seg.size:
+                    plen = BATCH_HEAD.unpack_from(mm, pos)[0]
+                    if plen <= MAX_BATCH:
+                        hint = pos + BATCH_HEAD_SIZE + plen  # where its length says
+                found = find_record(mm, pos, pos + 1, seg.size, seq, seg.end_seq - 1, hint)
+                if found >= 0:
+                    end, nxt = found, BATCH_HEAD.unpack_from(mm, found)[2]
+                bad = keep_bad_bytes(seg.path, pos, bytes(mm[pos:end]))
+        else:  # the file was cut under us: what is gone is gone
+            bad = ""
+        seg.add_hole(pos, end, seq, nxt)
         log.error(
-            "STORE: %s: corrupt record at byte %d (%s); sequences %d to %d of it are skipped",
+            "STORE: %s: corrupt record at byte %d (%s): sequences %d to %d are lost "
+            "(bytes %d to %d, kept in %s); the records after them are served",
             seg.path,
             pos,
             err,
             seq,
-            seg.end_seq - 1,
+            nxt - 1,
+            pos,
+            end,
+            bad or "nothing: the file is shorter",
         )
-        self._seal(seg)
-        seg.size = pos
-        seg.end_seq = seq
-        if self._chunk[0] == seg.path:
-            self._chunk = ("", 0, b"")
+        self._report(SetAside(seg.path, pos, end - pos, seq, nxt, bad, "hole"))
 
     def close_file(self, path: str) -> None:
         """Close ``path``'s fd and forget what was read from it."""
@@ -127,16 +149,16 @@ class SegmentReader:
         for path in list(self._fds):
             self.close_file(path)
 
-    def walk(self, seg: Segment, seq: int, *, load: bool = True, verify: bool = False) -> BatchWalk:
+    def walk(self, seg: Segment, seq: int, *, load: bool = True) -> BatchWalk:
         """A walk of ``seg`` from the batch that holds ``seq`` (see :class:`BatchWalk`)."""
         pos, first = seg.start_at(seq)
-        return BatchWalk(self, seg, pos, first, seq, 0, load, verify)
+        return BatchWalk(self, seg, pos, first, seq, 0, load)
 
     def walk_to_pos(self, seg: Segment, target: int) -> BatchWalk:
         """A walk of ``seg`` from the batch whose frames reach past file position
         ``target``."""
         pos, first = seg.start_at_pos(target)
-        return BatchWalk(self, seg, pos, first, 0, target, True, False)
+        return BatchWalk(self, seg, pos, first, 0, target, True)
 
 
 class BatchWalk:
@@ -147,8 +169,10 @@ class BatchWalk:
     :meth:`advance` moves to the next batch and says whether there is one; the batch is
     then ``first`` (its first sequence), ``count``, ``pos`` (the file position of its
     header), ``plen`` (its payload's length) and, when the walk loads batches, ``buf``
-    with the whole record from ``off`` on (crc-checked). A walk ends at the segment's
-    end, or at damage, which it has dealt with by the policy (``broken`` says so)."""
+    with the whole record from ``off`` on (crc-checked). Holes are passed over, so a
+    batch's ``first`` may be past the end of the one before (a reader that wants
+    consecutive records stops there); damage found on the way becomes a hole. A walk
+    ends at the segment's end, or where its caller found damage (``broken``)."""
 
     __slots__ = (
         "_load",
@@ -156,7 +180,6 @@ class BatchWalk:
         "_seq",
         "_started",
         "_target",
-        "_verify",
         "broken",
         "buf",
         "count",
@@ -176,7 +199,6 @@ class BatchWalk:
         seq: int,
         target: int,
         load: bool,
-        verify: bool,
     ) -> None:
         self._reader = reader
         self.seg = seg
@@ -189,14 +211,13 @@ class BatchWalk:
         self._seq = seq
         self._target = target
         self._load = load
-        self._verify = verify
         self._started = False
-        #: the walk ended at damage (set aside: see SegmentReader.damaged)
+        #: the walk ended where its caller found damage (see :meth:`damaged`)
         self.broken = False
 
     def advance(self) -> bool:
         """Move to the next batch (the first one, on the first call); False when there
-        is none: the segment's end, or damage (``broken``)."""
+        is none: the segment's end, or damage its caller found (``broken``)."""
         if self.broken:
             return False
         # (locals in the loop, attributes set once per batch: this runs per batch read)
@@ -210,25 +231,27 @@ class BatchWalk:
         seg = self.seg
         seq = self._seq
         target = self._target
-        try:
-            while pos < seg.size:
+        while pos < seg.size:
+            holes = seg.holes
+            if holes is not None and pos in holes:
+                pos, _, first = holes[pos]
+                continue
+            try:
                 plen, crc, count = reader.head_at(seg, pos, first)
                 if first + count <= seq or pos + BATCH_HEAD_SIZE + plen <= target:
                     pos += BATCH_HEAD_SIZE + plen
                     first += count
                     continue
-                self.pos = pos
-                self.first = first
-                self.plen = plen
-                self.count = count
                 if self._load:
-                    self.buf, self.off = reader.batch_at(seg, pos, plen, crc, self._verify)
-                return True
-        except CorruptRecord as err:
+                    self.buf, self.off = reader.batch_at(seg, pos, plen, crc)
+            except CorruptRecord as err:
+                reader.damaged(seg, pos, first, err)  # a hole now: passed over
+                continue
             self.pos = pos
             self.first = first
-            self.damaged(err)
-            return False
+            self.plen = plen
+            self.count = count
+            return True
         self.pos = pos
         self.first = first
         self.plen = self.count = 0
@@ -236,7 +259,9 @@ class BatchWalk:
 
     def damaged(self, err: Exception) -> None:
         """The batch the walk is at is damaged (its caller found its frames do not tile
-        it, say): apply the corruption policy there and end the walk."""
+        it, say): it becomes a hole (see :meth:`SegmentReader.damaged`) and the walk
+        ends; a later walk passes over it."""
         self.broken = True
+        pos, first = self.pos, self.first
         self.plen = self.count = 0
-        self._reader.damaged(self.seg, self.pos, self.first, err)
+        self._reader.damaged(self.seg, pos, first, err)

@@ -6,12 +6,21 @@ WebSocket message whose first byte is its kind:
 
 ``HELLO`` (follower -> leader, first), JSON::
 
-    {"topic", "partition", "node", "epoch", "end", "end_offset", "history": [[e, s], ...]}
+    {"topic", "partition", "node", "epoch", "end", "end_offset", "history": [[e, s], ...],
+     "durable": true, "start"}
+
+``durable`` (absent from nsqx before durable acknowledgement): the follower can report
+its durable end (``DURABLE`` below). ``start`` (absent from the previous release): where
+its log starts; a follower whose log starts past the point where it must cut (a torn
+segment set aside whole, the sequences it may have held skipped) starts over as a new
+replica does.
 
 ``WELCOME`` (leader -> follower), JSON: the leader's ``epoch``, its epoch ``history`` and
 ``truncate_to``, the sequence the follower must cut its log to before it appends
 (:func:`divergence`), and ``reset`` ``[sequence, offset]`` when what the follower has
-ends before the leader's log starts (it empties its log and starts over there); or
+ends before the leader's log starts (it empties its log and starts over there);
+``durable`` true when the leader wants ``DURABLE`` messages (only if the HELLO offered
+them: a leader or follower of the previous release neither sends nor gets one); or
 ``REFUSED``, JSON ``{"error", "message"}``, then the close.
 
 ``BATCHES`` (leader -> follower)::
@@ -27,12 +36,20 @@ the whole ISR). ``n`` may be 0: a heartbeat that carries the commit point.
 ``ACK`` (follower -> leader): ``[u8 kind][u64 end]``: the follower's log holds every
 record below ``end`` (written to its files).
 
+``DURABLE`` (follower -> leader, once WELCOME asked for it): ``[u8 kind][u64 end]``: every
+record below ``end`` is fsynced on the follower (it may lag the ACKs: the follower
+fsyncs in the background and reports as its durable end moves).
+
 ``CURSORS`` (leader -> follower), JSON ``{"channels": {name: [cursor, ordered]},
-"hold_from"}``: where each channel stands, so that consumers resume near there on a new
-leader; and, when a channel has any in a replicated dead-letter topic, ``"replay_marks":
-{name: {"topic:partition": [sequence, timestamp]}}``: how far its dead-letter replays
-have looked there (nsqx.nsqd.dead_letters), so that a new leader replays none twice.
-A follower that does not know the key ignores it.
+"hold_from", "deferred": {name: [[seq, attempts, due_ms], ...]}, "now_ms"}``: where each
+channel stands, so that consumers resume near there on a new leader; ``deferred``
+(absent from the previous release, ignored by it) the channel's deferred messages,
+each due at ``due_ms`` of the leader's wall clock, which read ``now_ms`` as it sent
+them (a follower counts the delay from its own clock: a skew between the nodes' clocks
+does not move a due time); and, when a channel has any in a replicated dead-letter
+topic, ``"replay_marks": {name: {"topic:partition": [sequence, timestamp]}}``: how far its
+dead-letter replays have looked there (nsqx.nsqd.dead_letters), so that a new leader
+replays none twice. A follower that does not know a key ignores it.
 
 Epoch history (as Kafka's leader epochs, KIP-101): a list of ``[epoch, start]`` pairs,
 one per leadership, ``start`` being the log end when that leader took over. A follower
@@ -55,6 +72,7 @@ REFUSED = 3
 BATCHES = 4
 ACK = 5
 CURSORS = 6
+DURABLE = 7
 
 _HEAD = struct.Struct(">BQI")
 _BATCH = struct.Struct(">QQIqII")
@@ -81,6 +99,10 @@ class Hello:
     end: int
     end_offset: int
     history: History
+    #: the follower reports its durable end (DURABLE messages)
+    durable: bool = False
+    #: where its log starts (-1: not said, a follower of the previous release)
+    start: int = -1
 
 
 @dataclass(frozen=True)
@@ -93,6 +115,8 @@ class Welcome:
     history: History
     truncate_to: int
     reset: tuple[int, int] | None = None
+    #: the leader wants the follower's durable end (DURABLE messages)
+    durable: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,16 +143,31 @@ class Ack:
 
 
 @dataclass(frozen=True)
+class Durable:
+    """Every record below ``end`` is fsynced on the follower."""
+
+    end: int
+
+
+#: a deferred message: (sequence, attempts, due time in ms of the sender's wall clock)
+Deferred = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
 class Cursors:
-    """The channels' positions on the leader (and their replay marks in replicated
-    dead-letter topics: channel -> mark key -> (sequence, timestamp))."""
+    """The channels' positions on the leader, their replay marks in replicated
+    dead-letter topics (channel -> mark key -> (sequence, timestamp)), and their
+    deferred messages (due times in ms of the leader's wall clock, which read ``now_ms``
+    when it sent them)."""
 
     channels: dict[str, tuple[int, bool]]
     hold_from: int
     replay_marks: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    deferred: dict[str, list[Deferred]] = field(default_factory=dict)
+    now_ms: int = 0
 
 
-Message = Hello | Welcome | Refused | Batches | Ack | Cursors
+Message = Hello | Welcome | Refused | Batches | Ack | Durable | Cursors
 
 
 def _json(kind: int, obj: dict[str, Any]) -> bytes:
@@ -146,6 +185,8 @@ def encode_hello(h: Hello) -> bytes:
             "end": h.end,
             "end_offset": h.end_offset,
             "history": [list(e) for e in h.history],
+            **({"durable": True} if h.durable else {}),
+            **({"start": h.start} if h.start >= 0 else {}),
         },
     )
 
@@ -158,6 +199,8 @@ def encode_welcome(w: Welcome) -> bytes:
     }
     if w.reset is not None:
         obj["reset"] = list(w.reset)
+    if w.durable:
+        obj["durable"] = True
     return _json(WELCOME, obj)
 
 
@@ -174,11 +217,18 @@ def encode_cursors(c: Cursors) -> bytes:
         obj["replay_marks"] = {
             ch: {k: list(m) for k, m in marks.items()} for ch, marks in c.replay_marks.items()
         }
+    if c.deferred:
+        obj["deferred"] = {k: [list(d) for d in v] for k, v in c.deferred.items()}
+        obj["now_ms"] = c.now_ms
     return _json(CURSORS, obj)
 
 
 def encode_ack(end: int) -> bytes:
     return _ACK.pack(ACK, end)
+
+
+def encode_durable(end: int) -> bytes:
+    return _ACK.pack(DURABLE, end)
 
 
 def encode_batches(commit: int, batches: Sequence[StoredBatch]) -> bytes:
@@ -247,10 +297,13 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
     kind = data[0]
     if kind == BATCHES:
         return _decode_batches(data)
-    if kind == ACK:
+    if kind in (ACK, DURABLE):
         if len(data) != _ACK.size:
-            raise ReplicationProtocolError("bad ACK length")
-        return Ack(_ACK.unpack(data)[1])
+            raise ReplicationProtocolError(
+                "bad ACK length" if kind == ACK else "bad DURABLE length"
+            )
+        end = _ACK.unpack(data)[1]
+        return Ack(end) if kind == ACK else Durable(end)
     if kind not in (HELLO, WELCOME, REFUSED, CURSORS):
         raise ReplicationProtocolError(f"unknown message kind {kind}")
     try:
@@ -268,6 +321,8 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
             _int(obj, "end"),
             _int(obj, "end_offset"),
             _history(obj),
+            obj.get("durable") is True,
+            _int(obj, "start") if "start" in obj else -1,
         )
     if kind == WELCOME:
         reset = obj.get("reset")
@@ -279,7 +334,13 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
             ):
                 raise ReplicationProtocolError(f"bad reset {reset!r}")
             reset = (reset[0], reset[1])
-        return Welcome(_int(obj, "epoch"), _history(obj), _int(obj, "truncate_to"), reset)
+        return Welcome(
+            _int(obj, "epoch"),
+            _history(obj),
+            _int(obj, "truncate_to"),
+            reset,
+            obj.get("durable") is True,
+        )
     if kind == REFUSED:
         return Refused(_str(obj, "error"), _str(obj, "message"))
     channels = obj.get("channels")
@@ -295,7 +356,12 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
         ):
             raise ReplicationProtocolError(f"bad cursor for {name!r}: {value!r}")
         out[name] = (value[0], value[1])
-    return Cursors(out, _int(obj, "hold_from"), _replay_marks(obj.get("replay_marks", {})))
+    return Cursors(
+        out,
+        _int(obj, "hold_from"),
+        _replay_marks(obj.get("replay_marks", {})),
+        *_deferred(obj),
+    )
 
 
 def _replay_marks(value: Any) -> dict[str, dict[str, tuple[int, int]]]:
@@ -315,6 +381,35 @@ def _replay_marks(value: Any) -> dict[str, dict[str, tuple[int, int]]]:
                 raise ReplicationProtocolError(f"bad replay mark {key!r}: {mark!r}")
             out.setdefault(channel, {})[key] = (mark[0], mark[1])
     return out
+
+
+def _deferred(obj: dict[str, Any]) -> tuple[dict[str, list[Deferred]], int]:
+    """CURSORS' ``deferred`` and ``now_ms`` (absent from a leader before them: none)."""
+    raw = obj.get("deferred")
+    if raw is None:
+        return {}, 0
+    if not isinstance(raw, dict):
+        raise ReplicationProtocolError("deferred is not an object")
+    out: dict[str, list[Deferred]] = {}
+    for name, entries in raw.items():
+        if not isinstance(entries, list):
+            raise ReplicationProtocolError(f"bad deferred messages for {name!r}")
+        got: list[Deferred] = []
+        for e in entries:
+            if (
+                not isinstance(e, list)
+                or len(e) != 3
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in e)
+                or e[0] < 0
+                or e[1] < 0
+            ):
+                raise ReplicationProtocolError(f"bad deferred message {e!r} for {name!r}")
+            got.append((e[0], e[1], e[2]))
+        out[name] = got
+    now = obj.get("now_ms")
+    if not isinstance(now, int) or isinstance(now, bool):
+        raise ReplicationProtocolError(f"now_ms is not an integer: {now!r}")
+    return out, now
 
 
 def _decode_batches(data: bytes | bytearray | memoryview) -> Batches:

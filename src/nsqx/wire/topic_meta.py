@@ -18,6 +18,10 @@ from typing import Any
 MAX_PARTITION_NUM = 255
 #: replicator is 1..MAX_REPLICATOR.
 MAX_REPLICATOR = 5
+#: When a replicated publish is answered (``replication_ack``, nsqd's
+#: ``--replication-ack``): "durable", once every in-sync replica holds it and a write
+#: quorum of the replicas has it fsynced; "written", once every in-sync replica wrote it.
+REPLICATION_ACKS = ("durable", "written")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class TopicMeta:
     ext: bool = False
     #: channels are made through the API only, never by a SUB
     disable_channel_auto_create: bool = False
+    #: nsqx: when a publish of a replicated topic is answered (REPLICATION_ACKS; empty:
+    #: each nsqd's --replication-ack)
+    replication_ack: str = ""
 
     @property
     def partitioned(self) -> bool:
@@ -66,6 +73,8 @@ class TopicMeta:
             raise ValueError(f"replica {self.replica} out of range")
         if self.retention_days < 0 or self.sync_every < 0 or self.suggest_lf < 0:
             raise ValueError("retention, syncdisk and suggestload must not be negative")
+        if self.replication_ack and self.replication_ack not in REPLICATION_ACKS:
+            raise ValueError(f"replication_ack {self.replication_ack!r} is not durable|written")
 
     # -- JSON -----------------------------------------------------------------------------
 
@@ -81,7 +90,13 @@ class TopicMeta:
         values: dict[str, Any] = {}
         for f in fields(cls):
             value = obj.get(f.name)
-            if isinstance(getattr(_DEFAULT, f.name), bool):
+            default = getattr(_DEFAULT, f.name)
+            if f.name in _ADDED_LATER and value is None:
+                value = default  # (stored by a release before the field)
+            if isinstance(default, str):
+                if not isinstance(value, str):
+                    raise ValueError(f"{f.name} is not a string: {value!r}")
+            elif isinstance(default, bool):
                 if not isinstance(value, bool):
                     raise ValueError(f"{f.name} is not a boolean: {value!r}")
             elif not isinstance(value, int) or isinstance(value, bool):
@@ -123,5 +138,7 @@ class TopicMeta:
 
 
 _DEFAULT = TopicMeta()
+#: fields a meta stored by an earlier release lacks (they take their defaults)
+_ADDED_LATER = frozenset({"replication_ack"})
 #: NSQ 1.3's topic: one partition, no extension
 DEFAULT_META = _DEFAULT

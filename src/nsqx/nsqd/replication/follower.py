@@ -3,8 +3,12 @@
 The follower opens a stream to its leader (nsqx.wire.replication), says where its log
 ends and what its epoch history is, cuts its log where the leader says it diverges
 (records a failed leader wrote that the new leader never had), then appends every batch
-the leader sends, exactly as sent, and acknowledges the new end after each read.
-It reconnects, with a growing delay, until the coordinator gives it another role.
+the leader sends, exactly as sent, and acknowledges the new end after each read. With
+durable acknowledgement it also has each read's appends fsynced in the background
+(nsqd.syncer, group-committed) and reports its durable end as the fsyncs finish.
+It reconnects, with a growing delay, until the coordinator gives it another role; at
+once when its log did not end where the leader said to cut (a torn or damaged tail cut
+further back): its next HELLO says where it really ends.
 
 The stream is a WebSocket on the leader's HTTP port. This side of it is a plain asyncio
 protocol over nsqx.wire.websocket rather than aiohttp's client: a read's messages are
@@ -208,6 +212,12 @@ class FollowerReplication:
         self.commit = 0
         #: the log end last acknowledged on this stream
         self._acked = -1
+        #: the leader wants this follower's durable end (WELCOME's durable)
+        self.reports_durable = False
+        #: the first commit point this stream brought: once the log reaches it, it
+        #: holds every committed record (the leader counts it in the ISR from the
+        #: stream's start, so no later commit point passes it): replica.intact
+        self._intact_at = -1
         #: when the leader was last heard (time.monotonic), on any stream
         self.heard_at = time.monotonic()
         self._stream: _Stream | None = None
@@ -287,6 +297,8 @@ class FollowerReplication:
                     log_.end,
                     log_.end_offset,
                     list(role.history),
+                    True,
+                    log_.start,
                 )
             ),
         )
@@ -307,6 +319,7 @@ class FollowerReplication:
                 log_.end,
             )
             part.reset(seq, offset)
+            replica.log_cut(log_.end)
         elif welcome.truncate_to < log_.end:
             log.warning(
                 "REPL: %s: cutting records %d-%d the leader does not have",
@@ -315,12 +328,26 @@ class FollowerReplication:
                 log_.end - 1,
             )
             part.truncate(welcome.truncate_to)
+            replica.log_cut(log_.end)
+        if welcome.reset is None and log_.end != welcome.truncate_to:
+            # the cut went further back (it fell inside a batch of this log, or a torn
+            # or damaged tail was set aside), or this log ends before that point: the
+            # leader's batches would not follow this end. Say where it ends now
+            raise ReplicationError(
+                f"this log ends at {log_.end}, not at {welcome.truncate_to} as the leader said"
+            )
         replica.adopt_history(tuple(welcome.history))
         self.connected = True
         self._acked = -1
+        self._intact_at = -1
+        self.reports_durable = welcome.durable
         log.info("REPL: %s: following %s from %d", part, self.leader_http, log_.end)
         # (acknowledges the log's end at once: the leader's commit point may wait on it)
         stream.stream_to(self)
+        if self.reports_durable:
+            # what is fsynced already counts at once; the rest once fsynced (the first
+            # ACK asked for that fsync)
+            stream.send(ws.OP_BINARY, rp.encode_durable(min(replica.durable_end, log_.end)))
         dead_after = 2 * replica.node_timeout()
         every = min(HEARTBEAT, dead_after / 4)
         while not stream.done.done():
@@ -347,8 +374,13 @@ class FollowerReplication:
                     raise ReplicationError(str(err)) from None
             self.commit = ev.commit
             part.committed(min(ev.commit, part.log.end))
+            if not self.replica.intact:
+                if self._intact_at < 0:
+                    self._intact_at = ev.commit
+                if part.log.end >= self._intact_at:
+                    self.replica.intact = True
         elif isinstance(ev, rp.Cursors):
-            part.apply_cursors(ev.channels, ev.hold_from)
+            part.apply_cursors(ev.channels, ev.hold_from, ev.deferred, ev.now_ms)
             if ev.replay_marks:
                 part.apply_replay_marks(ev.replay_marks)
         else:
@@ -356,8 +388,17 @@ class FollowerReplication:
 
     def acknowledge(self, stream: _Stream) -> None:
         """Send the log's end if it moved since the last ACK (once per read: the
-        messages that arrived together are all appended first)."""
+        messages that arrived together are all appended first), and have what was
+        appended fsynced if the leader waits for this follower's durable end."""
         end = self.part.log.end
         if end != self._acked:
             self._acked = end
             stream.send(ws.OP_BINARY, rp.encode_ack(end))
+            if self.reports_durable:
+                self.replica.sync_soon()
+
+    def durable_advanced(self, end: int) -> None:
+        """An fsync made every record below ``end`` durable: tell the leader."""
+        stream = self._stream
+        if self.reports_durable and self.connected and stream is not None:
+            stream.send(ws.OP_BINARY, rp.encode_durable(end))

@@ -3,10 +3,20 @@
 Each follower keeps one stream open to the leader (nsqx.wire.replication). The leader
 sends it every stored batch it lacks, in order (first from the files when it is behind,
 then each new batch as it is appended, several at once under load), and the follower
-answers with the end of its log. The *commit point* is the lowest end among the ISR
-(the leader's own included): every record below it is held by the whole ISR. A publish
-is answered once the commit point passes it, and consumers see only records below it,
-so a message a consumer has seen can never vanish in a failover.
+answers with the end of its log, and, as its background fsyncs finish, with its
+*durable end*. The *commit point* is the lowest end among the ISR (the leader's own
+included): every record below it is held by the whole ISR (what an election relies on);
+with durable acknowledgement (the default: nsqd's ``--replication-ack``, a topic's
+``replication_ack``) it is also at most the durable end that a write quorum of the
+replicas has reached (more than half of them, the leader counted): every record below
+it is fsynced on a majority, so a power cut of every node at once loses none of it
+(see nsqx.lookupd.replicas for the election that finds it again). A publish is answered
+once the commit point passes it, and consumers see only records below it, so a message
+a consumer has seen can never vanish in a failover.
+
+The leader's own fsync starts as a batch is appended (nsqd.syncer.LogSyncer, in a
+thread, group-committed) while the batch is on its way to the followers, which append,
+acknowledge and fsync at once: an acknowledgement waits for about one fsync, not two.
 
 The write rule is Youzan's: writes need an ISR of more than half of the replicas. An
 ISR member that stays behind for ``lag_timeout`` seconds (dead, cut off or too slow) is
@@ -115,6 +125,9 @@ class FollowerStream:
         self.marks: deque[tuple[int, float]] = deque(maxlen=MAX_MARKS)
         #: the log end after each BATCHES message sent and not yet acknowledged
         self.unacked: deque[int] = deque()
+        #: the follower reports its durable end (a follower of the previous release
+        #: does not: its written end counts as durable, as that release promised)
+        self.reports_durable = False
 
     def mark(self, end: int) -> None:
         """Note the leader's log end now (records up to it are on their way)."""
@@ -149,6 +162,15 @@ class LeaderReplication:
         #: coordinator's ISR is then never larger than the one commits wait for (Kafka's
         #: "maximal ISR"), so whoever it elects holds every acknowledged write
         self.joining: dict[str, int] = {}
+        #: each replica's durable end as it last reported it (kept across its
+        #: reconnects: a power cut does not undo an fsync; a truncation lowers it)
+        self.durable: dict[str, int] = {}
+        #: replicas whose stream does not report durable ends (the previous release)
+        self.legacy: set[str] = set()
+        #: this leader's own durable end (its log's fsyncs)
+        self.own_durable = 0
+        #: the commit point waits for a write quorum's fsyncs (replica.durable_ack)
+        self.durable_ack = replica.durable_ack
         self._waiters: deque[tuple[int, CommitWaiter, float]] = deque()
         self.closed = False
         now = time.monotonic()
@@ -203,6 +225,8 @@ class LeaderReplication:
         for node in self.joining:
             if node != me:
                 commit = min(commit, acked.get(node, 0))
+        if self.durable_ack and commit > self.commit:
+            commit = min(commit, self.quorum_durable())
         if commit > self.commit:
             self.commit = commit
             self.part.committed(commit)  # (visible to channels before the answers go out)
@@ -213,10 +237,64 @@ class LeaderReplication:
         # followers learn the commit point with the next batches, or from heartbeat()
         # when idle: not one message more per acknowledgement
 
+    def quorum_durable(self) -> int:
+        """The durable end a write quorum of the replicas (more than half of the
+        topic's replicator, this leader counted) has reached: every record below it is
+        fsynced on that many nodes."""
+        role = self.replica.role
+        if role is None:
+            return 0
+        me = self.replica.node_id
+        durable = self.durable
+        acked = self.acked
+        legacy = self.legacy
+        ends = [self.own_durable]
+        for node in role.replicas:
+            if node != me:
+                ends.append(acked.get(node, 0) if node in legacy else durable.get(node, 0))
+        quorum = role.replica // 2 + 1
+        if len(ends) < quorum:
+            return 0
+        ends.sort(reverse=True)
+        return ends[quorum - 1]
+
+    def durable_advanced(self, end: int) -> None:
+        """This node's fsync made every record below ``end`` durable."""
+        if end > self.own_durable:
+            self.own_durable = end
+            if self.durable_ack:
+                self.recompute()
+
+    def follower_durable(self, node: str, end: int) -> None:
+        """A follower's DURABLE: every record below ``end`` is fsynced there."""
+        if end > self.durable.get(node, 0):
+            self.durable[node] = end
+            if self.durable_ack:
+                self.recompute()
+
+    def set_durable_ack(self, durable_ack: bool) -> None:
+        """The acknowledgement rule changed (the topic's replication_ack, or a role):
+        streams open again, so that followers hear in the WELCOME whether to fsync and
+        report as they append."""
+        if durable_ack == self.durable_ack:
+            return
+        log.info(
+            "REPL: %s: acknowledgement rule now %s",
+            self.part,
+            "durable" if durable_ack else "written",
+        )
+        self.durable_ack = durable_ack
+        for stream in list(self.streams.values()):
+            self.replica.manager.spawn(_close_quietly(stream.ws))
+        self.recompute()
+
     def appended(self) -> None:
-        """A publish appended records: send them to every follower."""
+        """A publish appended records: send them to every follower, and (durable
+        acknowledgement) have this log fsynced meanwhile."""
         for stream in self.streams.values():
             self.pump(stream)
+        if self.durable_ack:
+            self.replica.sync_soon()
 
     def pump(self, stream: FollowerStream) -> None:
         """Send ``stream`` what it may have now, in this call (not a loop iteration
@@ -292,8 +370,22 @@ class LeaderReplication:
         # that holds records keeps them (replays on it reach as far back) and copies
         # from its end, unless this log no longer has what follows it
         fresh = hello.end == 0 and not hello.history
+        over = hello.start > cut
+        if over:
+            # its log starts past the cut (a torn segment set aside whole, the
+            # sequences it may have held skipped): it cannot cut back there, so it
+            # starts over as a new replica does
+            fresh = True
+            log.warning(
+                "REPL: %s: %s's log starts at %d, past %d where it must cut: it starts over",
+                self.part,
+                hello.node,
+                hello.start,
+                cut,
+            )
         floor = self.copy_floor() if fresh else log_.start
-        if floor <= cut < log_.end and log_.batch_start(cut) is None:
+        holder = log_.batch_start(cut) if floor <= cut < log_.end else cut
+        if holder is None:
             # this log lost records there (a damaged segment set aside, see the store's
             # corruption policy): the follower cannot copy them, so it starts over after
             # the gap (its copy of older records goes; this log keeps its own)
@@ -305,14 +397,27 @@ class LeaderReplication:
                 cut,
                 floor,
             )
-        if cut < floor:
+        elif holder != cut:
+            # the follower's log ends inside one of this log's batches (a torn tail, or
+            # a gap an older release skipped): it cuts back to where that batch starts,
+            # the last record both logs agree on, and copies from there
+            log.warning(
+                "REPL: %s: %s ends at %d, inside the batch at %d: it cuts back to it",
+                self.part,
+                hello.node,
+                cut,
+                holder,
+            )
+            cut = holder
+        durable = hello.durable and self.durable_ack
+        if cut < floor or over:
             # reclaimed since it left, or a spare: it starts over at the floor (a spare
             # need not copy what every channel is done with; with replicator 2 writes
             # wait for its copy)
             first = log_.read_batches(floor, 1)
             offset = first[0].offset if first else log_.next_offset
-            return rp.Welcome(role.epoch, history, floor, (floor, offset))  # type: ignore[arg-type]
-        return rp.Welcome(role.epoch, history, cut)  # type: ignore[arg-type]
+            return rp.Welcome(role.epoch, history, floor, (floor, offset), durable)  # type: ignore[arg-type]
+        return rp.Welcome(role.epoch, history, cut, None, durable)  # type: ignore[arg-type]
 
     def copy_floor(self) -> int:
         """Where a replica that lacks records starts: the stored batch that holds the
@@ -328,16 +433,29 @@ class LeaderReplication:
         return log_.start if first is None else first
 
     async def serve(
-        self, node: str, ws: web.WebSocketResponse, start: int, request: web.BaseRequest
+        self,
+        node: str,
+        ws: web.WebSocketResponse,
+        start: int,
+        request: web.BaseRequest,
+        reports_durable: bool = False,
     ) -> None:
         """Run one follower's stream (the WebSocket of ``request``) until it closes or
-        the leadership ends."""
+        the leadership ends. ``reports_durable``: the WELCOME asked it for DURABLE
+        messages (else its written end counts as durable: the previous release)."""
         old = self.streams.get(node)
         if old is not None:
             await old.ws.close()
         stream = FollowerStream(node, ws, start, FrameWriter(ws, request))
+        stream.reports_durable = reports_durable
         self.streams[node] = stream
         self.acked[node] = start  # its log end once truncated as told
+        # what it made durable before stays durable, up to where it was told to cut
+        self.durable[node] = min(self.durable.get(node, 0), start)
+        if reports_durable:
+            self.legacy.discard(node)
+        else:
+            self.legacy.add(node)
         log.info("REPL: %s: follower %s streaming from %d", self.part, node, start)
         sender = asyncio.create_task(self._send_loop(stream))
         try:
@@ -349,6 +467,9 @@ class LeaderReplication:
                 except rp.ReplicationProtocolError as err:
                     log.error("REPL: %s: bad message from %s: %s", self.part, node, err)
                     break
+                if isinstance(ack, rp.Durable) and reports_durable:
+                    self.follower_durable(node, ack.end)
+                    continue
                 if not isinstance(ack, rp.Ack):
                     log.error("REPL: %s: unexpected %s from %s", self.part, ack, node)
                     break
@@ -427,17 +548,21 @@ class LeaderReplication:
 
     def caught_up(self) -> list[str]:
         """Replicas outside the ISR whose stream has reached the leader's end, or has
-        acknowledged everything the leader had at most REJOIN_WITHIN seconds ago."""
+        acknowledged everything the leader had at most REJOIN_WITHIN seconds ago, and
+        holds every committed record (so that every member of the coordinator's ISR
+        holds them all: an election among live members needs no more)."""
         role = self.replica.role
         if role is None:
             return []
         end = self.part.log.end
+        commit = self.commit
         recent = time.monotonic() - REJOIN_WITHIN
         return [
             node
             for node, stream in self.streams.items()
             if node not in role.isr
             and not stream.ws.closed
+            and stream.acked >= commit
             and (stream.acked >= end or self.caught_up_at.get(node, 0.0) >= recent)
         ]
 

@@ -41,12 +41,18 @@ log = logging.getLogger("nsqx.replication")
 #: channels' positions and idle leaders' commit points go out every CURSORS_EVERY
 TICK = 0.1
 CURSORS_EVERY = 0.5
+#: deferred messages of one channel its leader sends followers at most (the earliest
+#: due), twice a second: a channel usually has few; those beyond come again at once
+#: after a failover (a DPUB's time is in its record: it holds anyway)
+MAX_DEFERRED_SENT = 2_000
 #: at most one report of a kind per partition and node this often (seconds)
 REPORT_EVERY = 1.0
 #: between two asks for confirmation that failed (seconds)
 CONFIRM_RETRY = 0.2
 #: what _ask_roles answers when the leading nsqlookupd does not confirm leaderships
 LEGACY: list[Any] = []
+#: what _post_restart answers when the coordinator cannot elect yet
+_WAIT = object()
 
 #: where each report goes on nsqlookupd
 REPORT_PATHS = {
@@ -55,6 +61,11 @@ REPORT_PATHS = {
     "unreachable": "/partition/leader/unreachable",
     "resign": "/topic/partition/move",
 }
+#: where a node that led a partition when it stopped asks for an election
+RESTARTED_PATH = "/partition/leader/restarted"
+#: seconds between two restart reports that the coordinator could not act on yet (too
+#: few replicas back to elect safely)
+RESTART_RETRY = 0.5
 
 
 class ReplicationManager:
@@ -85,6 +96,8 @@ class ReplicationManager:
         self._lease_news = asyncio.Event()
         #: leaders with writes waiting while the lease ran out or was unconfirmed
         self.blocked: set[PartitionReplica] = set()
+        #: replicas whose restart report is out
+        self._restart_reports: set[PartitionReplica] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` in a task that is kept until it ends."""
@@ -337,6 +350,9 @@ class ReplicationManager:
                 self._report(replica, "unreachable", replica.node_id)
             if leader is None or role is None or not replica.confirmed:
                 continue
+            durable_ack = replica.durable_ack
+            if durable_ack != leader.durable_ack:
+                leader.set_durable_ack(durable_ack)
             leader.expire(self.commit_timeout)
             lagging = leader.lagging(self.lag_timeout)
             # only while the rest of the ISR can still write: a leader that hears no
@@ -355,11 +371,15 @@ class ReplicationManager:
                 continue
             leader.heartbeat()
             part = replica.part
-            channels = {
-                name: (ch.low_water(), ch.ordered_flag)
-                for name, ch in part.channels.items()
-                if not ch.ephemeral
-            }
+            channels: dict[str, tuple[int, bool]] = {}
+            deferred: dict[str, list[rp.Deferred]] = {}
+            for name, ch in part.channels.items():
+                if ch.ephemeral:
+                    continue
+                channels[name] = (ch.low_water(), ch.ordered_flag)
+                entries = ch.deferred_for_replicas(MAX_DEFERRED_SENT)
+                if entries:
+                    deferred[name] = entries
             marks = {
                 name: shared
                 for name, ch in part.channels.items()
@@ -367,10 +387,77 @@ class ReplicationManager:
                 and not ch.ephemeral
                 and (shared := self._shared_marks(ch.replay_marks))
             }
-            message = rp.encode_cursors(rp.Cursors(channels, part.hold_from, marks))
+            message = rp.encode_cursors(
+                rp.Cursors(
+                    channels,
+                    part.hold_from,
+                    replay_marks=marks,
+                    deferred=deferred,
+                    now_ms=time.time_ns() // 1_000_000,
+                )
+            )
             if self._cursors_sent.get(key) != message or leader.streams:
                 self._cursors_sent[key] = message
                 leader.send_cursors(message)
+
+    def report_restart(self, replica: PartitionReplica) -> None:
+        """This node led ``replica``'s partition when it stopped: ask the coordinator
+        for an election that knows it (its log may have lost acknowledged records to a
+        power cut), until it answers (nsqx.lookupd.replicas: Replicas.leader_restarted)."""
+        if replica in self._restart_reports or not self._started:
+            return
+        self._restart_reports.add(replica)
+        self.spawn(self._report_restart(replica))
+
+    async def _report_restart(self, replica: PartitionReplica) -> None:
+        part = replica.part
+        try:
+            while replica.reelect_pending and self.replicas.get(part.key) is replica:
+                role = replica.role
+                if role is None:
+                    return
+                answer = await self._post_restart(replica, role.epoch)
+                if answer is not _WAIT:
+                    log.info(
+                        "REPL: %s: led it when this node stopped; the coordinator's answer: %s",
+                        part,
+                        f"epoch {answer}" if isinstance(answer, int) else "unknown report",
+                    )
+                    replica.reelected(answer if isinstance(answer, int) else None)
+                    return
+                await asyncio.sleep(RESTART_RETRY)
+        finally:
+            self._restart_reports.discard(replica)
+
+    async def _post_restart(self, replica: PartitionReplica, epoch: int) -> int | object | None:
+        """The epoch the coordinator elected in, None if no nsqlookupd knows the report
+        (the previous release), _WAIT if it cannot elect yet or none answered."""
+        part = replica.part
+        params = {
+            "topic": part.name,
+            "partition": str(part.id),
+            "node": self.nsqd.node_id,
+            "epoch": str(epoch),
+        }
+        session = self.http_session()
+        unknown = False
+        for address in self.nsqd.lookup.lookupd_http_addresses():
+            url = f"http://{address}{RESTARTED_PATH}"
+            try:
+                async with session.post(
+                    url, params=params, timeout=aiohttp.ClientTimeout(total=5.0)
+                ) as resp:
+                    body = await resp.read()
+                    if resp.status == 200:
+                        doc = json.loads(body)
+                        got = doc.get("epoch") if isinstance(doc, dict) else None
+                        if isinstance(got, int):
+                            return got
+                    unknown = unknown or resp.status == 404
+                    log.info("REPL: %s answered %d %s", url, resp.status, body[:200])
+            except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
+                log.info("REPL: %s: %s", url, err)
+        return None if unknown else _WAIT
 
     def _shared_marks(self, marks: dict[str, ReplayMark]) -> dict[str, ReplayMark]:
         """A channel's replay marks in dead-letter topics replicated here (the same log

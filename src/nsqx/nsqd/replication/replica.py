@@ -35,6 +35,8 @@ from nsqx.wire.errors import E_FAILED_ON_NOT_LEADER, E_FAILED_ON_NOT_WRITABLE, P
 if TYPE_CHECKING:
     from nsqx.nsqd.partition import Partition
     from nsqx.nsqd.replication.manager import ReplicationManager
+    from nsqx.nsqd.syncer import LogSyncer
+    from nsqx.store.log import MessageLog
 
 log = logging.getLogger("nsqx.replication")
 
@@ -65,6 +67,19 @@ class PartitionReplica:
         self.leader: LeaderReplication | None = None
         self.follower: FollowerReplication | None = None
         self.started = False
+        self._syncer: LogSyncer | None = None
+        #: this process holds every record committed in the partition (what the
+        #: coordinator's election needs of an in-sync replica): a restart may have
+        #: lost unsynced records, so False until this node leads by a decision made
+        #: after it started, or catches up with its leader's commit point
+        self.intact = False
+        #: this node led the partition when it stopped: it may have lost records it
+        #: acknowledged (a power cut), so it leads again only after the coordinator
+        #: has held an election that knew it restarted (see reelected; set by start,
+        #: once the node knows its id)
+        self.reelect_pending = False
+        #: the epoch of that election: an older role does not make this node lead
+        self.reelect_epoch = 0
 
     def __repr__(self) -> str:
         return f"<replica {self.part} {self.role_name}>"
@@ -83,8 +98,59 @@ class PartitionReplica:
         """Follow the saved leader (if this node was a follower); a saved leadership
         waits for the coordinator's word."""
         self.started = True
-        if self.role is not None and self.role.role_of(self.node_id) == FOLLOWER:
-            self._follow(self.role.leader_http)
+        role = self.role
+        if role is not None and role.role_of(self.node_id) == FOLLOWER:
+            self._follow(role.leader_http)
+        if role is not None and role.role_of(self.node_id) == LEADER and self.leader is None:
+            self.reelect_pending = True
+            self.manager.report_restart(self)
+
+    # -- durability -------------------------------------------------------------------
+
+    @property
+    def durable_ack(self) -> bool:
+        """Whether a publish waits for a write quorum's fsyncs (the topic's
+        replication_ack, else nsqd's --replication-ack)."""
+        setting = self.part.topic.meta.replication_ack or self.manager.nsqd.options.replication_ack
+        return setting == "durable"
+
+    def syncer(self) -> LogSyncer | None:
+        """This partition's fsyncs (nsqd.syncer), told to report here as its durable end
+        moves (None before nsqd made it)."""
+        syncer = self._syncer
+        if syncer is None:
+            syncer = self.manager.nsqd.syncers.get(self.part.key)
+            if syncer is not None:
+                syncer.on_durable = self.durable_advanced
+                self._syncer = syncer
+        return syncer
+
+    def sync_soon(self) -> None:
+        """Have this log fsynced (group-committed with whatever else is waiting)."""
+        syncer = self.syncer()
+        if syncer is not None:
+            syncer.kick()
+
+    @property
+    def durable_end(self) -> int:
+        """Every record below this sequence is fsynced here (as far as known)."""
+        syncer = self.syncer()
+        return syncer.durable_end if syncer is not None else 0
+
+    def durable_advanced(self, end: int) -> None:
+        """An fsync made every record below ``end`` durable here: a leader may commit
+        more; a follower tells its leader."""
+        if self.leader is not None:
+            self.leader.durable_advanced(end)
+        elif self.follower is not None:
+            self.follower.durable_advanced(end)
+
+    def log_cut(self, end: int) -> None:
+        """The log was truncated or reset to ``end`` (records from there are not
+        durable until fsynced again)."""
+        syncer = self.syncer()
+        if syncer is not None:
+            syncer.truncated(end)
 
     # -- the coordinator's decisions --------------------------------------------------
 
@@ -96,10 +162,23 @@ class PartitionReplica:
         me = self.node_id
         history = old.history if old is not None else ()
         new = role.role_of(me)
+        if new == LEADER and self.leader is None and self._must_wait_for_election(role):
+            # (kept, not acted on: it leads once the coordinator's election says so)
+            if role != old:
+                self._save(role.with_history(history))
+            self.role = role.with_history(history)
+            self.confirmed = True
+            self._stop_following()
+            return
+        if new != LEADER:
+            self.reelect_pending = False  # someone else leads: nothing to re-elect
         if new == LEADER and self.leader is None:
             log_ = self.part.log
             if not history or history[-1][0] < role.epoch:
-                history = (*history, (role.epoch, log_.end))
+                # leaderships that begin past this log's end have no record here (a
+                # power cut took what followed): the new one begins at the end
+                end = log_.end
+                history = (*(h for h in history if h[1] <= end), (role.epoch, end))
         role = role.with_history(history)
         if role != old:
             self._save(role)
@@ -118,6 +197,9 @@ class PartitionReplica:
             self._stop_following()
             if self.leader is None:
                 self.leader = LeaderReplication(self, self.part.visible_end)
+                self.intact = True  # (elected holding every committed record)
+                self.leader.own_durable = self.durable_end
+                self.sync_soon()  # (what it holds from before may not be fsynced yet)
                 # a new leadership is confirmed within the lease before it acknowledges
                 self.confirmed_gen = -1
                 self.manager.confirm_soon()
@@ -133,6 +215,32 @@ class PartitionReplica:
                     self._follow(role.leader_http)
             else:
                 self._stop_following()
+
+    def _must_wait_for_election(self, role: ReplicaRole) -> bool:
+        """Whether a role that makes this node lead must wait: it led when it stopped
+        and the coordinator has not yet answered its restart report (it is asked now),
+        or the role is older than the election that answered it."""
+        if not self.started:
+            return True  # (start() decides, once the node knows its id)
+        if self.reelect_pending:
+            self.manager.report_restart(self)
+            return True
+        return role.epoch < self.reelect_epoch
+
+    def reelected(self, epoch: int | None) -> None:
+        """The coordinator answered the restart report: it elected (or found elected)
+        whoever leads in ``epoch``; None: it does not know the report (an nsqlookupd of
+        the previous release), so the saved leadership stands, as before."""
+        if not self.reelect_pending:
+            return
+        self.reelect_pending = False
+        if epoch is not None:
+            self.reelect_epoch = epoch
+        role = self.role
+        if role is not None and role.role_of(self.node_id) == LEADER:
+            log.info("REPL: %s: re-election answered (epoch %s)", self.part, epoch)
+            if role.epoch >= self.reelect_epoch:
+                self.apply_role(role)
 
     def member_headers(self) -> dict[str, str]:
         """What this node sends as a member of the cluster (its secret)."""
@@ -256,6 +364,8 @@ class PartitionReplica:
             "isr": list(role.isr) if role else [],
             "replicas": list(role.replicas) if role else [],
             "confirmed": self.confirmed,
+            "intact": self.intact,
+            "history": [list(h) for h in role.history] if role else [],
             "lease": {
                 "required": self.manager.lease.required,
                 "valid": self.manager.lease.valid(time.monotonic()),
@@ -263,13 +373,22 @@ class PartitionReplica:
                 "confirmed_generation": self.confirmed_gen,
             },
             "end": log_.end,
+            # (what an election compares: a torn tail's skipped sequences hold nothing)
+            "records_end": records_end(log_),
+            "durable": self.durable_end,
             "commit": self.part.visible_end,
+            "ack": "durable" if self.durable_ack else "written",
             "channels": {name: ch.cursor for name, ch in self.part.channels.items()},
         }
-        if self.leader is not None:
+        leader = self.leader
+        if leader is not None:
             out["followers"] = {
-                node: {"acked": acked, "lag": max(log_.end - acked, 0)}
-                for node, acked in self.leader.acked.items()
+                node: {
+                    "acked": acked,
+                    "durable": acked if node in leader.legacy else leader.durable.get(node, 0),
+                    "lag": max(log_.end - acked, 0),
+                }
+                for node, acked in leader.acked.items()
             }
         if self.follower is not None:
             out["connected"] = self.follower.connected
@@ -282,3 +401,23 @@ class PartitionReplica:
         if self.follower is not None:
             await self.follower.close()
             self.follower = None
+
+
+def records_end(log_: MessageLog) -> int:
+    """Just past the log's last record: its end, less the sequences skipped after a torn
+    or damaged tail, which no record holds (the store never gives them again, so the
+    end moved past them). Found with a few ``resume_at`` calls, by bisection."""
+    end = log_.end
+    if end <= log_.start or log_.batch_start(end - 1) is not None:
+        return end
+    lo, hi = log_.start, end - 1
+    if log_.resume_at(lo) >= end:
+        return log_.start  # no record at all
+    # the last sequence from which a record follows below the end: the last record
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if log_.resume_at(mid) < end:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo + 1
