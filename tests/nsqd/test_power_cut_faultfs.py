@@ -182,11 +182,6 @@ def test_defaults_lose_only_the_newest_messages(disk: Disk) -> None:
     run(body(), timeout=240)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 43: a crc mismatch in the newest segment sets aside everything after it, "
-    "not only the batch it hit",
-)
 def test_a_flipped_bit_costs_only_the_batch_it_hit(disk: Disk) -> None:
     async def body() -> None:
         nsqd = disk.nsqd("--sync-before-ack")
