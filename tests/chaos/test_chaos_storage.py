@@ -1,13 +1,14 @@
 """The fault suite's storage scenarios that CI runs (issue 43): nodes whose data
 directories are on faultfs (tests/faultfs), the power of every node cut at once (whole,
-then torn) and of one nsqd, and a follower's flipped bit followed by a failover, with
-publishers and consumers through them. Each scenario runs once (fixed seed); its
+then torn) and of one nsqd, a follower's flipped bit followed by a failover, and the
+leader SIGKILLed, with publishers and consumers through them. Each scenario runs once (fixed seed); its
 verdict (tests/chaos/checker.py) is judged twice:
 
 - durability: nothing acknowledged lost, no phantom, order kept, no fenced
   acknowledgement, no message id given to two bodies, every partition back in service;
-- schedules and positions (the failover run): no deferred message (DPUB, REQ with a
-  delay) early, no channel position moved back past what was finished before the fault.
+- schedules and positions, on the control run (the leader SIGKILLed on faultfs, a
+  failover): no deferred message (DPUB, REQ with a delay) early, no channel position
+  moved back past what was finished before the fault.
 
 Checks marked xfail(strict=True) fail today for the reason given (issue 43); once storage
 or replication is fixed they pass, XPASS fails the suite, and the mark comes off. Needs
@@ -34,6 +35,7 @@ ALL_SYNC = "power: all nodes, sync-before-ack"
 FLIP_FOLLOWER = "flip: a follower's segment, failover"
 ONE_SYNC = "power: one nsqd, sync-before-ack"
 TORN_ALL_SYNC = "torn: all nodes, sync-before-ack"
+KILLED = "killed: the leader, no power cut"
 
 _verdicts: dict[str, dict[str, Any]] = {}
 
@@ -87,13 +89,7 @@ def _xfail(reason: str) -> pytest.MarkDecorator:
                 "the cut loses the whole log, and its ids are given again"
             ),
         ),
-        pytest.param(
-            TORN_ALL_SYNC,
-            marks=_xfail(
-                "replicas that set their torn tails aside no longer line up with the "
-                "leader's log and never rejoin: the partition stays out of service"
-            ),
-        ),
+        TORN_ALL_SYNC,
     ],
 )
 def test_durability(scenario: str) -> None:
@@ -112,10 +108,10 @@ def test_durability(scenario: str) -> None:
     "scenario",
     [
         pytest.param(
-            FLIP_FOLLOWER,
+            KILLED,
             marks=_xfail(
-                "deferred state is not replicated: after a failover requeued messages come "
-                "at once, and a channel's position moves back to its oldest deferred message"
+                "after a failover a channel's replicated position moves back to its oldest "
+                "deferred message: messages finished seconds before come again"
             ),
         ),
     ],
