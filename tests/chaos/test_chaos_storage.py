@@ -82,13 +82,7 @@ def _xfail(reason: str) -> pytest.MarkDecorator:
     [
         ALL_SYNC,
         FLIP_FOLLOWER,
-        pytest.param(
-            ONE_SYNC,
-            marks=_xfail(
-                "nsqd does not fsync a topic's directory after making its partition's: "
-                "the cut loses the whole log, and its ids are given again"
-            ),
-        ),
+        ONE_SYNC,
         TORN_ALL_SYNC,
     ],
 )

@@ -4,9 +4,8 @@ whole or torn) and a flipped bit, then a restart on what was durable. What was
 acknowledged under --sync-before-ack is all delivered, no message id is given to two
 bodies, and without it only the newest messages are lost.
 
-Tests marked xfail(strict=True) show what issue 43 asks the storage to fix; they fail
-today and will report XPASS (a failure) once it is fixed: then remove the mark. Needs
-FUSE (skips cleanly without it)."""
+A new topic's directories are made durable with its files (they were not: a power cut
+took the whole log, fsynced records included). Needs FUSE (skips cleanly without it)."""
 
 from __future__ import annotations
 
@@ -111,11 +110,6 @@ BODIES = [b"m-%06d" % i for i in range(3000)]
 SMALL_SEGMENTS = "--max-bytes-per-file=20000"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 43: nsqd never fsyncs a topic's directory after making its partition's "
-    "(p0/, channels/): a power cut loses the whole log, fsynced records included",
-)
 def test_sync_before_ack_keeps_everything_of_a_new_topic(disk: Disk) -> None:
     async def body() -> None:
         nsqd = disk.nsqd("--sync-before-ack", SMALL_SEGMENTS)

@@ -45,7 +45,7 @@ from nsqx.nsqd.workers.http_handoff import HTTP_STATE
 from nsqx.nsqd.workers.spec import WorkerSpec
 from nsqx.store.data_format import DataFormatError, open_data_dir
 from nsqx.store.disklog import remove_file
-from nsqx.store.durable_file import write_durable
+from nsqx.store.durable_file import makedirs_durable, write_durable
 from nsqx.wire.names import is_valid_name
 from nsqx.wire.topic_meta import DEFAULT_META, TopicMeta
 
@@ -438,7 +438,7 @@ class NSQD:
             raise ValueError("cannot require TLS client connections without TLS key and cert")
         if self.worker is None:
             # (a worker's supervisor holds the directory and checked its format)
-            os.makedirs(self.data_path, exist_ok=True)
+            makedirs_durable(self.data_path)
             self._lock.acquire()
             try:
                 open_data_dir(self.data_path, "nsqx nsqd")  # a format this release reads

@@ -22,7 +22,7 @@ from nsqx.nsqd.events import TopologyEvent
 from nsqx.nsqd.guid import LEGACY_ID_BASE, PARTITION_SHIFT, SEQ_MASK, make_ids, seq_of
 from nsqx.nsqd.waiters import Waiter, future_waiter
 from nsqx.store import MessageLog, open_log
-from nsqx.store.durable_file import write_durable
+from nsqx.store.durable_file import makedirs_durable, write_durable
 from nsqx.wire.batch import StoredBatch
 from nsqx.wire.commands import (
     OFFSET_MSGCOUNT,
@@ -137,7 +137,7 @@ class Partition:
             skip_lost=topic.meta.replica <= 1,
         )
         if self.directory is not None:
-            os.makedirs(self.channel_dir, exist_ok=True)
+            makedirs_durable(self.channel_dir)
         state = self._read_state()
         #: Channels deliver records below this sequence (frozen while paused).
         self.visible_end = min(int(state.get("visible_end", self.log.end)), self.log.end)

@@ -30,7 +30,7 @@ from nsqx.nsqd.nsqd import NODE_ID_FILE
 from nsqx.nsqd.options import NsqdOptions, split_address
 from nsqx.nsqd.workers.spec import SPEC_ENV, WorkerSpec
 from nsqx.store.data_format import DataFormatError, open_data_dir
-from nsqx.store.durable_file import write_durable
+from nsqx.store.durable_file import makedirs_durable, write_durable
 
 log = logging.getLogger("nsqx.nsqd")
 
@@ -144,7 +144,7 @@ class Supervisor:
 
     def start(self) -> None:
         """Lock and check the data directory, bind the listeners (raises if it cannot)."""
-        os.makedirs(self.data_path, exist_ok=True)
+        makedirs_durable(self.data_path)
         self._lock.acquire()
         try:
             open_data_dir(self.data_path, "nsqx nsqd")

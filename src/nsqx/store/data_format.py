@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 
 from nsqx import __version__
-from nsqx.store.durable_file import write_durable
+from nsqx.store.durable_file import makedirs_durable, write_durable
 
 #: The file in the data directory.
 FORMAT_FILE = "nsqx.format.json"
@@ -111,7 +111,7 @@ def open_data_dir(directory: str, command: str) -> DataFormat:
     anything there, and record its format if none was (format 1, by this release). Raises
     DataFormatError (one line, naming the command to run) if this release cannot read
     it; ``command`` is how the daemon is started (``nsqx nsqd``, ``nsqx nsqlookupd``)."""
-    os.makedirs(directory, exist_ok=True)
+    makedirs_durable(directory)
     found = read_format(directory)
     if found is not None:
         check_format(directory, command, found)

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from nsqx.store.batchcache import BatchCache, CachedBatch
 from nsqx.store.deferred import DeferredIndex
-from nsqx.store.durable_file import fsync_dir
+from nsqx.store.durable_file import fsync_dir, makedirs_durable
 from nsqx.store.fsutil import remove_file
 from nsqx.store.lease import LEASE_BYTES, LEASE_SEQUENCES, SequenceLease
 from nsqx.store.log import MessageLog, RangeFramesOut, frame_starts
@@ -115,7 +115,7 @@ class DiskLog(MessageLog):
         self._staged: list[StagedBatch] = []
         self._staged_end = 0
         self._staged_offset = 0
-        os.makedirs(directory, exist_ok=True)
+        makedirs_durable(directory)  # (the topic's and the partition's directories)
         #: how far sequences and offsets may have been given out (a single node's log:
         #: a replica's come from its leader)
         self._lease: SequenceLease | None = SequenceLease(directory) if skip_lost else None

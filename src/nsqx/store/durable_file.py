@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["fsync_dir", "write_durable"]
+__all__ = ["fsync_dir", "makedirs_durable", "write_durable"]
 
 
 def write_durable(path: str, data: bytes) -> None:
@@ -40,3 +40,23 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def makedirs_durable(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, each directory it makes fsynced into its
+    parent: a directory's entry is the parent's data, so without that fsync a power
+    cut can take a new directory away with every file written and fsynced in it."""
+    path = os.path.abspath(path)
+    missing: list[str] = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            pass  # (made meanwhile by another: its fsync may not have happened yet)
+        fsync_dir(os.path.dirname(directory))
