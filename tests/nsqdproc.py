@@ -49,8 +49,13 @@ class NsqdProcess:
         return self.proc.poll() is None
 
 
-def start_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
+def start_nsqd(
+    data_path: Path, *args: str, timeout: float = 20, wall_shift_ns: int = 0
+) -> NsqdProcess:
     """Start ``nsqx nsqd`` on port 0 and wait until it says where it listens.
+
+    ``wall_shift_ns`` moves the node's wall clock (its workers' too) by that much
+    (tests/clockshift): for data whose due times are absolute.
 
     ``NSQX_TEST_WORKERS=N`` in the environment runs every such nsqd with ``--workers=N``
     unless the test names its own (the compatibility suites run so against a node of
@@ -73,7 +78,7 @@ def start_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProcess:
         f"--data-path={data_path}",
         *args,
     ]
-    return start_process(cmd, data_path, args, timeout)
+    return start_process(cmd, data_path, args, timeout, wall_shift_ns)
 
 
 #: Go's nsqd 1.3.0, for side-by-side tests (absent from a user's clone: skip then)
@@ -96,11 +101,15 @@ def start_go_nsqd(data_path: Path, *args: str, timeout: float = 20) -> NsqdProce
 
 
 def start_process(
-    cmd: list[str], data_path: Path, args: tuple[str, ...], timeout: float
+    cmd: list[str], data_path: Path, args: tuple[str, ...], timeout: float, wall_shift_ns: int = 0
 ) -> NsqdProcess:
     """Run an nsqd command line and wait for its "listening on" lines."""
     data_path.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if wall_shift_ns:
+        shift = str(Path(__file__).parent / "clockshift")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (shift, env.get("PYTHONPATH")) if p)
+        env["NSQX_TEST_WALL_SHIFT_NS"] = str(wall_shift_ns)
     proc = subprocess.Popen(
         cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
     )
